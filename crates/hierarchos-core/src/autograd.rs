@@ -1,0 +1,147 @@
+//! The tape: every differentiable op attaches a [`Node`] holding its backward rule to its result, and
+//! [`Tensor::backward`] walks the nodes in reverse topological order.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// A backward rule: gradient of the output in, gradients of each input out (`None` for inputs that need none).
+/// It owns the tensors it saved, so running it (once) frees them.
+pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+
+/// Where a gradient flows: into a leaf's `.grad` or into another node.
+#[derive(Clone)]
+pub(crate) enum Edge {
+    Leaf(Arc<GradCell>),
+    Node(Arc<Node>),
+}
+
+/// The gradient slot of a leaf tensor; shared between the leaf and the edges that point at it.
+#[derive(Default)]
+pub(crate) struct GradCell {
+    pub(crate) grad: Mutex<Option<Tensor>>,
+}
+
+/// One recorded op.
+pub(crate) struct Node {
+    id: usize,
+    pub(crate) name: &'static str,
+    edges: Vec<Option<Edge>>,
+    backward: Mutex<Option<BackwardFn>>,
+}
+
+static NEXT_NODE: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Whether ops record to the tape on this thread (false inside [`no_grad`]).
+pub fn grad_enabled() -> bool {
+    GRAD_ENABLED.with(Cell::get)
+}
+
+/// Runs `f` without recording any op, like PyTorch's `torch.no_grad()`: for inference, optimizer updates and
+/// backward itself.
+pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            GRAD_ENABLED.with(|g| g.set(self.0));
+        }
+    }
+    let _restore = Restore(GRAD_ENABLED.with(|g| g.replace(false)));
+    f()
+}
+
+impl Node {
+    /// Records an op whose inputs are `inputs`; `None` when no input needs a gradient (or grad is off).
+    pub(crate) fn record(
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: BackwardFn,
+    ) -> Option<Arc<Node>> {
+        if !grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
+            return None;
+        }
+        Some(Arc::new(Node {
+            id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
+            name,
+            edges: inputs.iter().map(|t| t.edge()).collect(),
+            backward: Mutex::new(Some(backward)),
+        }))
+    }
+}
+
+fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
+    *slot = Some(match slot.take() {
+        None => g,
+        Some(prev) => prev.add(&g)?,
+    });
+    Ok(())
+}
+
+/// Runs backward from `root` (whose gradient is `seed`), accumulating into the leaves' `.grad`.
+pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
+    // Topological order by iterative depth-first search.
+    let mut order: Vec<Arc<Node>> = Vec::new();
+    let mut visited: HashMap<usize, ()> = HashMap::new();
+    let mut stack: Vec<(Arc<Node>, usize)> = vec![(root.clone(), 0)];
+    visited.insert(root.id, ());
+    while let Some((node, next)) = stack.pop() {
+        let child = node
+            .edges
+            .iter()
+            .skip(next)
+            .enumerate()
+            .find_map(|(k, e)| match e {
+                Some(Edge::Node(n)) if !visited.contains_key(&n.id) => Some((k + next, n.clone())),
+                _ => None,
+            });
+        match child {
+            Some((k, n)) => {
+                stack.push((node, k + 1));
+                visited.insert(n.id, ());
+                stack.push((n, 0));
+            }
+            None => order.push(node),
+        }
+    }
+    no_grad(|| {
+        let mut grads: HashMap<usize, Tensor> = HashMap::new();
+        grads.insert(root.id, seed);
+        for node in order.iter().rev() {
+            let Some(g) = grads.remove(&node.id) else {
+                continue;
+            };
+            let f = node.backward.lock().unwrap_or_else(|p| p.into_inner()).take().ok_or_else(|| {
+                Error::Autograd(format!(
+                    "backward through '{}' a second time: its saved tensors were freed by the first backward",
+                    node.name
+                ))
+            })?;
+            let input_grads = f(&g)?;
+            drop(g);
+            for (edge, ig) in node.edges.iter().zip(input_grads) {
+                let (Some(edge), Some(ig)) = (edge, ig) else {
+                    continue;
+                };
+                match edge {
+                    Edge::Leaf(cell) => {
+                        accumulate(&mut cell.grad.lock().unwrap_or_else(|p| p.into_inner()), ig)?
+                    }
+                    Edge::Node(n) => {
+                        let mut slot = grads.remove(&n.id);
+                        accumulate(&mut slot, ig)?;
+                        grads.insert(n.id, slot.expect("just accumulated"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
+}

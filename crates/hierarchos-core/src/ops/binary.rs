@@ -1,0 +1,369 @@
+//! Binary elementwise ops with NumPy broadcasting, their scalar forms, comparisons, `where` and `clamp`.
+
+use hierarchos_wgpu::DType;
+
+use crate::autograd::{Node, grad_enabled};
+use crate::error::{Error, Result};
+use crate::ops::map::Map;
+use crate::tensor::Tensor;
+
+/// A binary arithmetic function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    /// a + b
+    Add,
+    /// a - b
+    Sub,
+    /// a · b
+    Mul,
+    /// a / b
+    Div,
+    /// a^b
+    Pow,
+    /// max(a, b), NaN-propagating
+    Maximum,
+    /// min(a, b), NaN-propagating
+    Minimum,
+}
+
+/// A comparison; the result is a `u32` tensor of 0 and 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpOp {
+    /// a == b
+    Eq,
+    /// a != b
+    Ne,
+    /// a < b
+    Lt,
+    /// a <= b
+    Le,
+    /// a > b
+    Gt,
+    /// a >= b
+    Ge,
+}
+
+impl BinaryOp {
+    fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+        }
+    }
+
+    fn forward(self, dtype: DType) -> &'static str {
+        let float = dtype.is_float();
+        match self {
+            BinaryOp::Add => "a + b",
+            BinaryOp::Sub => "a - b",
+            BinaryOp::Mul => "a * b",
+            BinaryOp::Div => "a / b",
+            BinaryOp::Pow => "pow_acc(a, b)",
+            BinaryOp::Maximum if float => "max_nan(a, b)",
+            BinaryOp::Minimum if float => "min_nan(a, b)",
+            BinaryOp::Maximum => "max(a, b)",
+            BinaryOp::Minimum => "min(a, b)",
+        }
+    }
+
+    /// WGSL for the gradients of `a` and `b` given `g`.
+    fn backward(self) -> (&'static str, &'static str) {
+        match self {
+            BinaryOp::Add => ("g", "g"),
+            BinaryOp::Sub => ("g", "-g"),
+            BinaryOp::Mul => ("g * b", "g * a"),
+            BinaryOp::Div => ("g / b", "-g * a / (b * b)"),
+            BinaryOp::Pow => (
+                "select(g * b * pow_acc(a, b - 1.0), 0.0, b == 0.0)",
+                "select(g * pow_acc(a, b) * log(a), 0.0, a == 0.0 && b >= 0.0)",
+            ),
+            BinaryOp::Maximum => (
+                "select(select(0.0, 0.5 * g, (a == b)), g, (a > b))",
+                "select(select(0.0, 0.5 * g, (a == b)), g, (b > a))",
+            ),
+            BinaryOp::Minimum => (
+                "select(select(0.0, 0.5 * g, (a == b)), g, (a < b))",
+                "select(select(0.0, 0.5 * g, (a == b)), g, (b < a))",
+            ),
+        }
+    }
+
+    fn float_only(self) -> bool {
+        matches!(self, BinaryOp::Pow)
+    }
+}
+
+impl CmpOp {
+    fn name(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+        }
+    }
+
+    fn symbol(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "==",
+            CmpOp::Ne => "!=",
+            CmpOp::Lt => "<",
+            CmpOp::Le => "<=",
+            CmpOp::Gt => ">",
+            CmpOp::Ge => ">=",
+        }
+    }
+}
+
+/// The 32-bit pattern of `v` as a value of `dtype`'s compute type (how scalars travel in kernel parameters).
+fn scalar_bits(v: f64, dtype: DType) -> u32 {
+    match dtype {
+        DType::U32 => v as u32,
+        DType::I32 => (v as i32) as u32,
+        _ => (v as f32).to_bits(),
+    }
+}
+
+fn check_same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: a.dtype().to_string(),
+            got: b.dtype(),
+        });
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// `op` elementwise with broadcasting; both operands must have the same dtype.
+    pub fn binary(&self, rhs: &Tensor, op: BinaryOp) -> Result<Tensor> {
+        check_same_dtype(op.name(), self, rhs)?;
+        if op.float_only() && !self.dtype().is_float() {
+            return Err(Error::DTypeMismatch {
+                op: op.name(),
+                expected: "a float dtype".into(),
+                got: self.dtype(),
+            });
+        }
+        let body = format!(
+            "let a = x0; let b = x1; return {};",
+            op.forward(self.dtype())
+        );
+        let out = Map::elementwise(op.name(), &[self, rhs], self.dtype(), body)?.run()?;
+        if !grad_enabled() || !(self.requires_grad() || rhs.requires_grad()) {
+            return Ok(out);
+        }
+        let (a, b) = (self.detach(), rhs.detach());
+        let (need_a, need_b) = (self.requires_grad(), rhs.requires_grad());
+        let node = Node::record(
+            op.name(),
+            &[self, rhs],
+            Box::new(move |g| {
+                let (ga, gb) = op.backward();
+                let grad = |expr: &str, target: &Tensor| -> Result<Tensor> {
+                    let full = match expr {
+                        "g" => g.clone(),
+                        "-g" => g.neg()?,
+                        _ => {
+                            let body =
+                                format!("let g = x0; let a = x1; let b = x2; return {expr};");
+                            Map::elementwise(op.name(), &[g, &a, &b], g.dtype(), body)?.run()?
+                        }
+                    };
+                    full.sum_to(target.shape())
+                };
+                Ok(vec![
+                    if need_a { Some(grad(ga, &a)?) } else { None },
+                    if need_b { Some(grad(gb, &b)?) } else { None },
+                ])
+            }),
+        );
+        Ok(out.with_node(node))
+    }
+
+    /// `op(self, s)` (or `op(s, self)` when `scalar_first`) for a scalar `s`.
+    pub fn binary_scalar(&self, s: f64, op: BinaryOp, scalar_first: bool) -> Result<Tensor> {
+        if op.float_only() && !self.dtype().is_float() {
+            return Err(Error::DTypeMismatch {
+                op: op.name(),
+                expected: "a float dtype".into(),
+                got: self.dtype(),
+            });
+        }
+        let c = self.dtype().compute_type();
+        let bind = if scalar_first {
+            "let a = s; let b = x;"
+        } else {
+            "let a = x; let b = s;"
+        };
+        let prelude = format!("let s = bitcast<{c}>(extra_u32(0u)); {bind}");
+        let body = format!("let x = x0; {prelude} return {};", op.forward(self.dtype()));
+        let mut map = Map::elementwise(op.name(), &[self], self.dtype(), body)?;
+        map.extras.push(scalar_bits(s, self.dtype()));
+        let out = map.run()?;
+        if !grad_enabled() || !self.requires_grad() {
+            return Ok(out);
+        }
+        let x = self.detach();
+        let node = Node::record(
+            op.name(),
+            &[self],
+            Box::new(move |g| {
+                let (ga, gb) = op.backward();
+                let expr = if scalar_first { gb } else { ga };
+                let body = format!("let g = x0; let x = x1; {prelude} return {expr};");
+                let mut map = Map::elementwise(op.name(), &[g, &x], g.dtype(), body)?;
+                map.extras.push(scalar_bits(s, x.dtype()));
+                Ok(vec![Some(map.run()?)])
+            }),
+        );
+        Ok(out.with_node(node))
+    }
+
+    /// self + rhs
+    pub fn add(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Add)
+    }
+    /// self - rhs
+    pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Sub)
+    }
+    /// self · rhs
+    pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Mul)
+    }
+    /// self / rhs
+    pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Div)
+    }
+    /// self ^ rhs
+    pub fn pow(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Pow)
+    }
+    /// Elementwise maximum.
+    pub fn maximum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Maximum)
+    }
+    /// Elementwise minimum.
+    pub fn minimum(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.binary(rhs, BinaryOp::Minimum)
+    }
+    /// self + s
+    pub fn add_scalar(&self, s: f64) -> Result<Tensor> {
+        self.binary_scalar(s, BinaryOp::Add, false)
+    }
+    /// self - s
+    pub fn sub_scalar(&self, s: f64) -> Result<Tensor> {
+        self.binary_scalar(s, BinaryOp::Sub, false)
+    }
+    /// self · s
+    pub fn mul_scalar(&self, s: f64) -> Result<Tensor> {
+        self.binary_scalar(s, BinaryOp::Mul, false)
+    }
+    /// self / s
+    pub fn div_scalar(&self, s: f64) -> Result<Tensor> {
+        self.binary_scalar(s, BinaryOp::Div, false)
+    }
+    /// self ^ s
+    pub fn pow_scalar(&self, s: f64) -> Result<Tensor> {
+        self.binary_scalar(s, BinaryOp::Pow, false)
+    }
+
+    /// Elementwise comparison with broadcasting; a `u32` tensor of 0 and 1.
+    pub fn compare(&self, rhs: &Tensor, op: CmpOp) -> Result<Tensor> {
+        check_same_dtype(op.name(), self, rhs)?;
+        let body = format!("return select(0u, 1u, (x0 {} x1));", op.symbol());
+        Map::elementwise(op.name(), &[self, rhs], DType::U32, body)?.run()
+    }
+
+    /// Comparison with a scalar; a `u32` tensor of 0 and 1.
+    pub fn compare_scalar(&self, s: f64, op: CmpOp) -> Result<Tensor> {
+        let c = self.dtype().compute_type();
+        let body = format!(
+            "return select(0u, 1u, (x0 {} bitcast<{c}>(extra_u32(0u))));",
+            op.symbol()
+        );
+        let mut map = Map::elementwise(op.name(), &[self], DType::U32, body)?;
+        map.extras.push(scalar_bits(s, self.dtype()));
+        map.run()
+    }
+
+    /// `on_true` where `self` (the condition, any dtype) is non-zero, else `on_false`; all three broadcast.
+    pub fn where_cond(&self, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        check_same_dtype("where", on_true, on_false)?;
+        let out = Map::elementwise(
+            "where",
+            &[self, on_true, on_false],
+            on_true.dtype(),
+            "return select(x2, x1, x0 != 0);".into(),
+        )?
+        .run()?;
+        if !grad_enabled() || !(on_true.requires_grad() || on_false.requires_grad()) {
+            return Ok(out);
+        }
+        let cond = self.detach();
+        let (shape_t, shape_f) = (on_true.shape().to_vec(), on_false.shape().to_vec());
+        let node = Node::record(
+            "where",
+            &[on_true, on_false],
+            Box::new(move |g| {
+                let zero = "0.0";
+                let pick = |keep_true: bool| -> Result<Tensor> {
+                    let body = if keep_true {
+                        format!("return select({zero}, x1, x0 != 0);")
+                    } else {
+                        format!("return select(x1, {zero}, x0 != 0);")
+                    };
+                    Map::elementwise("where", &[&cond, g], g.dtype(), body)?.run()
+                };
+                Ok(vec![
+                    Some(pick(true)?.sum_to(&shape_t)?),
+                    Some(pick(false)?.sum_to(&shape_f)?),
+                ])
+            }),
+        );
+        Ok(out.with_node(node))
+    }
+
+    /// Limits every element to `[min, max]` (NaN stays NaN); the gradient passes where `min <= x <= max`.
+    pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            return Err(Error::DTypeMismatch {
+                op: "clamp",
+                expected: "a float dtype".into(),
+                got: self.dtype(),
+            });
+        }
+        let run = move |inputs: &[&Tensor], body: &str| -> Result<Tensor> {
+            Map::elementwise("clamp", inputs, inputs[0].dtype(), body.into())?
+                .with_f32(&[min as f32, max as f32])
+                .run()
+        };
+        let out = run(
+            &[self],
+            "return min_nan(max_nan(x0, extra_f32(0u)), extra_f32(1u));",
+        )?;
+        if !grad_enabled() || !self.requires_grad() {
+            return Ok(out);
+        }
+        let x = self.detach();
+        let node = Node::record(
+            "clamp",
+            &[self],
+            Box::new(move |g| {
+                let body =
+                    "return select(0.0, x0, (x1 >= extra_f32(0u)) && (x1 <= extra_f32(1u)));";
+                Ok(vec![Some(run(&[g, &x], body)?)])
+            }),
+        );
+        Ok(out.with_node(node))
+    }
+}

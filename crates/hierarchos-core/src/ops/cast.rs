@@ -1,0 +1,82 @@
+//! Dtype casts, dense copies and constant tensors.
+
+use hierarchos_wgpu::DType;
+
+use crate::autograd::{Node, grad_enabled, no_grad};
+use crate::error::Result;
+use crate::ops::map::Map;
+use crate::tensor::{Device, Tensor};
+
+impl Tensor {
+    /// The values converted to `dtype` (floats round to nearest even; float to integer truncates toward zero).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let body = format!("return {}(x0);", dtype.compute_type());
+        let out = Map::elementwise("to_dtype", &[self], dtype, body)?.run()?;
+        if !grad_enabled() || !self.requires_grad() || !dtype.is_float() {
+            return Ok(out);
+        }
+        let src = self.dtype();
+        let node = Node::record(
+            "to_dtype",
+            &[self],
+            Box::new(move |g| Ok(vec![Some(g.to_dtype(src)?)])),
+        );
+        Ok(out.with_node(node))
+    }
+
+    /// A dense row-major copy (always copies; see [`Tensor::contiguous`]).
+    pub fn copy(&self) -> Result<Tensor> {
+        let out = Map::elementwise("copy", &[self], self.dtype(), "return x0;".into())?.run()?;
+        let node = Node::record("copy", &[self], Box::new(|g| Ok(vec![Some(g.clone())])));
+        Ok(out.with_node(node))
+    }
+
+    /// A tensor with every element `value`.
+    pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        no_grad(|| Tensor::zeros(shape, dtype, device)?.add_scalar(value))
+    }
+
+    /// A tensor of ones.
+    pub fn ones(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::full(shape, 1.0, dtype, device)
+    }
+
+    /// Ones with the shape, dtype and device of `self`.
+    pub fn ones_like(&self) -> Result<Tensor> {
+        Tensor::ones(self.shape(), self.dtype(), self.device())
+    }
+
+    /// `start, start + step, ...` below `end` (like `torch.arange`), as a 1-D tensor of `dtype`.
+    pub fn arange(
+        start: f64,
+        end: f64,
+        step: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+            return Err(crate::Error::Invalid {
+                op: "arange",
+                message: format!("bad range {start}..{end} step {step}"),
+            });
+        }
+        let n = ((end - start) / step).ceil().max(0.0) as usize;
+        let values: Vec<f32> = (0..n).map(|i| (start + i as f64 * step) as f32).collect();
+        match dtype {
+            DType::U32 => Tensor::from_slice(
+                &values.iter().map(|&v| v as u32).collect::<Vec<_>>(),
+                &[n],
+                device,
+            ),
+            DType::I32 => Tensor::from_slice(
+                &values.iter().map(|&v| v as i32).collect::<Vec<_>>(),
+                &[n],
+                device,
+            ),
+            _ => no_grad(|| Tensor::from_slice(&values, &[n], device)?.to_dtype(dtype)),
+        }
+    }
+}

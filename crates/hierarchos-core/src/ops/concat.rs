@@ -1,0 +1,125 @@
+//! Concatenation and stacking along a dimension.
+
+use crate::autograd::{Node, grad_enabled};
+use crate::error::{Error, Result};
+use crate::ops::map::Map;
+use crate::shape::{Layout, resolve_dim};
+use crate::tensor::Tensor;
+
+/// Inputs per kernel launch: params, output and four inputs stay within WebGPU's eight storage bindings.
+const INPUTS_PER_KERNEL: usize = 4;
+
+impl Tensor {
+    /// Joins tensors along `dim`; all other dimensions and the dtype must match.
+    pub fn cat(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| Error::Invalid {
+            op: "cat",
+            message: "no tensors given".into(),
+        })?;
+        let d = resolve_dim("cat", dim, first.rank())?;
+        for t in tensors {
+            if t.dtype() != first.dtype() {
+                return Err(Error::DTypeMismatch {
+                    op: "cat",
+                    expected: first.dtype().to_string(),
+                    got: t.dtype(),
+                });
+            }
+            let same = t.rank() == first.rank()
+                && (0..t.rank()).all(|k| k == d || t.shape()[k] == first.shape()[k]);
+            if !same {
+                return Err(Error::ShapeMismatch {
+                    op: "cat",
+                    lhs: first.shape().to_vec(),
+                    rhs: t.shape().to_vec(),
+                });
+            }
+        }
+        if tensors.len() == 1 {
+            return Ok(tensors[0].clone());
+        }
+        if tensors.len() > INPUTS_PER_KERNEL {
+            let parts = tensors
+                .chunks(INPUTS_PER_KERNEL)
+                .map(|c| Tensor::cat(c, dim))
+                .collect::<Result<Vec<_>>>()?;
+            return Tensor::cat(&parts, dim);
+        }
+        let mut shape = first.shape().to_vec();
+        shape[d] = tensors.iter().map(|t| t.shape()[d]).sum();
+        // Each input is read through a layout with the output's shape, shifted back by its start along `d`, so
+        // output coordinate c maps to input coordinate c - start (offsets wrap in u32, as the kernel does).
+        let mut inputs = Vec::new();
+        let mut ends = vec![d as u32];
+        let mut start = 0usize;
+        for t in tensors {
+            let l = t.layout();
+            let strides = l.strides.clone();
+            let offset = l.offset.wrapping_sub(start.wrapping_mul(l.strides[d])) & 0xffff_ffff;
+            inputs.push((
+                t,
+                Layout {
+                    shape: shape.clone(),
+                    strides,
+                    offset,
+                },
+            ));
+            start += t.shape()[d];
+            ends.push(start as u32);
+        }
+        let mut body = String::from("let c = out_coord(i, extra_u32(0u));\n");
+        for k in 0..inputs.len() - 1 {
+            body += &format!(
+                "    if (c < extra_u32({}u)) {{ return load_in{k}(strided_offset({k}u, i)); }}\n",
+                k + 1
+            );
+        }
+        body += &format!(
+            "    return load_in{0}(strided_offset({0}u, i));",
+            inputs.len() - 1
+        );
+        let map = Map {
+            op: "cat",
+            inputs,
+            shape,
+            dtype: first.dtype(),
+            body,
+            preload: false,
+            extras: ends,
+        };
+        let out = map.run()?;
+        if !grad_enabled() || !tensors.iter().any(Tensor::requires_grad) {
+            return Ok(out);
+        }
+        let sizes: Vec<usize> = tensors.iter().map(|t| t.shape()[d]).collect();
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        let node = Node::record(
+            "cat",
+            &refs,
+            Box::new(move |g| {
+                let mut start = 0;
+                let mut grads = Vec::new();
+                for &n in &sizes {
+                    grads.push(Some(g.narrow(d as isize, start, n)?.contiguous()?));
+                    start += n;
+                }
+                Ok(grads)
+            }),
+        );
+        Ok(out.with_node(node))
+    }
+
+    /// Stacks equally shaped tensors along a new dimension `dim`.
+    pub fn stack(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| Error::Invalid {
+            op: "stack",
+            message: "no tensors given".into(),
+        })?;
+        let d = resolve_dim("stack", dim, first.rank() + 1)? as isize;
+        let parts = tensors
+            .iter()
+            .map(|t| t.unsqueeze(d))
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&parts, d)
+    }
+}

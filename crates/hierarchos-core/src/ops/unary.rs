@@ -1,0 +1,214 @@
+//! Unary elementwise ops: forward and backward are one WGSL expression each.
+
+use hierarchos_wgpu::DType;
+
+use crate::error::{Error, Result};
+use crate::ops::map::Map;
+use crate::tensor::Tensor;
+
+/// A unary elementwise function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnaryOp {
+    /// -x
+    Neg,
+    /// |x|
+    Abs,
+    /// sign(x) (-1, 0, 1); gradient zero.
+    Sign,
+    /// e^x
+    Exp,
+    /// ln x
+    Log,
+    /// √x
+    Sqrt,
+    /// 1/√x
+    Rsqrt,
+    /// 1/x
+    Recip,
+    /// sin x
+    Sin,
+    /// cos x
+    Cos,
+    /// tanh x
+    Tanh,
+    /// 1/(1+e^-x)
+    Sigmoid,
+    /// max(x, 0)
+    Relu,
+    /// x·sigmoid(x) (SiLU / swish)
+    Silu,
+    /// exact GELU: x·Φ(x)
+    Gelu,
+    /// GELU with the tanh approximation
+    GeluTanh,
+}
+
+impl UnaryOp {
+    fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Recip => "recip",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+        }
+    }
+
+    /// WGSL for the value at `x`.
+    fn forward(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "-x",
+            UnaryOp::Abs => "abs(x)",
+            UnaryOp::Sign => "sign(x)",
+            UnaryOp::Exp => "exp(x)",
+            UnaryOp::Log => "log(x)",
+            UnaryOp::Sqrt => "sqrt(x)",
+            UnaryOp::Rsqrt => "1.0 / sqrt(x)",
+            UnaryOp::Recip => "1.0 / x",
+            UnaryOp::Sin => "sin(x)",
+            UnaryOp::Cos => "cos(x)",
+            UnaryOp::Tanh => "tanh_acc(x)",
+            UnaryOp::Sigmoid => "sigmoid_acc(x)",
+            UnaryOp::Relu => "select(x, 0.0, x < 0.0)",
+            UnaryOp::Silu => "x * sigmoid_acc(x)",
+            UnaryOp::Gelu => "gelu_erf(x)",
+            UnaryOp::GeluTanh => "gelu_tanh(x)",
+        }
+    }
+
+    /// WGSL for the input gradient from the output gradient `g`, input `x` and output `y`.
+    fn backward(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "-g",
+            UnaryOp::Abs => "g * sign(x)",
+            UnaryOp::Sign => "0.0 * g",
+            UnaryOp::Exp => "g * y",
+            UnaryOp::Log => "g / x",
+            UnaryOp::Sqrt => "g * 0.5 / y",
+            UnaryOp::Rsqrt => "-0.5 * g * y * y * y",
+            UnaryOp::Recip => "-g * y * y",
+            UnaryOp::Sin => "g * cos(x)",
+            UnaryOp::Cos => "-g * sin(x)",
+            UnaryOp::Tanh => "g * (1.0 - y * y)",
+            UnaryOp::Sigmoid => "g * y * (1.0 - y)",
+            UnaryOp::Relu => "select(0.0, g, x > 0.0)",
+            UnaryOp::Silu => "g * sigmoid_acc(x) * (1.0 + x * (1.0 - sigmoid_acc(x)))",
+            UnaryOp::Gelu => "g * gelu_erf_grad(x)",
+            UnaryOp::GeluTanh => "g * gelu_tanh_grad(x)",
+        }
+    }
+
+    fn accepts(self, dtype: DType) -> bool {
+        dtype.is_float()
+            || (dtype == DType::I32 && matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign))
+    }
+}
+
+impl Tensor {
+    /// Applies `op` elementwise.
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        if !op.accepts(self.dtype()) {
+            return Err(Error::DTypeMismatch {
+                op: op.name(),
+                expected: "a float dtype".into(),
+                got: self.dtype(),
+            });
+        }
+        let body = format!("let x = x0; return {};", op.forward());
+        let out = Map::elementwise(op.name(), &[self], self.dtype(), body)?.run()?;
+        if !crate::autograd::grad_enabled() || !self.requires_grad() {
+            return Ok(out);
+        }
+        let (x, y) = (self.detach(), out.detach());
+        let node = crate::autograd::Node::record(
+            op.name(),
+            &[self],
+            Box::new(move |g| {
+                let body = format!(
+                    "let g = x0; let x = x1; let y = x2; return {};",
+                    op.backward()
+                );
+                Ok(vec![Some(
+                    Map::elementwise(op.name(), &[g, &x, &y], x.dtype(), body)?.run()?,
+                )])
+            }),
+        );
+        Ok(out.with_node(node))
+    }
+
+    /// -x
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Neg)
+    }
+    /// |x|
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Abs)
+    }
+    /// sign(x)
+    pub fn sign(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sign)
+    }
+    /// e^x
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Exp)
+    }
+    /// ln x
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Log)
+    }
+    /// √x
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sqrt)
+    }
+    /// 1/√x
+    pub fn rsqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Rsqrt)
+    }
+    /// 1/x
+    pub fn recip(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Recip)
+    }
+    /// sin x
+    pub fn sin(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sin)
+    }
+    /// cos x
+    pub fn cos(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Cos)
+    }
+    /// tanh x
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Tanh)
+    }
+    /// Logistic sigmoid.
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+    /// max(x, 0)
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Relu)
+    }
+    /// x·sigmoid(x)
+    pub fn silu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Silu)
+    }
+    /// Exact (erf) GELU.
+    pub fn gelu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Gelu)
+    }
+    /// tanh-approximated GELU (`gelu_pytorch_tanh`).
+    pub fn gelu_tanh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::GeluTanh)
+    }
+}

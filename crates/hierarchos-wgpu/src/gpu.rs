@@ -1,0 +1,726 @@
+//! The device: adapter choice, feature detection, buffer pool, pipeline cache and batched dispatch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::error::{GpuError, Result};
+use crate::options::GpuOptions;
+
+/// Size in bytes of the per-batch parameter arena; a batch is submitted when it fills.
+const PARAM_ARENA_BYTES: u64 = 1 << 16;
+/// Dispatches recorded before the batch is submitted even if nobody waits for it, so the GPU starts early.
+const MAX_DISPATCHES_PER_SUBMIT: usize = 128;
+/// Largest workgroup count per grid dimension that every WebGPU device accepts.
+const MAX_GRID_DIM: u32 = 65535;
+
+/// What the opened device can do and what Hierarchos chose to use.
+#[derive(Clone, Debug)]
+pub struct Caps {
+    /// Subgroup operations are used.
+    pub subgroups: bool,
+    /// Smallest and largest subgroup size the adapter reports.
+    pub subgroup_size: (u32, u32),
+    /// f16 is stored natively (`SHADER_F16`); otherwise packed two per word.
+    pub f16: bool,
+    /// Timestamp queries are available for profiling.
+    pub timestamps: bool,
+    /// Cooperative matrices (tensor cores) are used.
+    pub cooperative_matrix: bool,
+}
+
+/// Bytes the pool hands out and keeps.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryStats {
+    /// Bytes in buffers held by live tensors.
+    pub live_bytes: u64,
+    /// The largest `live_bytes` seen since the device opened or [`Gpu::reset_peak`].
+    pub peak_bytes: u64,
+    /// Bytes in free buffers kept for reuse.
+    pub pooled_bytes: u64,
+}
+
+/// A description of one adapter, for `hierarchos info` and for choosing one.
+#[derive(Clone, Debug)]
+pub struct AdapterSummary {
+    /// Index in enumeration order (what `HIERARCHOS_ADAPTER=N` selects).
+    pub index: usize,
+    /// wgpu's adapter info: name, backend, driver, device type.
+    pub info: wgpu::AdapterInfo,
+}
+
+/// One GPU device with everything needed to run kernels on it. Shared as `Arc<Gpu>` by all tensors on it.
+pub struct Gpu {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    features: wgpu::Features,
+    caps: Caps,
+    errors: Arc<Mutex<Vec<wgpu::Error>>>,
+    state: Mutex<State>,
+    params_buffer: wgpu::Buffer,
+}
+
+#[derive(Default)]
+struct State {
+    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    released_in_batch: Vec<(u64, wgpu::Buffer)>,
+    pipelines: HashMap<String, Arc<wgpu::ComputePipeline>>,
+    encoder: Option<wgpu::CommandEncoder>,
+    params: Vec<u8>,
+    dispatches: usize,
+    stats: MemoryStats,
+}
+
+/// A pooled storage buffer. Dropping it gives it back to the pool of its device.
+pub struct GpuBuffer {
+    buffer: Option<wgpu::Buffer>,
+    class: u64,
+    gpu: Arc<Gpu>,
+}
+
+impl GpuBuffer {
+    /// The wgpu buffer.
+    pub fn raw(&self) -> &wgpu::Buffer {
+        self.buffer.as_ref().expect("buffer present until drop")
+    }
+
+    /// Capacity in bytes (the size class, at least what was asked for).
+    pub fn size(&self) -> u64 {
+        self.class
+    }
+
+    /// The device that owns this buffer.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            let mut st = self.gpu.lock();
+            st.stats.live_bytes -= self.class;
+            st.released_in_batch.push((self.class, buffer));
+        }
+    }
+}
+
+impl std::fmt::Debug for GpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuBuffer({} bytes)", self.class)
+    }
+}
+
+/// One kernel launch: the compiled kernel is looked up by `key` and built from `source()` on a miss.
+pub struct Dispatch<'a> {
+    /// Operation name, used in labels and error messages.
+    pub op: &'a str,
+    /// Pipeline cache key: the kernel and all its specializations (dtypes, variants).
+    pub key: &'a str,
+    /// Makes the WGSL source; only called when the pipeline is not cached yet.
+    pub source: &'a dyn Fn() -> String,
+    /// Buffers bound at bindings 1, 2, ... in order (binding 0 holds `params`).
+    pub buffers: &'a [&'a GpuBuffer],
+    /// Kernel parameters, bound at binding 0 as `array<u32>`.
+    pub params: &'a [u32],
+    /// Workgroup grid, as returned by [`Gpu::grid`].
+    pub workgroups: [u32; 3],
+}
+
+/// Every adapter wgpu can see on this machine.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .into_iter()
+        .enumerate()
+        .map(|(index, a)| AdapterSummary {
+            index,
+            info: a.get_info(),
+        })
+        .collect()
+}
+
+fn device_rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u32 {
+    match b {
+        wgpu::Backend::Vulkan
+        | wgpu::Backend::Metal
+        | wgpu::Backend::Dx12
+        | wgpu::Backend::BrowserWebGpu => 0,
+        _ => 1,
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+async fn choose_adapter(instance: &wgpu::Instance, wanted: Option<&str>) -> Result<wgpu::Adapter> {
+    let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+    let names = || {
+        adapters
+            .iter()
+            .map(|a| a.get_info().name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(w) = wanted {
+        let found = match w.parse::<usize>() {
+            Ok(i) => adapters.get(i),
+            Err(_) => {
+                let w = w.to_lowercase();
+                adapters
+                    .iter()
+                    .filter(|a| a.get_info().name.to_lowercase().contains(&w))
+                    .min_by_key(|a| backend_rank(a.get_info().backend))
+            }
+        };
+        return found.cloned().ok_or_else(|| {
+            GpuError::NoAdapter(format!(
+                "HIERARCHOS_ADAPTER={w} matches none of: {}",
+                names()
+            ))
+        });
+    }
+    adapters
+        .iter()
+        .filter(|a| a.get_info().backend != wgpu::Backend::Noop)
+        .min_by_key(|a| {
+            let i = a.get_info();
+            (backend_rank(i.backend), device_rank(i.device_type))
+        })
+        .cloned()
+        .ok_or_else(|| {
+            GpuError::NoAdapter(
+                "wgpu found no Vulkan, Metal, DX12 or GL adapter; install a GPU driver or Mesa's lavapipe \
+                 (Debian: apt-get install mesa-vulkan-drivers)"
+                    .into(),
+            )
+        })
+}
+
+#[cfg(target_arch = "wasm32")]
+async fn choose_adapter(instance: &wgpu::Instance, _wanted: Option<&str>) -> Result<wgpu::Adapter> {
+    instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| GpuError::NoAdapter(e.to_string()))
+}
+
+static DEFAULT_GPU: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
+
+impl Gpu {
+    /// Opens a device on the adapter the options select.
+    pub async fn open(options: &GpuOptions) -> Result<Arc<Gpu>> {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = choose_adapter(&instance, options.adapter.as_deref()).await?;
+        let info = adapter.get_info();
+        let available = adapter.features();
+        let mut wanted = wgpu::Features::empty();
+        let subgroups = options.subgroups && available.contains(wgpu::Features::SUBGROUP);
+        let f16 = options.f16 && available.contains(wgpu::Features::SHADER_F16);
+        let timestamps = available.contains(wgpu::Features::TIMESTAMP_QUERY);
+        let coop = options.cooperative_matrix
+            && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        for (on, f) in [
+            (subgroups, wgpu::Features::SUBGROUP),
+            (f16, wgpu::Features::SHADER_F16),
+            (timestamps, wgpu::Features::TIMESTAMP_QUERY),
+            (coop, wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+        ] {
+            if on {
+                wanted |= f;
+            }
+        }
+        let limits = adapter.limits();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("hierarchos"),
+            required_features: wanted,
+            required_limits: limits.clone(),
+            experimental_features: if coop {
+                // SAFETY: cooperative-matrix kernels are only built for shapes the adapter reports.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) =
+            adapter
+                .request_device(&desc)
+                .await
+                .map_err(|e| GpuError::RequestDevice {
+                    adapter: info.name.clone(),
+                    message: e.to_string(),
+                })?;
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e| {
+            sink.lock().unwrap_or_else(|p| p.into_inner()).push(e)
+        }));
+        let caps = Caps {
+            subgroups,
+            subgroup_size: (info.subgroup_min_size, info.subgroup_max_size),
+            f16,
+            timestamps,
+            cooperative_matrix: coop,
+        };
+        tracing::info!(adapter = %info.name, backend = ?info.backend, ?caps, "opened GPU");
+        let params_buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("hierarchos params"),
+            size: PARAM_ARENA_BYTES,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(Arc::new(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            features: wanted,
+            caps,
+            errors,
+            state: Mutex::new(State::default()),
+            params_buffer,
+        }))
+    }
+
+    /// The process-wide default device, opened on first use with [`GpuOptions::from_env`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn default_gpu() -> Result<Arc<Gpu>> {
+        DEFAULT_GPU
+            .get_or_init(|| {
+                pollster::block_on(Gpu::open(&GpuOptions::from_env())).map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(GpuError::NoAdapter)
+    }
+
+    /// The process-wide default device; on the web it must first be opened with [`Gpu::init_default`].
+    #[cfg(target_arch = "wasm32")]
+    pub fn default_gpu() -> Result<Arc<Gpu>> {
+        DEFAULT_GPU
+            .get()
+            .cloned()
+            .unwrap_or_else(|| Err("call Gpu::init_default().await first on the web".into()))
+            .map_err(GpuError::NoAdapter)
+    }
+
+    /// Opens the default device asynchronously (needed on the web, where nothing may block).
+    pub async fn init_default() -> Result<Arc<Gpu>> {
+        if let Some(g) = DEFAULT_GPU.get() {
+            return g.clone().map_err(GpuError::NoAdapter);
+        }
+        let g = Gpu::open(&GpuOptions::from_env())
+            .await
+            .map_err(|e| e.to_string());
+        DEFAULT_GPU
+            .get_or_init(|| g)
+            .clone()
+            .map_err(GpuError::NoAdapter)
+    }
+
+    /// Adapter name, backend, driver.
+    pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    /// The device limits (the adapter's full limits are requested).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    /// The wgpu features enabled on the device.
+    pub fn features(&self) -> wgpu::Features {
+        self.features
+    }
+
+    /// What the kernels may use.
+    pub fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    /// The wgpu device, for code that shares it (the Studio's renderer).
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// Live, peak and pooled bytes.
+    pub fn memory(&self) -> MemoryStats {
+        self.lock().stats
+    }
+
+    /// Starts a new peak measurement from the current live bytes.
+    pub fn reset_peak(&self) {
+        let mut st = self.lock();
+        st.stats.peak_bytes = st.stats.live_bytes;
+    }
+
+    /// Frees every pooled (unused) buffer.
+    pub fn trim_pool(&self) {
+        let mut st = self.lock();
+        st.free.clear();
+        st.stats.pooled_bytes = 0;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take_errors(&self) -> Vec<wgpu::Error> {
+        std::mem::take(&mut *self.errors.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn check_errors(&self, op: &str) -> Result<()> {
+        match self.take_errors().into_iter().next() {
+            None => Ok(()),
+            Some(wgpu::Error::OutOfMemory { .. }) => Err(GpuError::OutOfMemory {
+                op: op.into(),
+                bytes: 0,
+                live: self.memory().live_bytes,
+            }),
+            Some(e) => Err(GpuError::Validation {
+                op: op.into(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// The grid of workgroups covering `n` workgroups, folded into two dimensions past the per-dimension limit.
+    /// Kernels recover the linear workgroup index as `wid.x + wid.y * num_workgroups.x`.
+    pub fn grid(n: u32) -> [u32; 3] {
+        if n <= MAX_GRID_DIM {
+            [n.max(1), 1, 1]
+        } else {
+            let y = n.div_ceil(MAX_GRID_DIM);
+            [n.div_ceil(y), y, 1]
+        }
+    }
+
+    /// A buffer of at least `bytes` bytes (contents undefined) from the pool, or a new one.
+    pub fn alloc(self: &Arc<Self>, op: &str, bytes: u64) -> Result<GpuBuffer> {
+        let limit = self
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size);
+        let class = size_class(bytes.max(4));
+        if class > limit {
+            if bytes.max(4).next_multiple_of(4) > limit {
+                return Err(GpuError::BufferTooLarge {
+                    op: op.into(),
+                    bytes,
+                    limit,
+                });
+            }
+        }
+        let class = class.min(limit);
+        let mut st = self.lock();
+        let reused = st.free.get_mut(&class).and_then(Vec::pop);
+        let buffer = match reused {
+            Some(b) => {
+                st.stats.pooled_bytes -= class;
+                b
+            }
+            None => {
+                drop(st);
+                let b = self.create_buffer(op, class)?;
+                st = self.lock();
+                b
+            }
+        };
+        st.stats.live_bytes += class;
+        st.stats.peak_bytes = st.stats.peak_bytes.max(st.stats.live_bytes);
+        Ok(GpuBuffer {
+            buffer: Some(buffer),
+            class,
+            gpu: self.clone(),
+        })
+    }
+
+    fn create_buffer(&self, op: &str, size: u64) -> Result<wgpu::Buffer> {
+        let desc = wgpu::BufferDescriptor {
+            label: Some(op),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        };
+        let b = self.device.create_buffer(&desc);
+        if self.check_errors(op).is_ok() {
+            return Ok(b);
+        }
+        // Out of memory (or refused): give back everything pooled and try once more.
+        self.flush()?;
+        self.trim_pool();
+        let b = self.device.create_buffer(&desc);
+        self.check_errors(op).map_err(|_| GpuError::OutOfMemory {
+            op: op.into(),
+            bytes: size,
+            live: self.memory().live_bytes,
+        })?;
+        Ok(b)
+    }
+
+    /// A buffer holding `data` (padded with zeros to a multiple of 4 bytes).
+    pub fn upload(self: &Arc<Self>, op: &str, data: &[u8]) -> Result<GpuBuffer> {
+        let buf = self.alloc(op, data.len() as u64)?;
+        if data.len() % 4 == 0 {
+            self.queue.write_buffer(buf.raw(), 0, data);
+        } else {
+            let mut padded = data.to_vec();
+            padded.resize(data.len().next_multiple_of(4), 0);
+            self.queue.write_buffer(buf.raw(), 0, &padded);
+        }
+        Ok(buf)
+    }
+
+    /// A buffer of at least `bytes` bytes, all zero.
+    pub fn zeros(self: &Arc<Self>, op: &str, bytes: u64) -> Result<GpuBuffer> {
+        let buf = self.alloc(op, bytes)?;
+        let mut st = self.lock();
+        self.encoder(&mut st).clear_buffer(buf.raw(), 0, None);
+        Ok(buf)
+    }
+
+    fn encoder<'s>(&self, st: &'s mut State) -> &'s mut wgpu::CommandEncoder {
+        st.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("hierarchos batch"),
+                })
+        })
+    }
+
+    fn pipeline(&self, d: &Dispatch<'_>) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(p) = self.lock().pipelines.get(d.key) {
+            return Ok(p.clone());
+        }
+        let source = (d.source)();
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(d.key),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(d.key),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        self.check_errors(&format!("{} (compiling kernel {})", d.op, d.key))?;
+        let p = Arc::new(pipeline);
+        self.lock().pipelines.insert(d.key.to_string(), p.clone());
+        Ok(p)
+    }
+
+    /// Records one kernel launch into the open batch. The GPU runs it when the batch is submitted: when the host
+    /// reads data back, when the batch is full, or on [`Gpu::flush`].
+    pub fn dispatch(&self, d: Dispatch<'_>) -> Result<()> {
+        let pipeline = self.pipeline(&d)?;
+        let align = self.limits.min_storage_buffer_offset_alignment as usize;
+        let param_bytes = (d.params.len().max(1) * 4) as u64;
+        let needs_flush = {
+            let st = self.lock();
+            st.params.len().next_multiple_of(align) as u64 + param_bytes > PARAM_ARENA_BYTES
+        };
+        if needs_flush {
+            self.flush()?;
+        }
+        let mut st = self.lock();
+        let offset = st.params.len().next_multiple_of(align);
+        st.params.resize(offset, 0);
+        if d.params.is_empty() {
+            st.params.extend_from_slice(&[0; 4]);
+        } else {
+            for p in d.params {
+                st.params.extend_from_slice(&p.to_le_bytes());
+            }
+        }
+        let layout = pipeline.get_bind_group_layout(0);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.params_buffer,
+                offset: offset as u64,
+                size: std::num::NonZeroU64::new(param_bytes),
+            }),
+        }];
+        for (i, b) in d.buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.raw().as_entire_binding(),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(d.op),
+            layout: &layout,
+            entries: &entries,
+        });
+        {
+            let enc = self.encoder(&mut st);
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(d.op),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
+        }
+        st.dispatches += 1;
+        let full = st.dispatches >= MAX_DISPATCHES_PER_SUBMIT;
+        drop(st);
+        self.check_errors(d.op)?;
+        if full {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Submits the open batch to the GPU (without waiting for it).
+    pub fn flush(&self) -> Result<()> {
+        let mut st = self.lock();
+        self.submit_locked(&mut st);
+        drop(st);
+        self.check_errors("submit")
+    }
+
+    fn submit_locked(&self, st: &mut State) -> Option<wgpu::SubmissionIndex> {
+        let encoder = st.encoder.take()?;
+        if !st.params.is_empty() {
+            self.queue.write_buffer(&self.params_buffer, 0, &st.params);
+            st.params.clear();
+        }
+        let index = self.queue.submit([encoder.finish()]);
+        st.dispatches = 0;
+        for (class, b) in std::mem::take(&mut st.released_in_batch) {
+            st.stats.pooled_bytes += class;
+            st.free.entry(class).or_default().push(b);
+        }
+        Some(index)
+    }
+
+    /// Waits until the GPU has finished all submitted work.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn synchronize(&self) -> Result<()> {
+        self.flush()?;
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Copies bytes `[start, end)` of `buf` to the host, blocking until the GPU is done.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read(&self, buf: &GpuBuffer, start: u64, end: u64) -> Result<Vec<u8>> {
+        pollster::block_on(self.read_async(buf, start, end))
+    }
+
+    /// Copies bytes `[start, end)` of `buf` to the host; the future resolves when the GPU is done (works on the web).
+    pub async fn read_async(&self, buf: &GpuBuffer, start: u64, end: u64) -> Result<Vec<u8>> {
+        if end <= start {
+            return Ok(Vec::new());
+        }
+        let lo = start / 4 * 4;
+        let hi = end.next_multiple_of(4).min(buf.size());
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("hierarchos readback"),
+            size: hi - lo,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        {
+            let mut st = self.lock();
+            self.encoder(&mut st)
+                .copy_buffer_to_buffer(buf.raw(), lo, &staging, 0, hi - lo);
+            self.submit_locked(&mut st);
+        }
+        self.check_errors("readback")?;
+        let (tx, rx) = futures_channel::oneshot::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        rx.await
+            .map_err(|_| GpuError::Readback("device dropped the mapping request".into()))?
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let s = (start - lo) as usize;
+        let out = view[s..s + (end - start) as usize].to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+}
+
+/// Pool size classes: powers of two and the midpoints between them, so at most a third is wasted.
+fn size_class(bytes: u64) -> u64 {
+    let bytes = bytes.next_multiple_of(256);
+    let p = bytes.next_power_of_two();
+    let mid = p / 4 * 3;
+    if bytes <= mid && mid % 256 == 0 {
+        mid
+    } else {
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_cover_the_request() {
+        for b in [
+            1u64,
+            4,
+            255,
+            256,
+            257,
+            700,
+            1000,
+            1 << 20,
+            (1 << 20) + 1,
+            3 << 20,
+        ] {
+            let c = size_class(b);
+            assert!(c >= b, "{b} -> {c}");
+            assert!(
+                c <= (b.next_multiple_of(256) * 3 / 2).max(256),
+                "{b} -> {c}"
+            );
+        }
+    }
+
+    #[test]
+    fn grid_folds_past_the_limit() {
+        assert_eq!(Gpu::grid(0), [1, 1, 1]);
+        assert_eq!(Gpu::grid(70_000), [35_000, 2, 1]);
+        let g = Gpu::grid(10_000_000);
+        assert!(g[0] <= MAX_GRID_DIM && g[0] as u64 * g[1] as u64 >= 10_000_000);
+    }
+}

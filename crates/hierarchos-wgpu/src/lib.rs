@@ -1,0 +1,19 @@
+//! The GPU runtime of Hierarchos.
+//!
+//! Every tensor op is a WGSL compute shader. This crate opens a device through wgpu (Vulkan first, also Metal,
+//! DX12 and WebGPU), detects subgroups, f16, timestamps and cooperative matrices, pools buffers, caches compiled
+//! pipelines and records many dispatches per queue submission. It knows nothing about tensors: shapes and
+//! autograd live in `hierarchos-core`.
+
+mod dtype;
+mod error;
+mod gpu;
+mod options;
+
+pub use dtype::{Access, COMMON_WGSL, DType};
+pub use error::{GpuError, Result};
+#[cfg(not(target_arch = "wasm32"))]
+pub use gpu::list_adapters;
+pub use gpu::{AdapterSummary, Caps, Dispatch, Gpu, GpuBuffer, MemoryStats};
+pub use options::GpuOptions;
+pub use wgpu;

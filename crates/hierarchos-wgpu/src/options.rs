@@ -1,0 +1,52 @@
+//! How the runtime picks an adapter and which hardware features it may use.
+
+/// Choices made when a [`crate::Gpu`] is opened. [`GpuOptions::from_env`] reads them from the environment so
+/// that tests and users can switch kernels without recompiling.
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    /// Pick the adapter whose name contains this text (case-insensitive), or whose index in
+    /// [`crate::list_adapters`] this is. `None`: prefer a discrete GPU, then integrated, then anything.
+    pub adapter: Option<String>,
+    /// Use subgroup operations where the adapter has them.
+    pub subgroups: bool,
+    /// Use native f16 storage where the adapter has `SHADER_F16`.
+    pub f16: bool,
+    /// Use cooperative-matrix (tensor core) kernels where the adapter has them.
+    pub cooperative_matrix: bool,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions {
+            adapter: None,
+            subgroups: true,
+            f16: true,
+            cooperative_matrix: true,
+        }
+    }
+}
+
+impl GpuOptions {
+    /// Options from `HIERARCHOS_ADAPTER` (name part or index) and `HIERARCHOS_DISABLE`, a comma-separated list of
+    /// `subgroup`, `f16`, `coopmat` to turn off (so the portable fallback kernels can be exercised).
+    pub fn from_env() -> Self {
+        let mut o = GpuOptions {
+            adapter: std::env::var("HIERARCHOS_ADAPTER").ok(),
+            ..GpuOptions::default()
+        };
+        if let Ok(list) = std::env::var("HIERARCHOS_DISABLE") {
+            for item in list.split(',').map(str::trim) {
+                match item {
+                    "subgroup" | "subgroups" => o.subgroups = false,
+                    "f16" => o.f16 = false,
+                    "coopmat" | "cooperative_matrix" => o.cooperative_matrix = false,
+                    "" => {}
+                    other => {
+                        tracing::warn!("HIERARCHOS_DISABLE: unknown feature '{other}' ignored")
+                    }
+                }
+            }
+        }
+        o
+    }
+}

@@ -1,0 +1,51 @@
+// Helpers shared by every generated kernel.
+
+// f32 -> bf16 bits with round-to-nearest-even, as PyTorch converts; NaN stays a quiet NaN.
+fn f32_to_bf16(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return (b >> 16u) | 0x40u;
+    }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+// f32 -> f16 bits with round-to-nearest-even; overflow gives infinity, NaN stays NaN, subnormals are kept.
+// Written out because WGSL leaves the rounding and overflow of f16 conversions to the implementation.
+fn f32_to_f16(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) {
+        return sign | 0x7e00u;
+    }
+    if (a >= 0x477ff000u) {
+        return sign | 0x7c00u;
+    }
+    if (a >= 0x38800000u) {
+        let r = a - 0x38000000u;
+        return sign | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
+    }
+    let e = a >> 23u;
+    if (e < 102u) {
+        return sign;
+    }
+    let m = (a & 0x7fffffu) | 0x800000u;
+    let shift = 126u - e;
+    let q = m >> shift;
+    let rem = m & ((1u << shift) - 1u);
+    let half = 1u << (shift - 1u);
+    var res = q;
+    if (rem > half || (rem == half && (q & 1u) == 1u)) {
+        res = res + 1u;
+    }
+    return sign | res;
+}
+
+// Infinities from bit patterns: WGSL rejects constant expressions that overflow, such as 1.0 / 0.0.
+fn pos_inf() -> f32 {
+    return bitcast<f32>(0x7f800000u);
+}
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u);
+}

@@ -1,0 +1,49 @@
+// Elementwise "map" kernel template: each thread computes one output word (one element, or two for packed
+// 16-bit outputs) from strided inputs. The Rust side prepends bindings, load/store functions and `compute`.
+//
+// Parameters (binding 0, u32 words): [numel, rank, shape[8], then per input: offset, strides[8], then extras].
+
+fn out_coord(i: u32, d: u32) -> u32 {
+    var rem = i;
+    for (var k = p[1] - 1u; k > d; k = k - 1u) {
+        rem = rem / p[2u + k];
+    }
+    return rem % p[2u + d];
+}
+
+fn strided_offset(k: u32, i: u32) -> u32 {
+    let base = 10u + 9u * k;
+    var rem = i;
+    var off = p[base];
+    for (var d = i32(p[1]) - 1; d >= 0; d = d - 1) {
+        let n = p[2u + u32(d)];
+        off = off + (rem % n) * p[base + 1u + u32(d)];
+        rem = rem / n;
+    }
+    return off;
+}
+
+fn extra_f32(j: u32) -> f32 {
+    return bitcast<f32>(p[EXTRA + j]);
+}
+
+fn extra_u32(j: u32) -> u32 {
+    return p[EXTRA + j];
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let w = (wid.x + wid.y * nwg.x) * 256u + lid;
+    let n = p[0];
+    let i0 = w * EPW;
+    if (i0 >= n) {
+        return;
+    }
+    let v0 = compute(i0);
+    var v1 = v0;
+    if (EPW == 2u && i0 + 1u < n) {
+        v1 = compute(i0 + 1u);
+    }
+    store_out(w, v0, v1);
+}

@@ -1,0 +1,85 @@
+// Math functions with accuracy PyTorch users expect; WGSL leaves builtin precision loose (and has no erf).
+
+// tanh with full relative accuracy near zero (Taylor series) and no overflow for large |x|.
+fn tanh_acc(x: f32) -> f32 {
+    let a = abs(x);
+    if (a < 0.4) {
+        let x2 = x * x;
+        return x * (1.0 + x2 * (-0.33333333333 + x2 * (0.13333333333 + x2 * (-0.05396825397
+            + x2 * (0.02186948854 + x2 * (-0.00886323552 + x2 * 0.00359212803))))));
+    }
+    let r = 1.0 - 2.0 / (exp(min(2.0 * a, 88.0)) + 1.0);
+    return select(r, -r, x < 0.0);
+}
+
+fn sigmoid_acc(x: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-x));
+}
+
+// erfc with fractional error below 1.2e-7 everywhere (Chebyshev fit of erfc(z) exp(z^2)).
+fn erfc_acc(x: f32) -> f32 {
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
+        + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
+        + t * (-0.82215223 + t * 0.17087277)))))))));
+    return select(r, 2.0 - r, x < 0.0);
+}
+
+// Exact GELU written as x/2 * erfc(-x/sqrt 2), which keeps relative accuracy for negative x.
+fn gelu_erf(x: f32) -> f32 {
+    return 0.5 * x * erfc_acc(-x * 0.70710678118654752);
+}
+
+fn gelu_erf_grad(x: f32) -> f32 {
+    return 0.5 * erfc_acc(-x * 0.70710678118654752) + x * 0.39894228040143268 * exp(-0.5 * x * x);
+}
+
+// Tanh-approximated GELU as x * sigmoid(2u): 1 + tanh(u) = 2 sigmoid(2u) avoids cancellation.
+fn gelu_tanh(x: f32) -> f32 {
+    let u = 0.79788456080286536 * (x + 0.044715 * x * x * x);
+    return x * sigmoid_acc(2.0 * u);
+}
+
+fn gelu_tanh_grad(x: f32) -> f32 {
+    let u = 0.79788456080286536 * (x + 0.044715 * x * x * x);
+    let t = tanh_acc(u);
+    let du = 0.79788456080286536 * (1.0 + 3.0 * 0.044715 * x * x);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+}
+
+fn is_nan(x: f32) -> bool {
+    return !(x == x);
+}
+
+// max/min that propagate NaN, as torch.maximum / torch.minimum do.
+fn max_nan(a: f32, b: f32) -> f32 {
+    return select(max(a, b), a + b, is_nan(a) || is_nan(b));
+}
+
+fn min_nan(a: f32, b: f32) -> f32 {
+    return select(min(a, b), a + b, is_nan(a) || is_nan(b));
+}
+
+// a^b for any sign of a, as torch.pow: negative bases with integer exponents keep their sign.
+fn pow_acc(a: f32, b: f32) -> f32 {
+    if (b == 0.0) {
+        return 1.0;
+    }
+    if (b == 1.0) {
+        return a;
+    }
+    if (b == 2.0) {
+        return a * a;
+    }
+    let r = exp2(b * log2(abs(a)));
+    if (a < 0.0) {
+        if (floor(b) != b) {
+            return bitcast<f32>(0x7fc00000u);
+        }
+        if (fract(b * 0.5) != 0.0) {
+            return -r;
+        }
+    }
+    return r;
+}
