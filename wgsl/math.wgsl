@@ -72,6 +72,9 @@ fn pow_acc(a: f32, b: f32) -> f32 {
     if (b == 2.0) {
         return a * a;
     }
+    if (a == 0.0) {
+        return select(0.0, pos_inf(), (b < 0.0));
+    }
     let r = exp2(b * log2(abs(a)));
     if (a < 0.0) {
         if (floor(b) != b) {

@@ -118,7 +118,7 @@ impl Access {
             (DType::BF16, _) => {
                 format!("{name}[w] = (f32_to_bf16(v0) & 0xffffu) | (f32_to_bf16(v1) << 16u);")
             }
-            (DType::F16, false) => format!("{name}[w] = bitcast<vec2<f16>>(f32_to_f16(v0))[0];"),
+            (DType::F16, false) => format!("{name}[w] = f16(unpack2x16float(f32_to_f16(v0)).x);"),
             _ => format!("{name}[w] = v0;"),
         };
         format!("fn store_{name}(w: u32, v0: {c}, v1: {c}) {{ {body} }}\n")

@@ -110,14 +110,16 @@ impl CmpOp {
         }
     }
 
-    fn symbol(self) -> &'static str {
+    /// WGSL for the comparison of `a` and `b`. `!=` is written as `!(a == b)` because some drivers compile
+    /// `!=` to an ordered comparison, which is false for NaN.
+    fn condition(self, a: &str, b: &str) -> String {
         match self {
-            CmpOp::Eq => "==",
-            CmpOp::Ne => "!=",
-            CmpOp::Lt => "<",
-            CmpOp::Le => "<=",
-            CmpOp::Gt => ">",
-            CmpOp::Ge => ">=",
+            CmpOp::Eq => format!("({a} == {b})"),
+            CmpOp::Ne => format!("!({a} == {b})"),
+            CmpOp::Lt => format!("({a} < {b})"),
+            CmpOp::Le => format!("({a} <= {b})"),
+            CmpOp::Gt => format!("({a} > {b})"),
+            CmpOp::Ge => format!("({a} >= {b})"),
         }
     }
 }
@@ -280,17 +282,14 @@ impl Tensor {
     /// Elementwise comparison with broadcasting; a `u32` tensor of 0 and 1.
     pub fn compare(&self, rhs: &Tensor, op: CmpOp) -> Result<Tensor> {
         check_same_dtype(op.name(), self, rhs)?;
-        let body = format!("return select(0u, 1u, (x0 {} x1));", op.symbol());
+        let body = format!("return select(0u, 1u, {});", op.condition("x0", "x1"));
         Map::elementwise(op.name(), &[self, rhs], DType::U32, body)?.run()
     }
 
     /// Comparison with a scalar; a `u32` tensor of 0 and 1.
     pub fn compare_scalar(&self, s: f64, op: CmpOp) -> Result<Tensor> {
         let c = self.dtype().compute_type();
-        let body = format!(
-            "return select(0u, 1u, (x0 {} bitcast<{c}>(extra_u32(0u))));",
-            op.symbol()
-        );
+        let body = format!("return select(0u, 1u, {});", op.condition("x0", &format!("bitcast<{c}>(extra_u32(0u))")));
         let mut map = Map::elementwise(op.name(), &[self], DType::U32, body)?;
         map.extras.push(scalar_bits(s, self.dtype()));
         map.run()
@@ -303,7 +302,7 @@ impl Tensor {
             "where",
             &[self, on_true, on_false],
             on_true.dtype(),
-            "return select(x2, x1, x0 != 0);".into(),
+            "return select(x2, x1, !(x0 == 0));".into(),
         )?
         .run()?;
         if !grad_enabled() || !(on_true.requires_grad() || on_false.requires_grad()) {
@@ -318,9 +317,9 @@ impl Tensor {
                 let zero = "0.0";
                 let pick = |keep_true: bool| -> Result<Tensor> {
                     let body = if keep_true {
-                        format!("return select({zero}, x1, x0 != 0);")
+                        format!("return select({zero}, x1, !(x0 == 0));")
                     } else {
-                        format!("return select(x1, {zero}, x0 != 0);")
+                        format!("return select(x1, {zero}, !(x0 == 0));")
                     };
                     Map::elementwise("where", &[&cond, g], g.dtype(), body)?.run()
                 };
