@@ -1,0 +1,94 @@
+//! Tape behaviour: accumulation, detach, no_grad, views in the graph, freeing, and misuse errors.
+
+mod common;
+use common::*;
+use hierarchos::core::{DType, Tensor, no_grad};
+
+#[test]
+fn gradients_accumulate_across_backward_calls() {
+    let d = dev();
+    let x = Tensor::from_slice(&[1.0f32, -2.0, 3.0], &[3], &d).unwrap().requires_grad_();
+    for _ in 0..2 {
+        x.mul(&x).unwrap().sum_all().unwrap().backward().unwrap();
+    }
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![4.0, -8.0, 12.0]);
+    x.zero_grad();
+    assert!(x.grad().is_none());
+}
+
+#[test]
+fn shared_subexpressions_sum_their_gradients() {
+    let d = dev();
+    let x = Tensor::from_slice(&[2.0f32], &[1], &d).unwrap().requires_grad_();
+    let y = x.mul_scalar(3.0).unwrap();
+    // z = y*y + y: dz/dx = (2y + 1) * 3 = 39 at x = 2
+    let z = y.mul(&y).unwrap().add(&y).unwrap().sum_all().unwrap();
+    z.backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![39.0]);
+}
+
+#[test]
+fn detach_and_no_grad_stop_the_tape() {
+    let d = dev();
+    let x = Tensor::from_slice(&[1.0f32, 2.0], &[2], &d).unwrap().requires_grad_();
+    assert!(!x.detach().requires_grad());
+    let y = no_grad(|| x.exp().unwrap());
+    assert!(!y.requires_grad());
+    let z = x.mul(&x.detach()).unwrap().sum_all().unwrap();
+    z.backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 2.0], "only the tracked factor contributes");
+}
+
+#[test]
+fn views_carry_gradients() {
+    let mut rng = Rng::new("views_grad");
+    let x = rng.vec(24, -1.0, 1.0);
+    gradcheck("reshape/permute/narrow/broadcast", &mut rng, &[(x, vec![2, 3, 4])], |t| {
+        let v = t[0].permute(&[2, 0, 1])?.narrow(0, 1, 2)?.reshape(&[2, 6])?;
+        let b = v.unsqueeze(0)?.broadcast_to(&[3, 2, 6])?;
+        b.mul(&b)?.contiguous()
+    });
+    let y = rng.vec(6, -1.0, 1.0);
+    gradcheck("cat and stack", &mut rng, &[(y.clone(), vec![2, 3]), (y, vec![2, 3])], |t| {
+        let c = Tensor::cat(&[t[0].clone(), t[1].mul_scalar(2.0)?, t[0].clone()], 1)?;
+        Tensor::stack(&[c.clone(), c.exp()?], 0)
+    });
+}
+
+#[test]
+fn second_backward_through_a_freed_graph_is_an_error() {
+    let d = dev();
+    let x = Tensor::from_slice(&[1.0f32, 2.0], &[2], &d).unwrap().requires_grad_();
+    let loss = x.exp().unwrap().sum_all().unwrap();
+    loss.backward().unwrap();
+    let err = loss.backward().unwrap_err().to_string();
+    assert!(err.contains("second time"), "{err}");
+}
+
+#[test]
+fn misuse_is_reported() {
+    let d = dev();
+    let x = Tensor::from_slice(&[1.0f32, 2.0], &[2], &d).unwrap().requires_grad_();
+    assert!(x.exp().unwrap().backward().is_err(), "backward from a non-scalar");
+    let c = Tensor::from_slice(&[1.0f32], &[1], &d).unwrap();
+    assert!(c.backward().is_err(), "nothing requires grad");
+    let ids = Tensor::zeros(&[1], DType::U32, &d).unwrap();
+    assert!(ids.backward().is_err(), "integer loss");
+}
+
+#[test]
+fn intermediate_buffers_are_released_after_backward() {
+    // A device of its own, so that tests running in parallel do not disturb the byte counts.
+    let d = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    let x = Tensor::from_slice(&vec![0.5f32; 4096], &[4096], &d).unwrap().requires_grad_();
+    d.synchronize().unwrap();
+    let before = d.memory().live_bytes;
+    {
+        let loss = x.exp().unwrap().tanh().unwrap().sigmoid().unwrap().sum_all().unwrap();
+        loss.backward().unwrap();
+    }
+    x.zero_grad();
+    d.synchronize().unwrap();
+    assert!(d.memory().live_bytes <= before, "live {} > {before}", d.memory().live_bytes);
+    assert!(d.memory().peak_bytes >= before);
+}

@@ -1,0 +1,156 @@
+//! Reductions over any set of dimensions against f64 CPU references.
+
+mod common;
+use common::*;
+use hierarchos::core::{DType, ReduceOp, Tensor};
+
+const OPS: [ReduceOp; 7] = [
+    ReduceOp::Sum,
+    ReduceOp::Mean,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::ArgMax,
+    ReduceOp::ArgMin,
+    ReduceOp::LogSumExp,
+];
+
+/// Reduces `data` (row-major `shape`) over `dims` in f64.
+fn reference(op: ReduceOp, data: &[f64], shape: &[usize], dims: &[usize]) -> Vec<f64> {
+    let rank = shape.len();
+    let kept: Vec<usize> = (0..rank).filter(|d| !dims.contains(d)).collect();
+    let red: Vec<usize> = (0..rank).filter(|d| dims.contains(d)).collect();
+    let strides = {
+        let mut s = vec![1; rank];
+        for d in (0..rank.saturating_sub(1)).rev() {
+            s[d] = s[d + 1] * shape[d + 1];
+        }
+        s
+    };
+    let kept_shape: Vec<usize> = kept.iter().map(|&d| shape[d]).collect();
+    let red_shape: Vec<usize> = red.iter().map(|&d| shape[d]).collect();
+    let kept_strides: Vec<usize> = kept.iter().map(|&d| strides[d]).collect();
+    let red_strides: Vec<usize> = red.iter().map(|&d| strides[d]).collect();
+    strided_indices(&kept_shape, &kept_strides, 0)
+        .into_iter()
+        .map(|base| {
+            let row: Vec<f64> = strided_indices(&red_shape, &red_strides, base).iter().map(|&i| data[i]).collect();
+            let n = row.len() as f64;
+            let first = |better: &dyn Fn(f64, f64) -> bool| {
+                let mut best = 0;
+                for (j, &v) in row.iter().enumerate() {
+                    if better(v, row[best]) {
+                        best = j;
+                    }
+                }
+                best
+            };
+            match op {
+                ReduceOp::Sum => row.iter().sum(),
+                ReduceOp::Mean => row.iter().sum::<f64>() / n,
+                ReduceOp::Max => row.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                ReduceOp::Min => row.iter().cloned().fold(f64::INFINITY, f64::min),
+                ReduceOp::ArgMax => first(&|a, b| a > b) as f64,
+                ReduceOp::ArgMin => first(&|a, b| a < b) as f64,
+                ReduceOp::LogSumExp => {
+                    let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln()
+                }
+            }
+        })
+        .collect()
+}
+
+fn read(t: &Tensor) -> Vec<f32> {
+    if t.dtype() == DType::U32 { t.to_vec::<u32>().unwrap().iter().map(|&v| v as f32).collect() } else { t.to_f32_vec().unwrap() }
+}
+
+#[test]
+fn reductions_over_any_dims_match_reference() {
+    let d = dev();
+    let mut rng = Rng::new("reduce");
+    let cases: [(&[usize], &[usize]); 8] = [
+        (&[1], &[0]),
+        (&[3], &[0]),
+        (&[257], &[0]),
+        (&[17, 3], &[1]),
+        (&[17, 3], &[0]),
+        (&[4, 5, 6], &[0, 2]),
+        (&[2, 3, 1000], &[2]),
+        (&[3, 4, 5], &[0, 1, 2]),
+    ];
+    for op in OPS {
+        for (shape, dims) in cases {
+            let n: usize = shape.iter().product();
+            let x = rng.vec(n, -3.0, 3.0);
+            let t = Tensor::from_slice(&x, shape, &d).unwrap();
+            let idims: Vec<isize> = dims.iter().map(|&v| v as isize).collect();
+            let got = if matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin) {
+                if dims.len() != 1 {
+                    continue;
+                }
+                t.reduce(op, &idims, false).unwrap()
+            } else {
+                t.reduce(op, &idims, false).unwrap()
+            };
+            let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let want = reference(op, &xd, shape, dims);
+            let scale: f64 = (xd.iter().map(|v| v.abs()).sum::<f64>() / n as f64).max(1.0);
+            let atol = if op == ReduceOp::Sum { 1e-6 * scale * (n as f64).sqrt() } else { 1e-6 };
+            assert_close(&format!("{op:?} {shape:?} {dims:?}"), &read(&got), &want, 1e-5, atol);
+            let keep = t.reduce(op, &idims, true).unwrap();
+            assert_eq!(keep.rank(), shape.len(), "keepdim keeps the rank");
+        }
+    }
+}
+
+#[test]
+fn reductions_read_strided_views_and_half_types() {
+    let d = dev();
+    let mut rng = Rng::new("reduce_views");
+    let x = rng.vec(6 * 7, -3.0, 3.0);
+    let t = Tensor::from_slice(&x, &[6, 7], &d).unwrap().t().unwrap().narrow(1, 1, 4).unwrap(); // [7, 4]
+    let xd: Vec<f64> = strided_indices(&[7, 4], &[1, 7], 7).iter().map(|&i| x[i] as f64).collect();
+    for op in OPS {
+        let got = t.reduce(op, &[1], false).unwrap();
+        assert_close(&format!("{op:?} on a view"), &read(&got), &reference(op, &xd, &[7, 4], &[1]), 1e-5, 1e-6);
+    }
+    for dtype in [DType::F16, DType::BF16] {
+        let h = Tensor::from_slice(&x, &[6, 7], &d).unwrap().to_dtype(dtype).unwrap();
+        let hd: Vec<f64> = h.to_f32_vec().unwrap().iter().map(|&v| v as f64).collect();
+        let got = h.sum(&[1], false).unwrap();
+        assert_eq!(got.dtype(), dtype);
+        assert_close(&format!("sum {dtype}"), &got.to_f32_vec().unwrap(), &reference(ReduceOp::Sum, &hd, &[6, 7], &[1]), 1e-2, 2e-2);
+    }
+}
+
+#[test]
+fn reductions_of_empty_and_special_values() {
+    let d = dev();
+    let e = Tensor::zeros(&[0, 3], DType::F32, &d).unwrap();
+    assert_eq!(e.sum(&[0], false).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 3]);
+    assert!(e.mean(&[0], false).unwrap().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
+    assert_eq!(e.logsumexp(&[0], false).unwrap().to_vec::<f32>().unwrap(), vec![f32::NEG_INFINITY; 3]);
+    assert!(e.sum(&[1], false).unwrap().to_vec::<f32>().unwrap().is_empty());
+    assert!(e.max(&[0], false).is_err(), "max over an empty dimension has no value");
+    let t = Tensor::from_slice(&[1.0f32, f32::NAN, 3.0, 3.0], &[4], &d).unwrap();
+    assert!(t.max(&[], false).unwrap().item().unwrap().is_nan(), "NaN propagates");
+    assert_eq!(t.argmax(0, false).unwrap().to_vec::<u32>().unwrap(), vec![1]);
+    let ties = Tensor::from_slice(&[1.0f32, 3.0, 3.0, 0.0], &[4], &d).unwrap();
+    assert_eq!(ties.argmax(0, false).unwrap().to_vec::<u32>().unwrap(), vec![1], "first of tied maxima");
+    let inf = Tensor::from_slice(&[f32::NEG_INFINITY; 3], &[3], &d).unwrap();
+    assert_eq!(inf.logsumexp(&[0], false).unwrap().item().unwrap(), f32::NEG_INFINITY);
+    let big = Tensor::from_slice(&[1000.0f32, 1000.0], &[2], &d).unwrap();
+    assert!((big.logsumexp(&[0], false).unwrap().item().unwrap() - (1000.0 + 2f32.ln())).abs() < 1e-3);
+    assert!(t.sum(&[1], false).is_err(), "dimension out of range");
+}
+
+#[test]
+fn reduction_gradients_pass_finite_differences() {
+    let mut rng = Rng::new("reduce_grad");
+    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::LogSumExp] {
+        let x = rng.vec(12, -2.0, 2.0);
+        gradcheck(&format!("{op:?} dim 1"), &mut rng, &[(x.clone(), vec![3, 4])], |t| t[0].reduce(op, &[1], false));
+        gradcheck(&format!("{op:?} dims 0,2"), &mut rng, &[(x.clone(), vec![2, 3, 2])], |t| t[0].reduce(op, &[0, 2], true));
+        gradcheck(&format!("{op:?} all"), &mut rng, &[(x, vec![12])], |t| t[0].reduce(op, &[], false));
+    }
+}
