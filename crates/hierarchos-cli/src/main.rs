@@ -1,1 +1,30 @@
-fn main() {}
+//! The `hierarchos` command-line tool.
+
+mod info;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Train, fine-tune and run transformer language models on any GPU that speaks Vulkan, Metal, DX12 or WebGPU.
+#[derive(Parser)]
+#[command(name = "hierarchos", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the GPU adapters found, the one chosen, its limits and which hardware features are used.
+    Info,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HIERARCHOS_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Info => info::run(),
+    }
+}

@@ -143,6 +143,7 @@ pub fn list_adapters() -> Vec<AdapterSummary> {
         .collect()
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn device_rank(t: wgpu::DeviceType) -> u32 {
     match t {
         wgpu::DeviceType::DiscreteGpu => 0,
@@ -153,6 +154,7 @@ fn device_rank(t: wgpu::DeviceType) -> u32 {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn backend_rank(b: wgpu::Backend) -> u32 {
     match b {
         wgpu::Backend::Vulkan
