@@ -7,7 +7,9 @@ use hierarchos::core::{DType, Tensor, no_grad};
 #[test]
 fn gradients_accumulate_across_backward_calls() {
     let d = dev();
-    let x = Tensor::from_slice(&[1.0f32, -2.0, 3.0], &[3], &d).unwrap().requires_grad_();
+    let x = Tensor::from_slice(&[1.0f32, -2.0, 3.0], &[3], &d)
+        .unwrap()
+        .requires_grad_();
     for _ in 0..2 {
         x.mul(&x).unwrap().sum_all().unwrap().backward().unwrap();
     }
@@ -36,23 +38,37 @@ fn detach_and_no_grad_stop_the_tape() {
     assert!(!y.requires_grad());
     let z = x.mul(&x.detach()).unwrap().sum_all().unwrap();
     z.backward().unwrap();
-    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 2.0], "only the tracked factor contributes");
+    assert_eq!(
+        x.grad().unwrap().to_vec::<f32>().unwrap(),
+        vec![1.0, 2.0],
+        "only the tracked factor contributes"
+    );
 }
 
 #[test]
 fn views_carry_gradients() {
     let mut rng = Rng::new("views_grad");
     let x = rng.vec(24, -1.0, 1.0);
-    gradcheck("reshape/permute/narrow/broadcast", &mut rng, &[(x, vec![2, 3, 4])], |t| {
-        let v = t[0].permute(&[2, 0, 1])?.narrow(0, 1, 2)?.reshape(&[2, 6])?;
-        let b = v.unsqueeze(0)?.broadcast_to(&[3, 2, 6])?;
-        b.mul(&b)?.contiguous()
-    });
+    gradcheck(
+        "reshape/permute/narrow/broadcast",
+        &mut rng,
+        &[(x, vec![2, 3, 4])],
+        |t| {
+            let v = t[0].permute(&[2, 0, 1])?.narrow(0, 1, 2)?.reshape(&[2, 6])?;
+            let b = v.unsqueeze(0)?.broadcast_to(&[3, 2, 6])?;
+            b.mul(&b)?.contiguous()
+        },
+    );
     let y = rng.vec(6, -1.0, 1.0);
-    gradcheck("cat and stack", &mut rng, &[(y.clone(), vec![2, 3]), (y, vec![2, 3])], |t| {
-        let c = Tensor::cat(&[t[0].clone(), t[1].mul_scalar(2.0)?, t[0].clone()], 1)?;
-        Tensor::stack(&[c.clone(), c.exp()?], 0)
-    });
+    gradcheck(
+        "cat and stack",
+        &mut rng,
+        &[(y.clone(), vec![2, 3]), (y, vec![2, 3])],
+        |t| {
+            let c = Tensor::cat(&[t[0].clone(), t[1].mul_scalar(2.0)?, t[0].clone()], 1)?;
+            Tensor::stack(&[c.clone(), c.exp()?], 0)
+        },
+    );
 }
 
 #[test]
@@ -80,7 +96,9 @@ fn misuse_is_reported() {
 fn intermediate_buffers_are_released_after_backward() {
     // A device of its own, so that tests running in parallel do not disturb the byte counts.
     let d = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
-    let x = Tensor::from_slice(&vec![0.5f32; 4096], &[4096], &d).unwrap().requires_grad_();
+    let x = Tensor::from_slice(&vec![0.5f32; 4096], &[4096], &d)
+        .unwrap()
+        .requires_grad_();
     d.synchronize().unwrap();
     let before = d.memory().live_bytes;
     {
@@ -89,6 +107,10 @@ fn intermediate_buffers_are_released_after_backward() {
     }
     x.zero_grad();
     d.synchronize().unwrap();
-    assert!(d.memory().live_bytes <= before, "live {} > {before}", d.memory().live_bytes);
+    assert!(
+        d.memory().live_bytes <= before,
+        "live {} > {before}",
+        d.memory().live_bytes
+    );
     assert!(d.memory().peak_bytes >= before);
 }

@@ -33,7 +33,10 @@ fn reference(op: ReduceOp, data: &[f64], shape: &[usize], dims: &[usize]) -> Vec
     strided_indices(&kept_shape, &kept_strides, 0)
         .into_iter()
         .map(|base| {
-            let row: Vec<f64> = strided_indices(&red_shape, &red_strides, base).iter().map(|&i| data[i]).collect();
+            let row: Vec<f64> = strided_indices(&red_shape, &red_strides, base)
+                .iter()
+                .map(|&i| data[i])
+                .collect();
             let n = row.len() as f64;
             let first = |better: &dyn Fn(f64, f64) -> bool| {
                 let mut best = 0;
@@ -61,7 +64,11 @@ fn reference(op: ReduceOp, data: &[f64], shape: &[usize], dims: &[usize]) -> Vec
 }
 
 fn read(t: &Tensor) -> Vec<f32> {
-    if t.dtype() == DType::U32 { t.to_vec::<u32>().unwrap().iter().map(|&v| v as f32).collect() } else { t.to_f32_vec().unwrap() }
+    if t.dtype() == DType::U32 {
+        t.to_vec::<u32>().unwrap().iter().map(|&v| v as f32).collect()
+    } else {
+        t.to_f32_vec().unwrap()
+    }
 }
 
 #[test]
@@ -95,7 +102,11 @@ fn reductions_over_any_dims_match_reference() {
             let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
             let want = reference(op, &xd, shape, dims);
             let scale: f64 = (xd.iter().map(|v| v.abs()).sum::<f64>() / n as f64).max(1.0);
-            let atol = if op == ReduceOp::Sum { 1e-6 * scale * (n as f64).sqrt() } else { 1e-6 };
+            let atol = if op == ReduceOp::Sum {
+                1e-6 * scale * (n as f64).sqrt()
+            } else {
+                1e-6
+            };
             assert_close(&format!("{op:?} {shape:?} {dims:?}"), &read(&got), &want, 1e-5, atol);
             let keep = t.reduce(op, &idims, true).unwrap();
             assert_eq!(keep.rank(), shape.len(), "keepdim keeps the rank");
@@ -108,18 +119,38 @@ fn reductions_read_strided_views_and_half_types() {
     let d = dev();
     let mut rng = Rng::new("reduce_views");
     let x = rng.vec(6 * 7, -3.0, 3.0);
-    let t = Tensor::from_slice(&x, &[6, 7], &d).unwrap().t().unwrap().narrow(1, 1, 4).unwrap(); // [7, 4]
-    let xd: Vec<f64> = strided_indices(&[7, 4], &[1, 7], 7).iter().map(|&i| x[i] as f64).collect();
+    let t = Tensor::from_slice(&x, &[6, 7], &d)
+        .unwrap()
+        .t()
+        .unwrap()
+        .narrow(1, 1, 4)
+        .unwrap(); // [7, 4]
+    let xd: Vec<f64> = strided_indices(&[7, 4], &[1, 7], 7)
+        .iter()
+        .map(|&i| x[i] as f64)
+        .collect();
     for op in OPS {
         let got = t.reduce(op, &[1], false).unwrap();
-        assert_close(&format!("{op:?} on a view"), &read(&got), &reference(op, &xd, &[7, 4], &[1]), 1e-5, 1e-6);
+        assert_close(
+            &format!("{op:?} on a view"),
+            &read(&got),
+            &reference(op, &xd, &[7, 4], &[1]),
+            1e-5,
+            1e-6,
+        );
     }
     for dtype in [DType::F16, DType::BF16] {
         let h = Tensor::from_slice(&x, &[6, 7], &d).unwrap().to_dtype(dtype).unwrap();
         let hd: Vec<f64> = h.to_f32_vec().unwrap().iter().map(|&v| v as f64).collect();
         let got = h.sum(&[1], false).unwrap();
         assert_eq!(got.dtype(), dtype);
-        assert_close(&format!("sum {dtype}"), &got.to_f32_vec().unwrap(), &reference(ReduceOp::Sum, &hd, &[6, 7], &[1]), 1e-2, 2e-2);
+        assert_close(
+            &format!("sum {dtype}"),
+            &got.to_f32_vec().unwrap(),
+            &reference(ReduceOp::Sum, &hd, &[6, 7], &[1]),
+            1e-2,
+            2e-2,
+        );
     }
 }
 
@@ -128,15 +159,29 @@ fn reductions_of_empty_and_special_values() {
     let d = dev();
     let e = Tensor::zeros(&[0, 3], DType::F32, &d).unwrap();
     assert_eq!(e.sum(&[0], false).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 3]);
-    assert!(e.mean(&[0], false).unwrap().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
-    assert_eq!(e.logsumexp(&[0], false).unwrap().to_vec::<f32>().unwrap(), vec![f32::NEG_INFINITY; 3]);
+    assert!(
+        e.mean(&[0], false)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .all(|v| v.is_nan())
+    );
+    assert_eq!(
+        e.logsumexp(&[0], false).unwrap().to_vec::<f32>().unwrap(),
+        vec![f32::NEG_INFINITY; 3]
+    );
     assert!(e.sum(&[1], false).unwrap().to_vec::<f32>().unwrap().is_empty());
     assert!(e.max(&[0], false).is_err(), "max over an empty dimension has no value");
     let t = Tensor::from_slice(&[1.0f32, f32::NAN, 3.0, 3.0], &[4], &d).unwrap();
     assert!(t.max(&[], false).unwrap().item().unwrap().is_nan(), "NaN propagates");
     assert_eq!(t.argmax(0, false).unwrap().to_vec::<u32>().unwrap(), vec![1]);
     let ties = Tensor::from_slice(&[1.0f32, 3.0, 3.0, 0.0], &[4], &d).unwrap();
-    assert_eq!(ties.argmax(0, false).unwrap().to_vec::<u32>().unwrap(), vec![1], "first of tied maxima");
+    assert_eq!(
+        ties.argmax(0, false).unwrap().to_vec::<u32>().unwrap(),
+        vec![1],
+        "first of tied maxima"
+    );
     let inf = Tensor::from_slice(&[f32::NEG_INFINITY; 3], &[3], &d).unwrap();
     assert_eq!(inf.logsumexp(&[0], false).unwrap().item().unwrap(), f32::NEG_INFINITY);
     let big = Tensor::from_slice(&[1000.0f32, 1000.0], &[2], &d).unwrap();
@@ -147,10 +192,25 @@ fn reductions_of_empty_and_special_values() {
 #[test]
 fn reduction_gradients_pass_finite_differences() {
     let mut rng = Rng::new("reduce_grad");
-    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min, ReduceOp::LogSumExp] {
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Mean,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::LogSumExp,
+    ] {
         let x = rng.vec(12, -2.0, 2.0);
-        gradcheck(&format!("{op:?} dim 1"), &mut rng, &[(x.clone(), vec![3, 4])], |t| t[0].reduce(op, &[1], false));
-        gradcheck(&format!("{op:?} dims 0,2"), &mut rng, &[(x.clone(), vec![2, 3, 2])], |t| t[0].reduce(op, &[0, 2], true));
-        gradcheck(&format!("{op:?} all"), &mut rng, &[(x, vec![12])], |t| t[0].reduce(op, &[], false));
+        gradcheck(&format!("{op:?} dim 1"), &mut rng, &[(x.clone(), vec![3, 4])], |t| {
+            t[0].reduce(op, &[1], false)
+        });
+        gradcheck(
+            &format!("{op:?} dims 0,2"),
+            &mut rng,
+            &[(x.clone(), vec![2, 3, 2])],
+            |t| t[0].reduce(op, &[0, 2], true),
+        );
+        gradcheck(&format!("{op:?} all"), &mut rng, &[(x, vec![12])], |t| {
+            t[0].reduce(op, &[], false)
+        });
     }
 }

@@ -15,17 +15,8 @@ fn smoke() {
         vec![2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
     );
     let t = x.t().unwrap().contiguous().unwrap();
-    assert_eq!(
-        t.to_vec::<f32>().unwrap(),
-        vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
-    );
-    let h = x
-        .to_dtype(DType::BF16)
-        .unwrap()
-        .exp()
-        .unwrap()
-        .to_f32_vec()
-        .unwrap();
+    assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    let h = x.to_dtype(DType::BF16).unwrap().exp().unwrap().to_f32_vec().unwrap();
     eprintln!("{h:?}");
     let c = Tensor::cat(&[x.clone(), x.mul_scalar(2.0).unwrap()], 1).unwrap();
     assert_eq!(

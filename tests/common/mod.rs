@@ -16,9 +16,15 @@ pub struct Rng(u64);
 impl Rng {
     /// A generator for the named test, printing its seed.
     pub fn new(test: &str) -> Rng {
-        let seed = std::env::var("HIERARCHOS_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-        });
+        let seed = std::env::var("HIERARCHOS_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
         eprintln!("{test}: HIERARCHOS_TEST_SEED={seed}");
         Rng(seed)
     }
@@ -89,12 +95,21 @@ pub fn gradcheck(
     f: impl Fn(&[Tensor]) -> hierarchos::core::Result<Tensor>,
 ) {
     let d = dev();
-    let leaves: Vec<Tensor> =
-        inputs.iter().map(|(v, s)| Tensor::from_slice(v, s, &d).unwrap().requires_grad_()).collect();
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|(v, s)| Tensor::from_slice(v, s, &d).unwrap().requires_grad_())
+        .collect();
     let out = f(&leaves).unwrap();
     let w: Vec<f32> = rng.vec(out.numel(), -1.0, 1.0);
     let wt = Tensor::from_slice(&w, out.shape(), &d).unwrap();
-    out.to_dtype(hierarchos::core::DType::F32).unwrap().mul(&wt).unwrap().sum_all().unwrap().backward().unwrap();
+    out.to_dtype(hierarchos::core::DType::F32)
+        .unwrap()
+        .mul(&wt)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
     let eps = 1e-2f64;
     let loss_at = |k: usize, j: usize, delta: f64| -> f64 {
         let ts: Vec<Tensor> = inputs
@@ -112,9 +127,19 @@ pub fn gradcheck(
         y.iter().zip(&w).map(|(&a, &b)| a as f64 * b as f64).sum()
     };
     for (k, leaf) in leaves.iter().enumerate() {
-        let analytic = leaf.grad().map(|g| g.to_f32_vec().unwrap()).unwrap_or_else(|| vec![0.0; leaf.numel()]);
-        let numeric: Vec<f64> =
-            (0..leaf.numel()).map(|j| (loss_at(k, j, eps) - loss_at(k, j, -eps)) / (2.0 * eps)).collect();
-        assert_close(&format!("{what}: gradient of input {k}"), &analytic, &numeric, 2e-2, 2e-3);
+        let analytic = leaf
+            .grad()
+            .map(|g| g.to_f32_vec().unwrap())
+            .unwrap_or_else(|| vec![0.0; leaf.numel()]);
+        let numeric: Vec<f64> = (0..leaf.numel())
+            .map(|j| (loss_at(k, j, eps) - loss_at(k, j, -eps)) / (2.0 * eps))
+            .collect();
+        assert_close(
+            &format!("{what}: gradient of input {k}"),
+            &analytic,
+            &numeric,
+            2e-2,
+            2e-3,
+        );
     }
 }

@@ -60,11 +60,7 @@ pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
 
 impl Node {
     /// Records an op whose inputs are `inputs`; `None` when no input needs a gradient (or grad is off).
-    pub(crate) fn record(
-        name: &'static str,
-        inputs: &[&Tensor],
-        backward: BackwardFn,
-    ) -> Option<Arc<Node>> {
+    pub(crate) fn record(name: &'static str, inputs: &[&Tensor], backward: BackwardFn) -> Option<Arc<Node>> {
         if !grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
             return None;
         }
@@ -93,15 +89,10 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
     let mut stack: Vec<(Arc<Node>, usize)> = vec![(root.clone(), 0)];
     visited.insert(root.id, ());
     while let Some((node, next)) = stack.pop() {
-        let child = node
-            .edges
-            .iter()
-            .skip(next)
-            .enumerate()
-            .find_map(|(k, e)| match e {
-                Some(Edge::Node(n)) if !visited.contains_key(&n.id) => Some((k + next, n.clone())),
-                _ => None,
-            });
+        let child = node.edges.iter().skip(next).enumerate().find_map(|(k, e)| match e {
+            Some(Edge::Node(n)) if !visited.contains_key(&n.id) => Some((k + next, n.clone())),
+            _ => None,
+        });
         match child {
             Some((k, n)) => {
                 stack.push((node, k + 1));
@@ -118,12 +109,17 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
             let Some(g) = grads.remove(&node.id) else {
                 continue;
             };
-            let f = node.backward.lock().unwrap_or_else(|p| p.into_inner()).take().ok_or_else(|| {
-                Error::Autograd(format!(
-                    "backward through '{}' a second time: its saved tensors were freed by the first backward",
-                    node.name
-                ))
-            })?;
+            let f = node
+                .backward
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .ok_or_else(|| {
+                    Error::Autograd(format!(
+                        "backward through '{}' a second time: its saved tensors were freed by the first backward",
+                        node.name
+                    ))
+                })?;
             let input_grads = f(&g)?;
             drop(g);
             for (edge, ig) in node.edges.iter().zip(input_grads) {
@@ -131,9 +127,7 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
                     continue;
                 };
                 match edge {
-                    Edge::Leaf(cell) => {
-                        accumulate(&mut cell.grad.lock().unwrap_or_else(|p| p.into_inner()), ig)?
-                    }
+                    Edge::Leaf(cell) => accumulate(&mut cell.grad.lock().unwrap_or_else(|p| p.into_inner()), ig)?,
                     Edge::Node(n) => {
                         let mut slot = grads.remove(&n.id);
                         accumulate(&mut slot, ig)?;

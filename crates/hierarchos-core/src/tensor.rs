@@ -66,12 +66,7 @@ impl std::fmt::Debug for Tensor {
 
 impl Tensor {
     /// Wraps a buffer; `node` is the op that made it (for autograd).
-    pub(crate) fn from_parts(
-        buffer: Arc<GpuBuffer>,
-        layout: Layout,
-        dtype: DType,
-        node: Option<Arc<Node>>,
-    ) -> Tensor {
+    pub(crate) fn from_parts(buffer: Arc<GpuBuffer>, layout: Layout, dtype: DType, node: Option<Arc<Node>>) -> Tensor {
         Tensor {
             inner: Arc::new(Inner {
                 buffer,
@@ -84,12 +79,7 @@ impl Tensor {
     }
 
     /// A fresh contiguous tensor around a newly written buffer.
-    pub(crate) fn from_buffer(
-        buffer: GpuBuffer,
-        shape: &[usize],
-        dtype: DType,
-        node: Option<Arc<Node>>,
-    ) -> Tensor {
+    pub(crate) fn from_buffer(buffer: GpuBuffer, shape: &[usize], dtype: DType, node: Option<Arc<Node>>) -> Tensor {
         Tensor::from_parts(Arc::new(buffer), Layout::contiguous(shape), dtype, node)
     }
 
@@ -107,12 +97,7 @@ impl Tensor {
     }
 
     /// A view of the same storage with another layout, recorded with `backward` for autograd.
-    pub(crate) fn view(
-        &self,
-        name: &'static str,
-        layout: Layout,
-        backward: autograd::BackwardFn,
-    ) -> Tensor {
+    pub(crate) fn view(&self, name: &'static str, layout: Layout, backward: autograd::BackwardFn) -> Tensor {
         let node = Node::record(name, &[self], backward);
         Tensor::from_parts(self.inner.buffer.clone(), layout, self.dtype(), node)
     }
@@ -223,12 +208,7 @@ impl Tensor {
 
     /// The same data cut off from the tape: no gradient flows through the result.
     pub fn detach(&self) -> Tensor {
-        Tensor::from_parts(
-            self.inner.buffer.clone(),
-            self.inner.layout.clone(),
-            self.dtype(),
-            None,
-        )
+        Tensor::from_parts(self.inner.buffer.clone(), self.inner.layout.clone(), self.dtype(), None)
     }
 
     /// The gradient accumulated in a leaf by [`Tensor::backward`] calls.
@@ -264,10 +244,7 @@ impl Tensor {
             )));
         }
         if !self.dtype().is_float() {
-            return Err(Error::Autograd(format!(
-                "backward from a {} tensor",
-                self.dtype()
-            )));
+            return Err(Error::Autograd(format!("backward from a {} tensor", self.dtype())));
         }
         let seed = autograd::no_grad(|| self.ones_like())?;
         match self.edge() {
@@ -367,11 +344,8 @@ impl Tensor {
         };
         match holes {
             0 => {}
-            1 if known != 0 && self.numel() % known == 0 => {
-                let d = shape
-                    .iter()
-                    .position(|&d| d == usize::MAX)
-                    .expect("one hole");
+            1 if known != 0 && self.numel().is_multiple_of(known) => {
+                let d = shape.iter().position(|&d| d == usize::MAX).expect("one hole");
                 shape[d] = self.numel() / known;
             }
             _ => return Err(bad()),

@@ -101,6 +101,7 @@ impl Drop for GpuBuffer {
         if let Some(buffer) = self.buffer.take() {
             let mut st = self.gpu.lock();
             st.stats.live_bytes -= self.class;
+            st.stats.pooled_bytes += self.class;
             st.released_in_batch.push((self.class, buffer));
         }
     }
@@ -128,12 +129,23 @@ pub struct Dispatch<'a> {
     pub workgroups: [u32; 3],
 }
 
+/// A wgpu instance on the primary backends (Vulkan, Metal, DX12, WebGPU), or on those `WGPU_BACKEND` names.
+/// OpenGL is left out by default: its compute support is too limited for our kernels.
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    desc.backends = backends();
+    wgpu::Instance::new(desc)
+}
+
+fn backends() -> wgpu::Backends {
+    wgpu::Backends::from_env().unwrap_or(wgpu::Backends::PRIMARY)
+}
+
 /// Every adapter wgpu can see on this machine.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn list_adapters() -> Vec<AdapterSummary> {
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+    let instance = instance();
+    pollster::block_on(instance.enumerate_adapters(backends()))
         .into_iter()
         .enumerate()
         .map(|(index, a)| AdapterSummary {
@@ -157,17 +169,14 @@ fn device_rank(t: wgpu::DeviceType) -> u32 {
 #[cfg(not(target_arch = "wasm32"))]
 fn backend_rank(b: wgpu::Backend) -> u32 {
     match b {
-        wgpu::Backend::Vulkan
-        | wgpu::Backend::Metal
-        | wgpu::Backend::Dx12
-        | wgpu::Backend::BrowserWebGpu => 0,
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 | wgpu::Backend::BrowserWebGpu => 0,
         _ => 1,
     }
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 async fn choose_adapter(instance: &wgpu::Instance, wanted: Option<&str>) -> Result<wgpu::Adapter> {
-    let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+    let adapters = instance.enumerate_adapters(backends()).await;
     let names = || {
         adapters
             .iter()
@@ -186,12 +195,9 @@ async fn choose_adapter(instance: &wgpu::Instance, wanted: Option<&str>) -> Resu
                     .min_by_key(|a| backend_rank(a.get_info().backend))
             }
         };
-        return found.cloned().ok_or_else(|| {
-            GpuError::NoAdapter(format!(
-                "HIERARCHOS_ADAPTER={w} matches none of: {}",
-                names()
-            ))
-        });
+        return found
+            .cloned()
+            .ok_or_else(|| GpuError::NoAdapter(format!("HIERARCHOS_ADAPTER={w} matches none of: {}", names())));
     }
     adapters
         .iter()
@@ -226,8 +232,7 @@ static DEFAULT_GPU: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::
 impl Gpu {
     /// Opens a device on the adapter the options select.
     pub async fn open(options: &GpuOptions) -> Result<Arc<Gpu>> {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let instance = instance();
         let adapter = choose_adapter(&instance, options.adapter.as_deref()).await?;
         let info = adapter.get_info();
         let available = adapter.features();
@@ -235,8 +240,7 @@ impl Gpu {
         let subgroups = options.subgroups && available.contains(wgpu::Features::SUBGROUP);
         let f16 = options.f16 && available.contains(wgpu::Features::SHADER_F16);
         let timestamps = available.contains(wgpu::Features::TIMESTAMP_QUERY);
-        let coop = options.cooperative_matrix
-            && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        let coop = options.cooperative_matrix && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         for (on, f) in [
             (subgroups, wgpu::Features::SUBGROUP),
             (f16, wgpu::Features::SHADER_F16),
@@ -261,14 +265,13 @@ impl Gpu {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) =
-            adapter
-                .request_device(&desc)
-                .await
-                .map_err(|e| GpuError::RequestDevice {
-                    adapter: info.name.clone(),
-                    message: e.to_string(),
-                })?;
+        let (device, queue) = adapter
+            .request_device(&desc)
+            .await
+            .map_err(|e| GpuError::RequestDevice {
+                adapter: info.name.clone(),
+                message: e.to_string(),
+            })?;
         let errors = Arc::new(Mutex::new(Vec::new()));
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e| {
@@ -305,9 +308,7 @@ impl Gpu {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn default_gpu() -> Result<Arc<Gpu>> {
         DEFAULT_GPU
-            .get_or_init(|| {
-                pollster::block_on(Gpu::open(&GpuOptions::from_env())).map_err(|e| e.to_string())
-            })
+            .get_or_init(|| pollster::block_on(Gpu::open(&GpuOptions::from_env())).map_err(|e| e.to_string()))
             .clone()
             .map_err(GpuError::NoAdapter)
     }
@@ -327,13 +328,8 @@ impl Gpu {
         if let Some(g) = DEFAULT_GPU.get() {
             return g.clone().map_err(GpuError::NoAdapter);
         }
-        let g = Gpu::open(&GpuOptions::from_env())
-            .await
-            .map_err(|e| e.to_string());
-        DEFAULT_GPU
-            .get_or_init(|| g)
-            .clone()
-            .map_err(GpuError::NoAdapter)
+        let g = Gpu::open(&GpuOptions::from_env()).await.map_err(|e| e.to_string());
+        DEFAULT_GPU.get_or_init(|| g).clone().map_err(GpuError::NoAdapter)
     }
 
     /// Adapter name, backend, driver.
@@ -375,8 +371,9 @@ impl Gpu {
     /// Frees every pooled (unused) buffer.
     pub fn trim_pool(&self) {
         let mut st = self.lock();
+        let freed: u64 = st.free.iter().map(|(class, list)| class * list.len() as u64).sum();
         st.free.clear();
-        st.stats.pooled_bytes = 0;
+        st.stats.pooled_bytes -= freed;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -413,25 +410,39 @@ impl Gpu {
         }
     }
 
-    /// A buffer of at least `bytes` bytes (contents undefined) from the pool, or a new one.
+    /// A buffer of at least `bytes` bytes (contents undefined) from the pool, or a new one, for a kernel or
+    /// copy recorded in the open batch to write.
     pub fn alloc(self: &Arc<Self>, op: &str, bytes: u64) -> Result<GpuBuffer> {
+        self.take_buffer(op, bytes, true)
+    }
+
+    /// Buffers freed while the batch is open may still be read by its commands. A kernel writing them later in
+    /// the same batch is ordered after those reads, so `alloc` reuses them at once; `queue.write_buffer` runs
+    /// before the whole batch, so an upload (`in_batch_ok = false`) only takes buffers freed before the last
+    /// submission.
+    fn take_buffer(self: &Arc<Self>, op: &str, bytes: u64, in_batch_ok: bool) -> Result<GpuBuffer> {
         let limit = self
             .limits
             .max_storage_buffer_binding_size
             .min(self.limits.max_buffer_size);
-        let class = size_class(bytes.max(4));
-        if class > limit {
-            if bytes.max(4).next_multiple_of(4) > limit {
-                return Err(GpuError::BufferTooLarge {
-                    op: op.into(),
-                    bytes,
-                    limit,
-                });
-            }
+        if bytes.max(4).next_multiple_of(4) > limit {
+            return Err(GpuError::BufferTooLarge {
+                op: op.into(),
+                bytes,
+                limit,
+            });
         }
-        let class = class.min(limit);
+        let class = size_class(bytes.max(4)).min(limit);
         let mut st = self.lock();
-        let reused = st.free.get_mut(&class).and_then(Vec::pop);
+        let recent = if in_batch_ok {
+            st.released_in_batch
+                .iter()
+                .rposition(|(c, _)| *c == class)
+                .map(|i| st.released_in_batch.swap_remove(i).1)
+        } else {
+            None
+        };
+        let reused = recent.or_else(|| st.free.get_mut(&class).and_then(Vec::pop));
         let buffer = match reused {
             Some(b) => {
                 st.stats.pooled_bytes -= class;
@@ -457,9 +468,7 @@ impl Gpu {
         let desc = wgpu::BufferDescriptor {
             label: Some(op),
             size,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         };
         let b = self.device.create_buffer(&desc);
@@ -480,8 +489,8 @@ impl Gpu {
 
     /// A buffer holding `data` (padded with zeros to a multiple of 4 bytes).
     pub fn upload(self: &Arc<Self>, op: &str, data: &[u8]) -> Result<GpuBuffer> {
-        let buf = self.alloc(op, data.len() as u64)?;
-        if data.len() % 4 == 0 {
+        let buf = self.take_buffer(op, data.len() as u64, false)?;
+        if data.len().is_multiple_of(4) {
             self.queue.write_buffer(buf.raw(), 0, data);
         } else {
             let mut padded = data.to_vec();
@@ -501,10 +510,9 @@ impl Gpu {
 
     fn encoder<'s>(&self, st: &'s mut State) -> &'s mut wgpu::CommandEncoder {
         st.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("hierarchos batch"),
-                })
+            self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("hierarchos batch"),
+            })
         })
     }
 
@@ -513,22 +521,18 @@ impl Gpu {
             return Ok(p.clone());
         }
         let source = (d.source)();
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(d.key),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
-        let pipeline = self
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(d.key),
-                layout: None,
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: Default::default(),
-                cache: None,
-            });
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(d.key),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(d.key),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
         self.check_errors(&format!("{} (compiling kernel {})", d.op, d.key))?;
         let p = Arc::new(pipeline);
         self.lock().pipelines.insert(d.key.to_string(), p.clone());
@@ -615,7 +619,6 @@ impl Gpu {
         let index = self.queue.submit([encoder.finish()]);
         st.dispatches = 0;
         for (class, b) in std::mem::take(&mut st.released_in_batch) {
-            st.stats.pooled_bytes += class;
             st.free.entry(class).or_default().push(b);
         }
         Some(index)
@@ -684,7 +687,7 @@ fn size_class(bytes: u64) -> u64 {
     let bytes = bytes.next_multiple_of(256);
     let p = bytes.next_power_of_two();
     let mid = p / 4 * 3;
-    if bytes <= mid && mid % 256 == 0 {
+    if bytes <= mid && mid.is_multiple_of(256) {
         mid
     } else {
         p
@@ -697,24 +700,10 @@ mod tests {
 
     #[test]
     fn size_classes_cover_the_request() {
-        for b in [
-            1u64,
-            4,
-            255,
-            256,
-            257,
-            700,
-            1000,
-            1 << 20,
-            (1 << 20) + 1,
-            3 << 20,
-        ] {
+        for b in [1u64, 4, 255, 256, 257, 700, 1000, 1 << 20, (1 << 20) + 1, 3 << 20] {
             let c = size_class(b);
             assert!(c >= b, "{b} -> {c}");
-            assert!(
-                c <= (b.next_multiple_of(256) * 3 / 2).max(256),
-                "{b} -> {c}"
-            );
+            assert!(c <= (b.next_multiple_of(256) * 3 / 2).max(256), "{b} -> {c}");
         }
     }
 

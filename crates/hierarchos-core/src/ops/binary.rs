@@ -155,10 +155,7 @@ impl Tensor {
                 got: self.dtype(),
             });
         }
-        let body = format!(
-            "let a = x0; let b = x1; return {};",
-            op.forward(self.dtype())
-        );
+        let body = format!("let a = x0; let b = x1; return {};", op.forward(self.dtype()));
         let out = Map::elementwise(op.name(), &[self, rhs], self.dtype(), body)?.run()?;
         if !grad_enabled() || !(self.requires_grad() || rhs.requires_grad()) {
             return Ok(out);
@@ -175,8 +172,7 @@ impl Tensor {
                         "g" => g.clone(),
                         "-g" => g.neg()?,
                         _ => {
-                            let body =
-                                format!("let g = x0; let a = x1; let b = x2; return {expr};");
+                            let body = format!("let g = x0; let a = x1; let b = x2; return {expr};");
                             Map::elementwise(op.name(), &[g, &a, &b], g.dtype(), body)?.run()?
                         }
                     };
@@ -289,7 +285,10 @@ impl Tensor {
     /// Comparison with a scalar; a `u32` tensor of 0 and 1.
     pub fn compare_scalar(&self, s: f64, op: CmpOp) -> Result<Tensor> {
         let c = self.dtype().compute_type();
-        let body = format!("return select(0u, 1u, {});", op.condition("x0", &format!("bitcast<{c}>(extra_u32(0u))")));
+        let body = format!(
+            "return select(0u, 1u, {});",
+            op.condition("x0", &format!("bitcast<{c}>(extra_u32(0u))"))
+        );
         let mut map = Map::elementwise(op.name(), &[self], DType::U32, body)?;
         map.extras.push(scalar_bits(s, self.dtype()));
         map.run()
@@ -346,10 +345,7 @@ impl Tensor {
                 .with_f32(&[min as f32, max as f32])
                 .run()
         };
-        let out = run(
-            &[self],
-            "return min_nan(max_nan(x0, extra_f32(0u)), extra_f32(1u));",
-        )?;
+        let out = run(&[self], "return min_nan(max_nan(x0, extra_f32(0u)), extra_f32(1u));")?;
         if !grad_enabled() || !self.requires_grad() {
             return Ok(out);
         }
@@ -358,8 +354,7 @@ impl Tensor {
             "clamp",
             &[self],
             Box::new(move |g| {
-                let body =
-                    "return select(0.0, x0, (x1 >= extra_f32(0u)) && (x1 <= extra_f32(1u)));";
+                let body = "return select(0.0, x0, (x1 >= extra_f32(0u)) && (x1 <= extra_f32(1u)));";
                 Ok(vec![Some(run(&[g, &x], body)?)])
             }),
         );

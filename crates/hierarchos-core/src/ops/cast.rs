@@ -19,11 +19,7 @@ impl Tensor {
             return Ok(out);
         }
         let src = self.dtype();
-        let node = Node::record(
-            "to_dtype",
-            &[self],
-            Box::new(move |g| Ok(vec![Some(g.to_dtype(src)?)])),
-        );
+        let node = Node::record("to_dtype", &[self], Box::new(move |g| Ok(vec![Some(g.to_dtype(src)?)])));
         Ok(out.with_node(node))
     }
 
@@ -50,13 +46,7 @@ impl Tensor {
     }
 
     /// `start, start + step, ...` below `end` (like `torch.arange`), as a 1-D tensor of `dtype`.
-    pub fn arange(
-        start: f64,
-        end: f64,
-        step: f64,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<Tensor> {
+    pub fn arange(start: f64, end: f64, step: f64, dtype: DType, device: &Device) -> Result<Tensor> {
         if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
             return Err(crate::Error::Invalid {
                 op: "arange",
@@ -66,17 +56,21 @@ impl Tensor {
         let n = ((end - start) / step).ceil().max(0.0) as usize;
         let values: Vec<f32> = (0..n).map(|i| (start + i as f64 * step) as f32).collect();
         match dtype {
-            DType::U32 => Tensor::from_slice(
-                &values.iter().map(|&v| v as u32).collect::<Vec<_>>(),
-                &[n],
-                device,
-            ),
-            DType::I32 => Tensor::from_slice(
-                &values.iter().map(|&v| v as i32).collect::<Vec<_>>(),
-                &[n],
-                device,
-            ),
+            DType::U32 => Tensor::from_slice(&values.iter().map(|&v| v as u32).collect::<Vec<_>>(), &[n], device),
+            DType::I32 => Tensor::from_slice(&values.iter().map(|&v| v as i32).collect::<Vec<_>>(), &[n], device),
             _ => no_grad(|| Tensor::from_slice(&values, &[n], device)?.to_dtype(dtype)),
         }
+    }
+}
+
+impl Tensor {
+    /// Overwrites the elements of `self` (a dense tensor) with `src`, broadcast and cast to `self`'s dtype. Not
+    /// recorded by autograd: it is how optimizers update parameters without changing their identity.
+    pub fn assign(&self, src: &Tensor) -> Result<()> {
+        let body = format!("return {}(x0);", self.dtype().compute_type());
+        let mut map = Map::elementwise("assign", &[src], self.dtype(), body)?;
+        map.inputs[0].1 = src.layout().broadcast_to("assign", self.shape())?;
+        map.shape = self.shape().to_vec();
+        map.run_into(self)
     }
 }

@@ -25,8 +25,7 @@ impl Tensor {
                     got: t.dtype(),
                 });
             }
-            let same = t.rank() == first.rank()
-                && (0..t.rank()).all(|k| k == d || t.shape()[k] == first.shape()[k]);
+            let same = t.rank() == first.rank() && (0..t.rank()).all(|k| k == d || t.shape()[k] == first.shape()[k]);
             if !same {
                 return Err(Error::ShapeMismatch {
                     op: "cat",
@@ -74,10 +73,7 @@ impl Tensor {
                 k + 1
             );
         }
-        body += &format!(
-            "    return load_in{0}(strided_offset({0}u, i));",
-            inputs.len() - 1
-        );
+        body += &format!("    return load_in{0}(strided_offset({0}u, i));", inputs.len() - 1);
         let map = Map {
             op: "cat",
             inputs,
@@ -116,10 +112,7 @@ impl Tensor {
             message: "no tensors given".into(),
         })?;
         let d = resolve_dim("stack", dim, first.rank() + 1)? as isize;
-        let parts = tensors
-            .iter()
-            .map(|t| t.unsqueeze(d))
-            .collect::<Result<Vec<_>>>()?;
+        let parts = tensors.iter().map(|t| t.unsqueeze(d)).collect::<Result<Vec<_>>>()?;
         Tensor::cat(&parts, d)
     }
 }

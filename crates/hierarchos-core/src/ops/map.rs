@@ -65,13 +65,47 @@ impl Map<'_> {
         self
     }
 
-    /// Runs the kernel; the result has no autograd history.
+    /// Runs the kernel into a new contiguous tensor; the result has no autograd history.
     pub(crate) fn run(self) -> Result<Tensor> {
+        let device = self.device()?;
+        let buf = device.alloc(self.op, Tensor::bytes_for(numel(&self.shape), self.dtype))?;
+        let out = Tensor::from_buffer(buf, &self.shape, self.dtype, None);
+        self.launch(&out)?;
+        Ok(out)
+    }
+
+    /// Runs the kernel writing into `out`, which must be dense from the start of its buffer, have the map's
+    /// shape and dtype, and not be read by the kernel (wgpu cannot bind one buffer for reading and writing).
+    pub(crate) fn run_into(self, out: &Tensor) -> Result<()> {
+        let l = out.layout();
+        if out.shape() != self.shape.as_slice() || out.dtype() != self.dtype {
+            return Err(Error::ShapeMismatch {
+                op: self.op,
+                lhs: out.shape().to_vec(),
+                rhs: self.shape.clone(),
+            });
+        }
+        if !l.is_contiguous() || l.offset != 0 {
+            return Err(Error::Invalid {
+                op: self.op,
+                message: "the destination must be a dense tensor".into(),
+            });
+        }
+        if self.inputs.iter().any(|(t, _)| std::ptr::eq(t.buffer(), out.buffer())) {
+            return Err(Error::Invalid {
+                op: self.op,
+                message: "the destination is also a source".into(),
+            });
+        }
+        self.launch(out)
+    }
+
+    fn device(&self) -> Result<crate::tensor::Device> {
         if self.shape.len() > MAX_DIMS {
             return Err(Error::RankMismatch {
                 op: self.op,
                 expected: format!("<= {MAX_DIMS}"),
-                got: self.shape,
+                got: self.shape.clone(),
             });
         }
         let device = self
@@ -90,23 +124,21 @@ impl Map<'_> {
                 });
             }
         }
+        Ok(device)
+    }
+
+    fn launch(self, out: &Tensor) -> Result<()> {
+        let device = self.device()?;
         let n = numel(&self.shape);
         let native_f16 = device.caps().f16;
         let out_access = Access::new(self.dtype, native_f16);
-        let buf = device.alloc(self.op, Tensor::bytes_for(n, self.dtype))?;
-        let out = Tensor::from_buffer(buf, &self.shape, self.dtype, None);
         if n == 0 {
-            return Ok(out);
+            return Ok(());
         }
         let contiguous_out = Layout::contiguous(&self.shape);
         let mut params = vec![n as u32, self.shape.len() as u32];
         params.extend((0..MAX_DIMS).map(|d| self.shape.get(d).copied().unwrap_or(1) as u32));
-        let mut key = format!(
-            "map:{}:{}:{}",
-            self.op,
-            out_access.storage_type(),
-            self.dtype
-        );
+        let mut key = format!("map:{}:{}:{}", self.op, out_access.storage_type(), self.dtype);
         let accesses: Vec<Access> = self
             .inputs
             .iter()
@@ -131,10 +163,7 @@ impl Map<'_> {
         let _ = write!(key, ":{}:{}", self.preload, self.body);
         let source = || {
             let mut s = String::new();
-            if native_f16
-                && (self.dtype == DType::F16
-                    || self.inputs.iter().any(|(t, _)| t.dtype() == DType::F16))
-            {
+            if native_f16 && (self.dtype == DType::F16 || self.inputs.iter().any(|(t, _)| t.dtype() == DType::F16)) {
                 s.push_str("enable f16;\n");
             }
             s.push_str("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
@@ -186,6 +215,6 @@ impl Map<'_> {
             params: &params,
             workgroups: Gpu::grid(words.div_ceil(256)),
         })?;
-        Ok(out)
+        Ok(())
     }
 }

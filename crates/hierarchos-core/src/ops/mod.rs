@@ -4,7 +4,15 @@
 pub mod binary;
 pub mod cast;
 pub mod concat;
+pub mod cumsum;
+pub mod index;
+pub mod loss;
 pub(crate) mod map;
+pub mod mask;
 pub(crate) mod math;
+pub mod matmul;
+pub mod norm;
+pub mod random;
 pub mod reduce;
+pub mod softmax;
 pub mod unary;

@@ -104,9 +104,7 @@ impl ReduceOp {
                  const TWO_PASS: bool = true;\n",
             );
         } else {
-            s.push_str(
-                "fn first_pass(a: Acc) -> f32 { return a.v; }\nconst TWO_PASS: bool = false;\n",
-            );
+            s.push_str("fn first_pass(a: Acc) -> f32 { return a.v; }\nconst TWO_PASS: bool = false;\n");
         }
         (s, out_ty)
     }
@@ -153,11 +151,7 @@ impl Tensor {
         let rows: usize = kept.iter().map(|&d| self.shape()[d]).product();
         let device = self.device().clone();
         let (defs, out_ty) = op.wgsl();
-        let out_dtype = if out_ty == "u32" {
-            DType::U32
-        } else {
-            DType::F32
-        };
+        let out_dtype = if out_ty == "u32" { DType::U32 } else { DType::F32 };
         let buf = device.alloc(op.name(), Tensor::bytes_for(rows, out_dtype))?;
         let out = Tensor::from_buffer(buf, &out_shape, out_dtype, None);
         if rows > 0 {
@@ -167,13 +161,7 @@ impl Tensor {
             params.extend((0..MAX_DIMS).map(|d| view.shape.get(d).copied().unwrap_or(1) as u32));
             params.push(view.offset as u32);
             params.extend((0..MAX_DIMS).map(|d| view.strides.get(d).copied().unwrap_or(0) as u32));
-            let key = format!(
-                "reduce:{}:{}:{}:{}",
-                op.name(),
-                src_dtype,
-                access.packed,
-                contiguous
-            );
+            let key = format!("reduce:{}:{}:{}:{}", op.name(), src_dtype, access.packed, contiguous);
             let source = || {
                 let mut s = String::new();
                 if access.dtype == DType::F16 && !access.packed {
@@ -227,10 +215,7 @@ impl Tensor {
                 let g = g.reshape(&keep_shape)?;
                 let gx = match op {
                     ReduceOp::Sum => g.broadcast_to(&in_shape)?.contiguous()?,
-                    ReduceOp::Mean => g
-                        .div_scalar(r as f64)?
-                        .broadcast_to(&in_shape)?
-                        .contiguous()?,
+                    ReduceOp::Mean => g.div_scalar(r as f64)?.broadcast_to(&in_shape)?.contiguous()?,
                     ReduceOp::Max | ReduceOp::Min => {
                         let y = y.reshape(&keep_shape)?;
                         let mask = x
@@ -306,8 +291,5 @@ impl Tensor {
 }
 
 fn dims_of(reduced: &[bool]) -> Vec<isize> {
-    (0..reduced.len())
-        .filter(|&d| reduced[d])
-        .map(|d| d as isize)
-        .collect()
+    (0..reduced.len()).filter(|&d| reduced[d]).map(|d| d as isize).collect()
 }

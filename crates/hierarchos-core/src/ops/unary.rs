@@ -110,8 +110,7 @@ impl UnaryOp {
     }
 
     fn accepts(self, dtype: DType) -> bool {
-        dtype.is_float()
-            || (dtype == DType::I32 && matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign))
+        dtype.is_float() || (dtype == DType::I32 && matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign))
     }
 }
 
@@ -135,10 +134,7 @@ impl Tensor {
             op.name(),
             &[self],
             Box::new(move |g| {
-                let body = format!(
-                    "let g = x0; let x = x1; let y = x2; return {};",
-                    op.backward()
-                );
+                let body = format!("let g = x0; let x = x1; let y = x2; return {};", op.backward());
                 Ok(vec![Some(
                     Map::elementwise(op.name(), &[g, &x, &y], x.dtype(), body)?.run()?,
                 )])

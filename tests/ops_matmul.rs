@@ -1,0 +1,338 @@
+//! Matrix products against an f64 CPU reference: odd sizes, strided views, broadcast batches, 1-D operands,
+//! empty shapes, 16-bit dtypes, both tile configurations, gradients and refused inputs.
+
+mod common;
+
+use common::*;
+use hierarchos::core::{DType, Tensor};
+
+/// A tensor of random values in [-1, 1) with `shape`, and its values (after rounding to `dtype`) as f32.
+fn random(rng: &mut Rng, shape: &[usize], dtype: DType) -> (Tensor, Vec<f32>) {
+    let n = shape.iter().product();
+    let t = Tensor::from_slice(&rng.vec(n, -1.0, 1.0), shape, &dev())
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    let v = t.to_f32_vec().unwrap();
+    (t, v)
+}
+
+/// The elements of view `t` of a tensor whose storage holds `base`, in row-major order.
+fn host(t: &Tensor, base: &[f32]) -> Vec<f64> {
+    let l = t.layout();
+    strided_indices(&l.shape, &l.strides, l.offset)
+        .into_iter()
+        .map(|i| base[i] as f64)
+        .collect()
+}
+
+/// `torch.matmul` on row-major host data, accumulating in f64: the values and the shape of the result.
+fn reference(a: &[f64], sa: &[usize], b: &[f64], sb: &[usize]) -> (Vec<f64>, Vec<usize>) {
+    let sa2 = if sa.len() == 1 { vec![1, sa[0]] } else { sa.to_vec() };
+    let sb2 = if sb.len() == 1 { vec![sb[0], 1] } else { sb.to_vec() };
+    let (ra, rb) = (sa2.len(), sb2.len());
+    let (m, k, n) = (sa2[ra - 2], sa2[ra - 1], sb2[rb - 1]);
+    assert_eq!(k, sb2[rb - 2]);
+    let nb = (ra - 2).max(rb - 2);
+    let dim = |s: &[usize], d: usize| {
+        let lead = nb - (s.len() - 2);
+        if d < lead { 1 } else { s[d - lead] }
+    };
+    let batch: Vec<usize> = (0..nb).map(|d| dim(&sa2, d).max(dim(&sb2, d))).collect();
+    let count: usize = batch.iter().product();
+    let mut out = vec![0.0; count * m * n];
+    for bi in 0..count {
+        let (mut rem, mut ia, mut ib, mut stride_a, mut stride_b) = (bi, 0, 0, 1, 1);
+        for d in (0..nb).rev() {
+            let i = rem % batch[d];
+            rem /= batch[d];
+            let (da, db) = (dim(&sa2, d), dim(&sb2, d));
+            ia += if da == 1 { 0 } else { i * stride_a };
+            ib += if db == 1 { 0 } else { i * stride_b };
+            stride_a *= da;
+            stride_b *= db;
+        }
+        for r in 0..m {
+            for c in 0..n {
+                out[(bi * m + r) * n + c] = (0..k).map(|j| a[(ia * m + r) * k + j] * b[(ib * k + j) * n + c]).sum();
+            }
+        }
+    }
+    let mut shape = batch;
+    if sa.len() > 1 {
+        shape.push(m);
+    }
+    if sb.len() > 1 {
+        shape.push(n);
+    }
+    (out, shape)
+}
+
+/// Multiplies the views `a` and `b` (of storage holding `base_a`, `base_b`) and compares with the reference.
+/// f32 gets 1e-5 relative plus 1e-6 per term of the sum (each |a b| <= 1); 16-bit types 1e-2 relative.
+fn check(what: &str, a: &Tensor, base_a: &[f32], b: &Tensor, base_b: &[f32]) {
+    let got = a.matmul(b).unwrap();
+    let (want, shape) = reference(&host(a, base_a), a.shape(), &host(b, base_b), b.shape());
+    assert_eq!(got.shape(), &shape[..], "{what}: shape");
+    assert_eq!(got.dtype(), a.dtype(), "{what}: dtype");
+    let k = a.shape()[a.rank() - 1] as f64;
+    let (rtol, atol) = if a.dtype() == DType::F32 {
+        (1e-5, 1e-6 * k)
+    } else {
+        (1e-2, 1e-3)
+    };
+    assert_close(what, &got.to_f32_vec().unwrap(), &want, rtol, atol);
+}
+
+/// Contiguous operands of shapes `sa` and `sb`.
+fn check_shapes(rng: &mut Rng, sa: &[usize], sb: &[usize], dtype: DType) {
+    let (a, va) = random(rng, sa, dtype);
+    let (b, vb) = random(rng, sb, dtype);
+    check(&format!("{sa:?} @ {sb:?} {dtype}"), &a, &va, &b, &vb);
+}
+
+#[test]
+fn matrix_sizes() {
+    let mut rng = Rng::new("matrix_sizes");
+    for (m, k, n) in [
+        (1, 1, 1),
+        (3, 17, 5),
+        (17, 257, 3),
+        (64, 64, 64),
+        (33, 65, 31),
+        (1, 40, 70),
+        (70, 3, 1),
+        (5, 1, 6),
+    ] {
+        check_shapes(&mut rng, &[m, k], &[k, n], DType::F32);
+    }
+}
+
+#[test]
+fn strided_views() {
+    let mut rng = Rng::new("strided_views");
+    let (m, k, n) = (19, 23, 21);
+    let (at, va) = random(&mut rng, &[k + 2, m + 3], DType::F32);
+    let (bt, vb) = random(&mut rng, &[n + 1, k + 4], DType::F32);
+    let (ar, var) = random(&mut rng, &[m + 1, k + 5], DType::F32);
+    let (br, vbr) = random(&mut rng, &[k + 3, n + 2], DType::F32);
+    // Transposed and narrowed on both sides: no operand is contiguous.
+    let a_t = at.narrow(0, 1, k).unwrap().narrow(1, 2, m).unwrap().t().unwrap();
+    let b_t = bt.narrow(0, 1, n).unwrap().narrow(1, 3, k).unwrap().t().unwrap();
+    let a_r = ar.narrow(0, 1, m).unwrap().narrow(1, 4, k).unwrap();
+    let b_r = br.narrow(0, 2, k).unwrap().narrow(1, 1, n).unwrap();
+    check("a^T @ b^T", &a_t, &va, &b_t, &vb);
+    check("a^T @ b", &a_t, &va, &b_r, &vbr);
+    check("a @ b^T", &a_r, &var, &b_t, &vb);
+    check("a @ b (narrowed)", &a_r, &var, &b_r, &vbr);
+    // Rows of stride 2 (every other column of a wider matrix): neither dimension has unit stride.
+    let (w, vw) = random(&mut rng, &[m, 2 * k], DType::F32);
+    let a_s = w
+        .reshape(&[m, k, 2])
+        .unwrap()
+        .narrow(2, 1, 1)
+        .unwrap()
+        .squeeze(2)
+        .unwrap();
+    check("a with stride 2", &a_s, &vw, &b_r, &vbr);
+    // The same storage on both sides.
+    let (x, vx) = random(&mut rng, &[9, 13], DType::F32);
+    check("x @ x^T", &x, &vx, &x.t().unwrap(), &vx);
+}
+
+#[test]
+fn broadcast_batches() {
+    let mut rng = Rng::new("broadcast_batches");
+    for (sa, sb) in [
+        (vec![2, 1, 5, 7], vec![3, 7, 4]),
+        (vec![4, 5, 7], vec![7, 3]),
+        (vec![5, 7], vec![2, 7, 3]),
+        (vec![2, 3, 1, 6], vec![1, 6, 9]),
+        (vec![1, 3, 4, 2], vec![2, 1, 2, 5]),
+        (vec![2, 1, 2, 1, 3, 4], vec![2, 1, 3, 4, 2]),
+    ] {
+        check_shapes(&mut rng, &sa, &sb, DType::F32);
+    }
+    // Permuted batch views: `a` cannot be folded into one tall matrix, `b` is transposed per batch entry.
+    let (a, va) = random(&mut rng, &[6, 3, 5], DType::F32);
+    let (b, vb) = random(&mut rng, &[3, 4, 5], DType::F32);
+    let a_p = a.permute(&[1, 0, 2]).unwrap();
+    check("permuted a @ b^T", &a_p, &va, &b.t().unwrap(), &vb);
+    let (w, vw) = random(&mut rng, &[5, 7], DType::F32);
+    check("permuted a @ shared w", &a_p, &va, &w, &vw);
+    // More workgroups than one grid dimension holds (65535): the grid is folded into two dimensions.
+    check_shapes(&mut rng, &[70_000, 1, 2], &[70_000, 2, 1], DType::F32);
+    let (e, ve) = random(&mut rng, &[4, 1, 5], DType::F32);
+    let a_e = e.broadcast_to(&[4, 3, 5]).unwrap();
+    check("expanded rows @ w", &a_e, &ve, &w, &vw);
+}
+
+#[test]
+fn vectors() {
+    let mut rng = Rng::new("vectors");
+    for (sa, sb) in [
+        (vec![7], vec![7, 5]),
+        (vec![6, 7], vec![7]),
+        (vec![33], vec![33]),
+        (vec![1], vec![1]),
+        (vec![2, 3, 4, 7], vec![7]),
+        (vec![7], vec![2, 7, 5]),
+    ] {
+        check_shapes(&mut rng, &sa, &sb, DType::F32);
+    }
+    let (v, vv) = random(&mut rng, &[3, 11], DType::F32);
+    let (m, vm) = random(&mut rng, &[5, 11], DType::F32);
+    let col = v.narrow(0, 1, 1).unwrap().squeeze(0).unwrap();
+    check(
+        "matrix @ strided vector",
+        &m,
+        &vm,
+        &v.t().unwrap().narrow(1, 2, 1).unwrap().squeeze(1).unwrap(),
+        &vv,
+    );
+    check("vector @ transposed matrix", &col, &vv, &m.t().unwrap(), &vm);
+}
+
+#[test]
+fn empty_shapes() {
+    let d = dev();
+    for (sa, sb, want) in [
+        (vec![0, 4], vec![4, 3], vec![0, 3]),
+        (vec![3, 4], vec![4, 0], vec![3, 0]),
+        (vec![0, 3, 4], vec![4, 2], vec![0, 3, 2]),
+        (vec![2, 0, 3, 4], vec![1, 4, 2], vec![2, 0, 3, 2]),
+        (vec![0], vec![0, 3], vec![3]),
+    ] {
+        let a = Tensor::zeros(&sa, DType::F32, &d).unwrap();
+        let b = Tensor::zeros(&sb, DType::F32, &d).unwrap();
+        let c = a.matmul(&b).unwrap();
+        assert_eq!(c.shape(), &want[..], "{sa:?} @ {sb:?}");
+        assert!(c.to_f32_vec().unwrap().iter().all(|&x| x == 0.0));
+    }
+    // K = 0: the sum over nothing is zero, whatever was in the output buffer before.
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let a = Tensor::zeros(&[3, 0], dtype, &d).unwrap();
+        let b = Tensor::zeros(&[2, 0, 5], dtype, &d).unwrap();
+        let c = a.matmul(&b).unwrap();
+        assert_eq!(c.shape(), &[2, 3, 5]);
+        assert_eq!(c.dtype(), dtype);
+        assert_eq!(c.to_f32_vec().unwrap(), vec![0.0; 30]);
+    }
+}
+
+#[test]
+fn half_precision() {
+    let mut rng = Rng::new("half_precision");
+    for dtype in [DType::F16, DType::BF16] {
+        // Odd and even N (odd N goes through an f32 result and a cast when 16-bit values are packed).
+        for (sa, sb) in [
+            (vec![3, 17], vec![17, 5]),
+            (vec![17, 33], vec![33, 4]),
+            (vec![2, 1, 9, 8], vec![3, 8, 7]),
+            (vec![5], vec![5, 6]),
+        ] {
+            check_shapes(&mut rng, &sa, &sb, dtype);
+        }
+        let (a, va) = random(&mut rng, &[10, 7], dtype);
+        let (b, vb) = random(&mut rng, &[12, 10], dtype);
+        check(
+            &format!("a^T @ b^T {dtype}"),
+            &a.t().unwrap(),
+            &va,
+            &b.t().unwrap(),
+            &vb,
+        );
+    }
+}
+
+/// Outputs of at least 256 tiles of 128 x 128 switch to big tiles; K stays small so that a CPU device finishes
+/// quickly. M and N are not multiples of 128, so edge tiles are partial.
+#[test]
+fn large_tiles() {
+    let mut rng = Rng::new("large_tiles");
+    check_shapes(&mut rng, &[4, 700, 3], &[3, 1500], DType::F32);
+    let (a, va) = random(&mut rng, &[256, 128, 3], DType::F32);
+    let (b, vb) = random(&mut rng, &[256, 128, 3], DType::F32);
+    check("batched a @ b^T, large tiles", &a, &va, &b.t().unwrap(), &vb);
+    check_shapes(&mut rng, &[2100, 5], &[5, 2000], DType::BF16);
+    check_shapes(&mut rng, &[2000, 4], &[4, 2111], DType::F16);
+}
+
+#[test]
+fn gradients() {
+    let mut rng = Rng::new("gradients");
+    let mut data = |shape: &[usize]| (rng.vec(shape.iter().product(), -1.0, 1.0), shape.to_vec());
+    let cases = [
+        ("2-D", data(&[3, 4]), data(&[4, 5])),
+        ("broadcast batch", data(&[2, 1, 3, 4]), data(&[3, 4, 2])),
+        ("batch @ shared matrix", data(&[2, 3, 4]), data(&[4, 2])),
+        ("matrix @ batch", data(&[3, 4]), data(&[2, 4, 2])),
+        ("vector @ matrix", data(&[4]), data(&[4, 3])),
+        ("batch @ vector", data(&[2, 3, 4]), data(&[4])),
+        ("dot", data(&[5]), data(&[5])),
+    ];
+    let mut rng = Rng::new("gradients/weights");
+    for (what, a, b) in cases {
+        gradcheck(what, &mut rng, &[a, b], |t| t[0].matmul(&t[1]));
+    }
+    let (a, b) = (
+        (rng.vec(12, -1.0, 1.0), vec![4, 3]),
+        (rng.vec(10, -1.0, 1.0), vec![5, 2]),
+    );
+    gradcheck("transposed views", &mut rng, &[a, b], |t| {
+        t[0].t()?.matmul(&t[1].narrow(0, 1, 4)?)
+    });
+}
+
+#[test]
+fn half_precision_gradient_dtypes() {
+    let d = dev();
+    let a = Tensor::ones(&[2, 3, 4], DType::BF16, &d).unwrap().requires_grad_();
+    let b = Tensor::ones(&[4, 5], DType::BF16, &d).unwrap().requires_grad_();
+    a.matmul(&b)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let (ga, gb) = (a.grad().unwrap(), b.grad().unwrap());
+    assert_eq!((ga.dtype(), ga.shape()), (DType::BF16, &[2, 3, 4][..]));
+    assert_eq!((gb.dtype(), gb.shape()), (DType::BF16, &[4, 5][..]));
+    assert_eq!(ga.to_f32_vec().unwrap(), vec![5.0; 24]);
+    assert_eq!(gb.to_f32_vec().unwrap(), vec![6.0; 20]);
+}
+
+#[test]
+fn empty_gradients() {
+    let d = dev();
+    let a = Tensor::zeros(&[2, 3, 0], DType::F32, &d).unwrap().requires_grad_();
+    let b = Tensor::zeros(&[0, 4], DType::F32, &d).unwrap().requires_grad_();
+    let c = a.matmul(&b).unwrap();
+    assert_eq!(c.shape(), &[2, 3, 4]);
+    c.sum_all().unwrap().backward().unwrap();
+    assert_eq!(a.grad().unwrap().shape(), &[2, 3, 0]);
+    assert_eq!(b.grad().unwrap().shape(), &[0, 4]);
+}
+
+#[test]
+fn refused_inputs() {
+    let d = dev();
+    let t = |shape: &[usize], dtype| Tensor::zeros(shape, dtype, &d).unwrap();
+    let f = DType::F32;
+    let scalar = Tensor::from_slice(&[1.0f32], &[], &d).unwrap();
+    assert!(scalar.matmul(&t(&[3], f)).is_err(), "rank 0 left");
+    assert!(t(&[3], f).matmul(&scalar).is_err(), "rank 0 right");
+    assert!(t(&[2, 3], f).matmul(&t(&[4, 5], f)).is_err(), "K mismatch");
+    assert!(t(&[3], f).matmul(&t(&[4], f)).is_err(), "dot length mismatch");
+    assert!(t(&[2, 3], f).matmul(&t(&[3, 5], DType::F16)).is_err(), "dtype mismatch");
+    assert!(
+        t(&[2, 3], DType::U32).matmul(&t(&[3, 5], DType::U32)).is_err(),
+        "integer dtype"
+    );
+    assert!(
+        t(&[2, 4, 3], f).matmul(&t(&[3, 3, 5], f)).is_err(),
+        "batch dims do not broadcast"
+    );
+}

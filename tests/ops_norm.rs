@@ -1,0 +1,292 @@
+//! RMSNorm and LayerNorm against f64 CPU references: forward, backward (analytic references and gradcheck),
+//! strided inputs, 16-bit dtypes and bad arguments.
+
+mod common;
+
+use common::*;
+use hierarchos::core::{DType, Tensor};
+
+/// Forward and gradients of a normalization of `rows` rows of `c` elements, in f64.
+struct Reference {
+    y: Vec<f64>,
+    dx: Vec<f64>,
+    dw: Vec<f64>,
+    db: Vec<f64>,
+}
+
+fn reference(x: &[f32], w: Option<&[f32]>, b: Option<&[f32]>, g: &[f32], c: usize, layer: bool, eps: f64) -> Reference {
+    let rows = x.len().checked_div(c).unwrap_or(0);
+    let wj = |j: usize| w.map_or(1.0, |w| w[j] as f64);
+    let (mut y, mut dx) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+    let (mut dw, mut db) = (vec![0.0; c], vec![0.0; c]);
+    for r in 0..rows {
+        let row: Vec<f64> = x[r * c..(r + 1) * c].iter().map(|&v| v as f64).collect();
+        let mean = if layer { row.iter().sum::<f64>() / c as f64 } else { 0.0 };
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / c as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        let xh: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+        let gh: Vec<f64> = (0..c).map(|j| g[r * c + j] as f64 * wj(j)).collect();
+        let mg = if layer { gh.iter().sum::<f64>() / c as f64 } else { 0.0 };
+        let mgx = (0..c).map(|j| gh[j] * xh[j]).sum::<f64>() / c as f64;
+        for j in 0..c {
+            y[r * c + j] = xh[j] * wj(j) + b.map_or(0.0, |b| b[j] as f64);
+            dx[r * c + j] = rstd * (gh[j] - mg - xh[j] * mgx);
+            dw[j] += g[r * c + j] as f64 * xh[j];
+            db[j] += g[r * c + j] as f64;
+        }
+    }
+    Reference { y, dx, dw, db }
+}
+
+/// Rounds through the tensor's dtype (what a 16-bit input really holds).
+fn rounded(v: &[f32], dtype: DType) -> Vec<f32> {
+    let t = Tensor::from_slice(v, &[v.len()], &dev())
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    t.to_f32_vec().unwrap()
+}
+
+/// Runs forward and backward with weight `g` on the output and compares all results with the reference.
+#[allow(clippy::too_many_arguments)]
+fn check(rng: &mut Rng, lead: &[usize], c: usize, layer: bool, with_w: bool, with_b: bool, dtype: DType, layout: &str) {
+    let d = dev();
+    let rows: usize = lead.iter().product();
+    let n = rows * c;
+    let offset = if layer { 3.0 } else { 0.0 };
+    let x = rounded(&rng.vec(n, offset - 2.0, offset + 2.0), dtype);
+    let w = rounded(&rng.vec(c, 0.5, 1.5), dtype);
+    let b = rounded(&rng.vec(c, -1.0, 1.0), dtype);
+    let g = rounded(&rng.vec(n, -1.0, 1.0), dtype);
+    let eps = 1e-5;
+    let mut shape = lead.to_vec();
+    shape.push(c);
+    // The same values viewed through a transposed or narrowed layout, so the last dimension is strided.
+    let xt = match layout {
+        "transposed" => {
+            let mut tshape = shape.clone();
+            tshape.swap(lead.len() - 1, lead.len());
+            let r = lead.len() as isize;
+            let mut host = vec![0.0f32; n];
+            for (i, &o) in strided_indices(&shape, &transposed_strides(&tshape), 0)
+                .iter()
+                .enumerate()
+            {
+                host[o] = x[i];
+            }
+            Tensor::from_slice(&host, &tshape, &d)
+                .unwrap()
+                .transpose(r - 1, r)
+                .unwrap()
+        }
+        "narrowed" => {
+            let mut wide = shape.clone();
+            wide[lead.len()] = c + 5;
+            let mut host = rng.vec(rows * (c + 5), -9.0, 9.0);
+            for r in 0..rows {
+                host[r * (c + 5) + 2..r * (c + 5) + 2 + c].copy_from_slice(&x[r * c..(r + 1) * c]);
+            }
+            Tensor::from_slice(&host, &wide, &d).unwrap().narrow(-1, 2, c).unwrap()
+        }
+        _ => Tensor::from_slice(&x, &shape, &d).unwrap(),
+    };
+    let to = |t: Tensor| t.to_dtype(dtype).unwrap().requires_grad_();
+    let xt = to(xt);
+    let wt = to(Tensor::from_slice(&w, &[c], &d).unwrap());
+    let bt = to(Tensor::from_slice(&b, &[c], &d).unwrap());
+    let (wo, bo) = (with_w.then_some(&wt), with_b.then_some(&bt));
+    let y = if layer {
+        xt.layer_norm(wo, bo, eps)
+    } else {
+        xt.rms_norm(wo, eps)
+    }
+    .unwrap();
+    assert_eq!(y.shape(), &shape[..]);
+    assert_eq!(y.dtype(), dtype);
+    let want = reference(
+        &x,
+        with_w.then_some(&w[..]),
+        with_b.then_some(&b[..]),
+        &g,
+        c,
+        layer,
+        eps,
+    );
+    let what = format!(
+        "{} {lead:?}x{c} {dtype} {layout} w={with_w} b={with_b}",
+        if layer { "layer_norm" } else { "rms_norm" }
+    );
+    let (rtol, atol) = if dtype == DType::F32 {
+        (1e-5, 1e-5)
+    } else {
+        (1e-2, 1e-2)
+    };
+    assert_close(&format!("{what}: y"), &y.to_f32_vec().unwrap(), &want.y, rtol, atol);
+    let gt = Tensor::from_slice(&g, &shape, &d).unwrap().to_dtype(dtype).unwrap();
+    y.mul(&gt)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    // Gradients sum over up to C (dx) or rows (dw) terms of magnitude ~1.
+    let (rtol, atol) = if dtype == DType::F32 {
+        (1e-4, 1e-5 * (c.max(rows) as f64).sqrt())
+    } else {
+        (3e-2, 3e-2)
+    };
+    assert_close(
+        &format!("{what}: dx"),
+        &xt.grad().unwrap().to_f32_vec().unwrap(),
+        &want.dx,
+        rtol,
+        atol,
+    );
+    if with_w {
+        assert_close(
+            &format!("{what}: dw"),
+            &wt.grad().unwrap().to_f32_vec().unwrap(),
+            &want.dw,
+            rtol,
+            atol * 4.0,
+        );
+    }
+    if with_b {
+        assert_close(
+            &format!("{what}: db"),
+            &bt.grad().unwrap().to_f32_vec().unwrap(),
+            &want.db,
+            rtol,
+            atol * 4.0,
+        );
+    }
+}
+
+fn transposed_strides(tshape: &[usize]) -> Vec<usize> {
+    // Strides mapping an index of the untransposed shape to its position in the transposed buffer.
+    let r = tshape.len();
+    let mut s = vec![1; r];
+    for k in (0..r - 1).rev() {
+        s[k] = s[k + 1] * tshape[k + 1];
+    }
+    s.swap(r - 2, r - 1);
+    s
+}
+
+#[test]
+fn rms_norm_matches_reference() {
+    let mut rng = Rng::new("rms_norm_matches_reference");
+    for c in [1, 3, 17, 257, 1100] {
+        check(&mut rng, &[3], c, false, true, false, DType::F32, "contiguous");
+    }
+    check(&mut rng, &[2, 3], 17, false, false, false, DType::F32, "contiguous");
+    check(&mut rng, &[150], 5, false, true, false, DType::F32, "contiguous");
+}
+
+#[test]
+fn layer_norm_matches_reference() {
+    let mut rng = Rng::new("layer_norm_matches_reference");
+    for c in [1, 3, 17, 257, 1100] {
+        check(&mut rng, &[3], c, true, true, true, DType::F32, "contiguous");
+    }
+    check(&mut rng, &[2, 3], 17, true, false, false, DType::F32, "contiguous");
+    check(&mut rng, &[2, 3], 17, true, true, false, DType::F32, "contiguous");
+    check(&mut rng, &[2, 3], 17, true, false, true, DType::F32, "contiguous");
+    check(&mut rng, &[150], 5, true, true, true, DType::F32, "contiguous");
+}
+
+#[test]
+fn norms_read_strided_rows() {
+    let mut rng = Rng::new("norms_read_strided_rows");
+    for layer in [false, true] {
+        check(&mut rng, &[4], 17, layer, true, layer, DType::F32, "transposed");
+        check(&mut rng, &[2, 3], 9, layer, true, layer, DType::F32, "transposed");
+        check(&mut rng, &[3], 300, layer, true, layer, DType::F32, "narrowed");
+        check(&mut rng, &[2, 3], 9, layer, true, layer, DType::BF16, "narrowed");
+    }
+}
+
+#[test]
+fn norms_in_16_bit() {
+    let mut rng = Rng::new("norms_in_16_bit");
+    for dtype in [DType::F16, DType::BF16] {
+        for layer in [false, true] {
+            // Even rows are written directly; odd rows share output words and go through f32.
+            check(&mut rng, &[2, 3], 16, layer, true, layer, dtype, "contiguous");
+            check(&mut rng, &[3], 17, layer, true, layer, dtype, "contiguous");
+            check(&mut rng, &[2], 1, layer, false, false, dtype, "contiguous");
+        }
+    }
+}
+
+#[test]
+fn layer_norm_is_stable_for_large_means() {
+    let d = dev();
+    let mut rng = Rng::new("layer_norm_is_stable_for_large_means");
+    let c = 600;
+    let x: Vec<f32> = rng.vec(c, -1.0, 1.0).iter().map(|v| 10000.0 + v).collect();
+    let y = Tensor::from_slice(&x, &[1, c], &d)
+        .unwrap()
+        .layer_norm(None, None, 1e-5)
+        .unwrap();
+    let want = reference(&x, None, None, &vec![0.0; c], c, true, 1e-5).y;
+    // Near 1e4 one f32 ulp is 2^-10 ~ 1e-3, so the mean alone is uncertain by about that much, and the output
+    // (divided by a standard deviation of ~0.58) by up to ~2e-3; a naive E[x^2] - E[x]^2 would be off by ~100.
+    assert_close("layer_norm at mean 1e4", &y.to_f32_vec().unwrap(), &want, 1e-3, 4e-3);
+}
+
+#[test]
+fn norms_of_empty_tensors() {
+    let d = dev();
+    for shape in [[0usize, 5], [4, 0]] {
+        let c = shape[1];
+        let x = Tensor::zeros(&shape, DType::F32, &d).unwrap().requires_grad_();
+        let w = Tensor::ones(&[c], DType::F32, &d).unwrap().requires_grad_();
+        let y = x.layer_norm(Some(&w), None, 1e-5).unwrap();
+        assert_eq!(y.shape(), &shape);
+        y.sum_all().unwrap().backward().unwrap();
+        assert_eq!(x.grad().unwrap().shape(), &shape);
+        assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![0.0; c]);
+    }
+}
+
+#[test]
+fn norm_gradcheck() {
+    let mut rng = Rng::new("norm_gradcheck");
+    let (x, w, b) = (rng.vec(10, -2.0, 2.0), rng.vec(5, 0.5, 1.5), rng.vec(5, -1.0, 1.0));
+    let inputs = [(x, vec![2, 5]), (w, vec![5]), (b, vec![5])];
+    gradcheck("rms_norm", &mut rng, &inputs[..2], |t| t[0].rms_norm(Some(&t[1]), 1e-5));
+    gradcheck("layer_norm", &mut rng, &inputs, |t| {
+        t[0].layer_norm(Some(&t[1]), Some(&t[2]), 1e-5)
+    });
+    gradcheck("layer_norm without affine", &mut rng, &inputs[..1], |t| {
+        t[0].layer_norm(None, None, 1e-5)
+    });
+}
+
+#[test]
+fn norm_rejects_bad_arguments() {
+    let d = dev();
+    let x = Tensor::zeros(&[2, 4], DType::F32, &d).unwrap();
+    let w3 = Tensor::ones(&[3], DType::F32, &d).unwrap();
+    let w2d = Tensor::ones(&[1, 4], DType::F32, &d).unwrap();
+    let wi = Tensor::zeros(&[4], DType::I32, &d).unwrap();
+    assert!(x.rms_norm(Some(&w3), 1e-5).is_err());
+    assert!(x.rms_norm(Some(&w2d), 1e-5).is_err());
+    assert!(x.rms_norm(Some(&wi), 1e-5).is_err());
+    assert!(x.layer_norm(None, Some(&w3), 1e-5).is_err());
+    assert!(
+        Tensor::zeros(&[2, 4], DType::I32, &d)
+            .unwrap()
+            .rms_norm(None, 1e-5)
+            .is_err()
+    );
+    assert!(
+        Tensor::zeros(&[], DType::F32, &d)
+            .unwrap()
+            .layer_norm(None, None, 1e-5)
+            .is_err()
+    );
+}
