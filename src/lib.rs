@@ -1,6 +1,8 @@
 //! Hierarchos: train, fine-tune and run transformer language models on any GPU wgpu reaches (Vulkan, Metal,
 //! DX12, WebGPU). This crate re-exports the three layers so a program needs one dependency.
 
+#![warn(missing_docs)]
+
 /// Tensors, ops and autograd.
 pub use hierarchos_core as core;
 /// Layers, models and optimizers.

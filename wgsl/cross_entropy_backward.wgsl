@@ -1,9 +1,9 @@
-// Cross-entropy backward on top of row_output.wgsl: d logits = (softmax - onehot(target)) * g / n_valid for logits
-// (view 0) and targets (view 1), from the forward's per-row (loss, valid, logsumexp) in `rowstats` and its sums
-// (Σ loss, n_valid) in `sums` at offset scalar 3; `g` is read at offset scalar 2. Ignored rows get zeros,
+// Cross-entropy backward, an output kernel of rows.wgsl: d logits = (softmax - onehot(target)) * g / n_valid for
+// logits (view 0) and targets (view 1), from the forward's per-row (loss, valid, logsumexp) in `rowstats` and its
+// sums (Σ loss, n_valid) in `sums` at offset scalar 3; `g` is read at offset scalar 2. Ignored rows get zeros,
 // out-of-range targets NaN.
 
-fn row_context(row: u32, lid: u32) -> RowCtx {
+fn row_context(row: u32, lid: u32, sg_lane: u32) -> RowCtx {
     let cls = target_class(bitcast<u32>(load_targets(row_base(1u, row))));
     var scale = f32(load_g(scalar_u32(2u))) / sums[scalar_u32(3u) + 1u];
     if (cls == -2) {

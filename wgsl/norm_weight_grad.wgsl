@@ -1,11 +1,12 @@
-// Normalization backward for weight and bias, a column reduction: workgroup (x, y) sums columns
-// 256x .. 256x + 255 over rows y * per .. (y + 1) * per (per = scalar 5) of g * x̂ and of g, from g (view 0),
-// x (view 1) and the saved (mean, rstd). Partial sums go to `partial` as [chunks, 2, C]; the Rust side adds them.
+// Normalization backward for weight and bias, a column reduction on rows.wgsl with its own `main`: workgroup
+// (x, y) sums columns 256x .. 256x + 255 over rows y * per .. (y + 1) * per (per = scalar 5) of g * x̂ and of g,
+// from g (view 0), x (view 1) and the saved (mean, rstd). Partial sums go to `partial` as [chunks, 2, C]; the Rust
+// side adds them.
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let c = p[1];
-    let j = wid.x * 256u + lid;
+    let j = wid.x * WG + lid;
     if (j >= c) {
         return;
     }

@@ -1,30 +1,95 @@
-// Helpers of the row kernels (softmax, cumsum): one workgroup handles one row of R elements of a strided view
-// whose row dimension comes last; the output is dense f32 [rows, R] in the view's order. The Rust side prepends
-// bindings (`out`, `in0`), `load_in0` and the kernel, which calls these.
+// Helpers of the row kernels (softmax, log-softmax, cumsum, RMSNorm, LayerNorm, cross-entropy): a row is the last
+// dimension of `lead + [C]` and one workgroup of WG threads handles it, reading any number of strided views. The
+// Rust side (ops/rows.rs, `RowKernel`) prepends the bindings with their load/store functions and the kernel's
+// constants, and appends `lse_reduce`, the kernel and its entry point.
 //
-// Parameters: [rows, R, rank, shape[8], offset, strides[8], extras...].
+// Parameters: [rows, C, nlead, lead_shape[8], scalars[6], then per strided view k: offset, column stride,
+// lead_strides[8]]. A view holding only the leading dimensions (the targets of a loss) has column stride 0.
 
 const WG: u32 = 256u;
-const EXTRA: u32 = 20u;
+const SCALARS: u32 = 11u;
+const VIEWS: u32 = 17u;
 
-// The workgroup's row, or `rows` or more when the grid overshoots.
-fn row_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.x + wid.y * nwg.x;
+fn scalar_u32(i: u32) -> u32 {
+    return p[SCALARS + i];
 }
 
-// Buffer offset of the first element of `row`.
-fn row_base(row: u32) -> u32 {
-    var rem = row * p[1];
-    var off = p[11];
+fn scalar_f32(i: u32) -> f32 {
+    return bitcast<f32>(p[SCALARS + i]);
+}
+
+// Element offset of the first element of `row` in view `k`.
+fn row_base(k: u32, row: u32) -> u32 {
+    let base = VIEWS + 10u * k;
+    var rem = row;
+    var off = p[base];
     for (var d = i32(p[2]) - 1; d >= 0; d = d - 1) {
         let n = p[3u + u32(d)];
-        off = off + (rem % n) * p[12u + u32(d)];
+        off = off + (rem % n) * p[base + 2u + u32(d)];
         rem = rem / n;
     }
     return off;
 }
 
-// Element `j` of the row starting at `base`, as f32.
-fn load_x(base: u32, j: u32) -> f32 {
-    return f32(load_in0(base + j * p[11u + p[2]]));
+fn col_stride(k: u32) -> u32 {
+    return p[VIEWS + 10u * k + 1u];
+}
+
+// What a kernel with an output shaped like its rows computes once per row before the output is written (see
+// `RowKernel::output`): `row_context` returns it, `out_value` uses it.
+struct RowCtx {
+    v: vec4<f32>,
+    base0: u32,
+    base1: u32,
+}
+
+// How two partial results merge. SUM: componentwise. WELFORD: Chan's merge of (count, mean, M2), stable for the
+// variance. LSE: online logsumexp, (max, Σ exp(x - max)); a part whose max is -inf holds no mass, its sum is 0, or
+// NaN when it saw a NaN, which must survive the merge.
+const SUM: u32 = 0u;
+const WELFORD: u32 = 1u;
+const LSE: u32 = 2u;
+
+fn combine(a: vec4<f32>, b: vec4<f32>, kind: u32) -> vec4<f32> {
+    if (kind == WELFORD) {
+        let n = a.x + b.x;
+        if (n == 0.0) {
+            return a;
+        }
+        let d = b.y - a.y;
+        return vec4<f32>(n, a.y + d * (b.x / n), a.z + b.z + d * d * (a.x * b.x / n), 0.0);
+    }
+    if (kind == LSE) {
+        let m = max(a.x, b.x);
+        if (m == neg_inf()) {
+            return vec4<f32>(m, a.y + b.y, 0.0, 0.0);
+        }
+        return vec4<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m), 0.0, 0.0);
+    }
+    return a + b;
+}
+
+// Adds element x to a running logsumexp part with one exp. NaN falls to the second branch and poisons the sum.
+fn lse_push(a: vec4<f32>, x: f32) -> vec4<f32> {
+    if (x > a.x) {
+        return vec4<f32>(x, a.y * exp(a.x - x) + 1.0, 0.0, 0.0);
+    }
+    return vec4<f32>(a.x, a.y + select(exp(x - a.x), 0.0, (x == neg_inf())), 0.0, 0.0);
+}
+
+var<workgroup> partials: array<vec4<f32>, 256>;
+
+// Combines the WG threads' partial results with a shared-memory tree; every thread gets the total.
+fn workgroup_reduce(lid: u32, v: vec4<f32>, kind: u32) -> vec4<f32> {
+    partials[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            partials[lid] = combine(partials[lid], partials[lid + s], kind);
+        }
+        workgroupBarrier();
+    }
+    let total = partials[0];
+    workgroupBarrier();
+    return total;
 }

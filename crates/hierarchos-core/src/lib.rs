@@ -13,6 +13,8 @@
 //! # Ok::<(), hierarchos_core::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod autograd;
 mod error;
 pub mod ops;

@@ -276,7 +276,9 @@ mod tests {
         let p = Layout::contiguous(&[2, 3, 4]).permute(&[0, 2, 1]).unwrap();
         let r = p.reshape(&[2, 4, 3, 1]).unwrap();
         assert_eq!(offsets(&r), offsets(&p));
-        let r = p.reshape(&[2, 2, 2, 3]).expect("splitting the unit-stride dim is a view");
+        let r = p
+            .reshape(&[2, 2, 2, 3])
+            .expect("splitting the unit-stride dim is a view");
         assert_eq!(offsets(&r), offsets(&p));
         assert!(p.reshape(&[8, 3]).is_none(), "dims of strides 12 and 1 do not merge");
         assert!(p.reshape(&[2, 12]).is_none());

@@ -5,6 +5,8 @@
 //! pipelines and records many dispatches per queue submission. It knows nothing about tensors: shapes and
 //! autograd live in `hierarchos-core`.
 
+#![warn(missing_docs)]
+
 mod dtype;
 mod error;
 mod gpu;

@@ -4,7 +4,7 @@ use hierarchos_wgpu::DType;
 
 use crate::autograd::{Node, grad_enabled, no_grad};
 use crate::error::{Error, Result};
-use crate::ops::softmax::RowKernel;
+use crate::ops::rows::{Binding, RowKernel, dim_last};
 use crate::shape::resolve_dim;
 use crate::tensor::Tensor;
 
@@ -33,13 +33,16 @@ impl Tensor {
             return self.reshape(&[1])?.scan(0, reverse)?.reshape(&[]);
         }
         let d = resolve_dim(OP, dim, self.rank())?;
+        let (view, back) = dim_last(self, d)?;
+        let (lead, cols) = view.shape.split_at(view.shape.len() - 1);
         let y = RowKernel {
-            op: OP,
-            wgsl: CUMSUM_WGSL.to_string(),
-            subgroups: false,
-            extras: vec![reverse as u32],
+            scalars: [reverse as u32, 0, 0, 0, 0, 0],
+            views: vec![&view],
+            bindings: vec![Binding::read("x", self)],
+            ..RowKernel::new(OP, lead, cols[0], &[CUMSUM_WGSL])
         }
-        .run(self, d)?;
+        .output_f32(self.device())?
+        .permute(&back)?;
         let y = if dtype == DType::F32 {
             y
         } else {

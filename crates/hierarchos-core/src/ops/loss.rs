@@ -1,28 +1,17 @@
 //! Losses: cross-entropy as one fused log-softmax + NLL kernel per row, and its backward in one pass over the logits.
 
-use hierarchos_wgpu::{Access, DType, Gpu};
+use hierarchos_wgpu::DType;
 
 use crate::autograd::{Node, grad_enabled, no_grad};
 use crate::error::{Error, Result};
 use crate::ops::map::Map;
-use crate::ops::norm::{Binding, ROW_OUTPUT_WGSL, RowKernel, row_output};
+use crate::ops::rows::{Binding, RowKernel};
 use crate::shape::{Layout, numel};
 use crate::tensor::Tensor;
 
 const CROSS_ENTROPY_WGSL: &str = include_str!("../../../../wgsl/cross_entropy.wgsl");
-
 const CROSS_ENTROPY_FORWARD_WGSL: &str = include_str!("../../../../wgsl/cross_entropy_forward.wgsl");
 const CROSS_ENTROPY_BACKWARD_WGSL: &str = include_str!("../../../../wgsl/cross_entropy_backward.wgsl");
-
-/// The logits and targets bindings of both cross-entropy kernels.
-fn ce_bindings<'a>(logits: &'a Tensor, targets: &'a Tensor, native_f16: bool) -> [Binding<'a>; 2] {
-    [("logits", logits), ("targets", targets)].map(|(name, t)| Binding {
-        name,
-        buffer: t.buffer(),
-        access: Access::new(t.dtype(), native_f16),
-        write: false,
-    })
-}
 
 /// A scalar view of element `k` of `t`, for the elementwise kernel.
 fn element(t: &Tensor, k: usize) -> Layout {
@@ -95,34 +84,23 @@ impl Tensor {
         }
         let (has_ignore, ignore_bits) = (ignore.is_some() as u32, ignore.unwrap_or(0));
         let device = self.device().clone();
-        let native = device.caps().f16;
         let per_row_out = Tensor::from_buffer(
             device.alloc(op, Tensor::bytes_for(rows * 3, DType::F32))?,
             &[rows, 3],
             DType::F32,
             None,
         );
-        if rows > 0 {
-            let mut bindings = vec![Binding {
-                name: "out",
-                buffer: per_row_out.buffer(),
-                access: Access::new(DType::F32, native),
-                write: true,
-            }];
-            bindings.extend(ce_bindings(self, targets, native));
-            RowKernel {
-                op,
-                lead,
-                cols,
-                scalars: [has_ignore, ignore_bits, 0, 0, 0, 0],
-                views: vec![self.layout(), targets.layout()],
-                bindings,
-                defs: "const COMBINE: u32 = 2u;\n".into(),
-                files: &[CROSS_ENTROPY_WGSL, CROSS_ENTROPY_FORWARD_WGSL],
-                workgroups: Gpu::grid(rows as u32),
-            }
-            .run(&device)?;
+        RowKernel {
+            scalars: [has_ignore, ignore_bits, 0, 0, 0, 0],
+            views: vec![self.layout(), targets.layout()],
+            bindings: vec![
+                Binding::write("out", &per_row_out),
+                Binding::read("logits", self),
+                Binding::read("targets", targets),
+            ],
+            ..RowKernel::new(op, lead, cols, &[CROSS_ENTROPY_WGSL, CROSS_ENTROPY_FORWARD_WGSL])
         }
+        .run(&device)?;
         let sums = no_grad(|| per_row_out.narrow(1, 0, 2)?.sum(&[0], false))?;
         let loss = Map {
             op,
@@ -142,34 +120,8 @@ impl Tensor {
             op,
             &[self],
             Box::new(move |g| {
-                let native = g.device().caps().f16;
-                let f32_access = Access::new(DType::F32, native);
-                let mut bindings = vec![
-                    Binding {
-                        name: "rowstats",
-                        buffer: per_row_out.buffer(),
-                        access: f32_access,
-                        write: false,
-                    },
-                    Binding {
-                        name: "sums",
-                        buffer: sums.buffer(),
-                        access: f32_access,
-                        write: false,
-                    },
-                    Binding {
-                        name: "g",
-                        buffer: g.buffer(),
-                        access: Access::new(g.dtype(), native),
-                        write: false,
-                    },
-                ];
-                bindings.extend(ce_bindings(&logits, &targets, native));
                 let shape = logits.shape();
-                let kernel = RowKernel {
-                    op: "cross_entropy_backward",
-                    lead: &shape[..shape.len() - 1],
-                    cols,
+                let grad = RowKernel {
                     scalars: [
                         has_ignore,
                         ignore_bits,
@@ -179,12 +131,22 @@ impl Tensor {
                         0,
                     ],
                     views: vec![logits.layout(), targets.layout()],
-                    bindings,
-                    defs: "const COMBINE: u32 = 0u;\n".into(),
-                    files: &[CROSS_ENTROPY_WGSL, CROSS_ENTROPY_BACKWARD_WGSL, ROW_OUTPUT_WGSL],
-                    workgroups: [1, 1, 1],
-                };
-                Ok(vec![Some(row_output(kernel, logits.dtype(), g.device())?)])
+                    bindings: vec![
+                        Binding::read("rowstats", &per_row_out),
+                        Binding::read("sums", &sums),
+                        Binding::read("g", g),
+                        Binding::read("logits", &logits),
+                        Binding::read("targets", &targets),
+                    ],
+                    ..RowKernel::new(
+                        "cross_entropy_backward",
+                        &shape[..shape.len() - 1],
+                        cols,
+                        &[CROSS_ENTROPY_WGSL, CROSS_ENTROPY_BACKWARD_WGSL],
+                    )
+                }
+                .output(logits.dtype(), g.device())?;
+                Ok(vec![Some(grad)])
             }),
         );
         Ok(loss.with_node(node))

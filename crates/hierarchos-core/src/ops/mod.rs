@@ -14,5 +14,6 @@ pub mod matmul;
 pub mod norm;
 pub mod random;
 pub mod reduce;
+pub(crate) mod rows;
 pub mod softmax;
 pub mod unary;
