@@ -209,8 +209,8 @@ async fn choose_adapter(instance: &wgpu::Instance, wanted: Option<&str>) -> Resu
         .cloned()
         .ok_or_else(|| {
             GpuError::NoAdapter(
-                "wgpu found no Vulkan, Metal, DX12 or GL adapter; install a GPU driver or Mesa's lavapipe \
-                 (Debian: apt-get install mesa-vulkan-drivers)"
+                "wgpu found no Vulkan, Metal, DX12 or WebGPU adapter; install a GPU driver or Mesa's lavapipe \
+                 (Debian: apt-get install mesa-vulkan-drivers), or name other backends with WGPU_BACKEND"
                     .into(),
             )
         })
