@@ -8,7 +8,9 @@
 //! The scatter kernel is deterministic: each thread owns one output element and loops over the ids that could
 //! map to it (`O(ids along dim)` per element), so results never depend on thread timing.
 
-use hierarchos_wgpu::{Access, DType, Dispatch};
+use hierarchos_wgpu::DType;
+#[cfg(not(target_arch = "wasm32"))]
+use hierarchos_wgpu::{Access, Dispatch};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
@@ -16,6 +18,7 @@ use crate::ops::map::Map;
 use crate::shape::{Layout, resolve_dim};
 use crate::tensor::Tensor;
 
+#[cfg(not(target_arch = "wasm32"))]
 const INDEX_CHECK_WGSL: &str = include_str!("../../../../wgsl/index_check.wgsl");
 
 /// Index tensors with at most this many elements are range-checked (with a host sync); larger ones are clamped.
