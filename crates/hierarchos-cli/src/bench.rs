@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use hierarchos_core::{DType, Device, Tensor, default_device};
+use hierarchos_nn::{CausalLm, ModelConfig};
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -104,5 +105,118 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
     );
     let secs = time(&device, args.iters, || Ok(x.sum(&[-1], false)?))?;
     report(args.json, "sum", &shape, DType::F32, secs, bytes / secs / 1e9, "GB/s");
+    Ok(())
+}
+
+/// The model shape to time.
+#[derive(clap::Args)]
+pub struct ModelArgs {
+    /// Model width.
+    #[arg(long, default_value_t = 768)]
+    pub hidden: usize,
+    /// Decoder layers.
+    #[arg(long, default_value_t = 12)]
+    pub layers: usize,
+    /// Attention heads (key/value heads equal, as in the 110M Llama shape).
+    #[arg(long, default_value_t = 12)]
+    pub heads: usize,
+    /// MLP width.
+    #[arg(long, default_value_t = 3072)]
+    pub intermediate: usize,
+    /// Vocabulary size.
+    #[arg(long, default_value_t = 32000)]
+    pub vocab: usize,
+    /// Prompt length for the prefill measurement.
+    #[arg(long, default_value_t = 512)]
+    pub prefill: usize,
+    /// Tokens decoded one at a time through the KV cache (after a 16-token prompt).
+    #[arg(long, default_value_t = 128)]
+    pub decode: usize,
+    /// Timed prefill repetitions.
+    #[arg(long, default_value_t = 5)]
+    pub iters: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prefill and decode tokens/s of a Llama-shaped model with random f32 weights.
+pub fn model(args: &ModelArgs) -> Result<()> {
+    let device = default_device().context("opening the default GPU")?;
+    let config_json = format!(
+        "{{\"model_type\": \"llama\", \"hidden_size\": {}, \"num_hidden_layers\": {}, \"num_attention_heads\": {}, \
+         \"num_key_value_heads\": {}, \"intermediate_size\": {}, \"vocab_size\": {}, \
+         \"max_position_embeddings\": {}, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \
+         \"tie_word_embeddings\": false}}",
+        args.hidden,
+        args.layers,
+        args.heads,
+        args.heads,
+        args.intermediate,
+        args.vocab,
+        (args.prefill + 16 + args.decode).next_power_of_two()
+    );
+    let config = ModelConfig::from_json(&config_json, std::path::Path::new("<bench config>"))?;
+    let mut seed = 0;
+    let lm = CausalLm::build(&config, &mut |name, shape| {
+        seed += 1;
+        let t = if name.ends_with("norm.weight") {
+            Tensor::ones(shape, DType::F32, &device)?
+        } else {
+            Tensor::randn(shape, seed, 0, DType::F32, &device)?.mul_scalar(0.02)?
+        };
+        Ok(t)
+    })?;
+    let params: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum();
+    let ids = |n: usize| {
+        Tensor::from_slice(
+            &(0..n as u32)
+                .map(|i| (i * 7919) % args.vocab as u32)
+                .collect::<Vec<_>>(),
+            &[1, n],
+            &device,
+        )
+    };
+
+    let prompt = ids(args.prefill)?;
+    let prefill_secs = time(&device, args.iters, || {
+        let mut cache = lm.new_cache(1, args.prefill)?;
+        Ok(lm.forward_last(&prompt, Some(&mut cache))?)
+    })?;
+
+    let short = ids(16)?;
+    let mut cache = lm.new_cache(1, 16 + args.decode)?;
+    let mut logits = lm.forward_last(&short, Some(&mut cache))?;
+    device.synchronize()?;
+    let start = Instant::now();
+    for _ in 0..args.decode {
+        let row = logits.to_vec::<f32>()?;
+        let next = row
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
+            .0;
+        logits = lm.forward_last(&Tensor::from_slice(&[next as u32], &[1, 1], &device)?, Some(&mut cache))?;
+    }
+    logits.to_vec::<f32>()?;
+    let decode_secs = start.elapsed().as_secs_f64();
+
+    let prefill_tps = args.prefill as f64 / prefill_secs;
+    let decode_tps = args.decode as f64 / decode_secs;
+    if args.json {
+        println!(
+            "{{\"params\":{params},\"prefill_tokens\":{},\"prefill_tok_s\":{prefill_tps:.1},\"decode_tokens\":{},\"decode_tok_s\":{decode_tps:.1}}}",
+            args.prefill, args.decode
+        );
+    } else {
+        println!(
+            "device: {} ({:?})",
+            device.adapter_info().name,
+            device.adapter_info().backend
+        );
+        println!("model: {:.1}M parameters (f32)", params as f64 / 1e6);
+        println!("prefill {} tokens: {prefill_tps:.0} tokens/s", args.prefill);
+        println!("decode {} tokens: {decode_tps:.1} tokens/s", args.decode);
+    }
     Ok(())
 }

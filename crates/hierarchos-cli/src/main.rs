@@ -1,9 +1,11 @@
 //! The `hierarchos` command-line tool.
 
 mod bench;
+mod forward;
+mod generate;
 mod info;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 /// Train, fine-tune and run transformer language models on any GPU that speaks Vulkan, Metal, DX12 or WebGPU.
@@ -21,12 +23,18 @@ enum Command {
     /// Measure kernel throughput.
     #[command(subcommand)]
     Bench(Bench),
+    /// Write the logits of every position of a token sequence to a safetensors file.
+    Forward(forward::ForwardArgs),
+    /// Generate text from a prompt, streaming tokens to stdout.
+    Generate(generate::GenerateArgs),
 }
 
 #[derive(Subcommand)]
 enum Bench {
     /// Matmul TFLOP/s (f32, f16) and softmax, elementwise and reduction GB/s.
     Ops(bench::OpsArgs),
+    /// Prefill and decode tokens/s of a Llama-shaped model with random weights (default: the 110M shape).
+    Model(bench::ModelArgs),
 }
 
 fn main() -> Result<()> {
@@ -39,5 +47,17 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Info => info::run(),
         Command::Bench(Bench::Ops(args)) => bench::ops(&args),
+        Command::Bench(Bench::Model(args)) => bench::model(&args),
+        Command::Forward(args) => forward::run(&args),
+        Command::Generate(args) => generate::run(&args),
     }
+}
+
+/// Loads a model folder or Hub id with a spinner on stderr (drawn only when stderr is a terminal).
+fn load_model(arg: &str, revision: Option<&str>, device: &hierarchos_core::Device) -> Result<hierarchos_nn::Model> {
+    let spinner = indicatif::ProgressBar::new_spinner().with_message(format!("loading {arg}"));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(100));
+    let model = hierarchos_nn::Model::load(arg, revision, device).with_context(|| format!("loading model {arg}"));
+    spinner.finish_and_clear();
+    model
 }

@@ -1,11 +1,45 @@
-//! Layers and optimizers for Hierarchos: plain structs whose fields are their parameters, named like the
+//! Layers, models and optimizers for Hierarchos: plain structs whose fields are their parameters, named like the
 //! Hugging Face tensors they load from, with a `forward` and a `parameters` list for optimizers and saving.
 
 #![warn(missing_docs)]
 
+pub mod attention;
+mod config;
+mod decoder;
+mod embedding;
+mod error;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod generate;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod hub;
 mod init;
+mod kv_cache;
 mod linear;
+mod mlp;
+#[cfg(not(target_arch = "wasm32"))]
+mod model;
+mod norm;
 pub mod optim;
+mod registry;
+pub mod rope;
+pub mod sampling;
+mod tokenizer;
+pub mod weights;
 
+pub use config::{Activation, ModelConfig, RopeConfig, RopeScaling};
+pub use decoder::{CausalLm, DecoderLayer};
+pub use embedding::Embedding;
+pub use error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
+pub use generate::{Generation, StopConditions, StopReason, generate};
 pub use init::ParamRng;
+pub use kv_cache::KvCache;
 pub use linear::Linear;
+pub use mlp::Mlp;
+#[cfg(not(target_arch = "wasm32"))]
+pub use model::Model;
+pub use norm::RmsNorm;
+pub use registry::{Family, SUPPORTED, supported_model_types};
+pub use sampling::{Sampler, SamplingConfig};
+pub use tokenizer::{ChatMessage, DecodeStream, Tokenizer, render_chat_template};
+pub use weights::Weights;

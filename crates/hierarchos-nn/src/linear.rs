@@ -52,3 +52,9 @@ impl Linear {
         p
     }
 }
+
+/// `params` with their names put under `prefix` (`weight` in `q_proj` becomes `q_proj.weight`), so that a module's
+/// parameter list is its children's, named the way Hugging Face names them.
+pub(crate) fn prefixed(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
+    params.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
+}

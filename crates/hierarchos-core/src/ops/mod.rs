@@ -14,6 +14,8 @@ pub mod matmul;
 pub mod norm;
 pub mod random;
 pub mod reduce;
+pub mod rope;
 pub(crate) mod rows;
 pub mod softmax;
 pub mod unary;
+pub mod write;

@@ -1,0 +1,293 @@
+//! `hierarchos forward` and `hierarchos generate` on the reference fixtures: logits against transformers' float64
+//! ones, greedy ids, the JSON line, streaming, sampling flags, and errors that name the file at fault.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use hierarchos_nn::{ChatMessage, Tokenizer, Weights};
+use serde_json::Value;
+
+fn fixture(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(family)
+}
+
+fn reference(family: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(family).join("reference.json")).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn csv(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hierarchos-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn hierarchos(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hierarchos"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("running hierarchos")
+}
+
+/// Runs and expects success; returns stdout.
+fn ok(args: &[&str]) -> String {
+    let out = hierarchos(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "hierarchos {args:?} failed:\n{stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs and expects failure; returns stderr.
+fn fails(args: &[&str]) -> String {
+    let out = hierarchos(args);
+    assert!(!out.status.success(), "hierarchos {args:?} should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The JSON object on the last stdout line.
+fn last_json(stdout: &str) -> Value {
+    serde_json::from_str(stdout.lines().last().expect("no output")).expect("last line is JSON")
+}
+
+fn read_logits(path: &Path, shape: &[usize]) -> Vec<f32> {
+    Weights::from_bytes(std::fs::read(path).unwrap(), path)
+        .unwrap()
+        .read_f32("logits", shape)
+        .unwrap()
+}
+
+#[test]
+fn forward_writes_the_reference_logits() {
+    let dir = scratch("forward");
+    for family in ["llama", "qwen3"] {
+        let model = fixture(family);
+        let r = reference(family);
+        let prompt = ids(&r["input_ids"][1]);
+        let t = prompt.len();
+        let reference = Weights::from_bytes(
+            std::fs::read(model.join("reference.safetensors")).unwrap(),
+            &model.join("reference.safetensors"),
+        )
+        .unwrap()
+        .read_f32("logits", &[2, t, 300])
+        .unwrap();
+        let want = &reference[t * 300..];
+
+        let out = dir.join(format!("{family}-ids.safetensors"));
+        ok(&[
+            "forward",
+            "-m",
+            model.to_str().unwrap(),
+            "--ids",
+            &csv(&prompt),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let got = read_logits(&out, &[t, 300]);
+        let err = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(err < 2e-5, "{family}: max |logit - reference| = {err}");
+
+        // --text tokenizes to the same ids.
+        let text_out = dir.join(format!("{family}-text.safetensors"));
+        let text = r["prompts"][1].as_str().unwrap();
+        ok(&[
+            "forward",
+            "-m",
+            model.to_str().unwrap(),
+            "--text",
+            text,
+            "-o",
+            text_out.to_str().unwrap(),
+        ]);
+        assert_eq!(read_logits(&text_out, &[t, 300]), got);
+    }
+}
+
+#[test]
+fn generate_streams_greedy_tokens_and_ends_with_json() {
+    for family in ["llama", "qwen2"] {
+        let model = fixture(family);
+        let r = reference(family);
+        let want_ids = ids(&r["greedy_ids"][0]);
+        let want_text = r["greedy_text"][0].as_str().unwrap();
+        let m = model.to_str().unwrap();
+
+        let from_ids = hierarchos(&[
+            "generate",
+            "-m",
+            m,
+            "--ids",
+            &csv(&ids(&r["input_ids"][0])),
+            "-n",
+            "12",
+            "--json",
+        ]);
+        assert!(
+            from_ids.status.success(),
+            "{}",
+            String::from_utf8_lossy(&from_ids.stderr)
+        );
+        let stdout = String::from_utf8(from_ids.stdout).unwrap();
+        let json = last_json(&stdout);
+        assert_eq!(ids(&json["ids"]), want_ids, "{family}");
+        assert_eq!(json["text"], want_text, "{family}");
+        assert_eq!(json["stop_reason"], "length");
+        assert!(
+            stdout.starts_with(want_text),
+            "the text is streamed before the JSON line: {stdout:?}"
+        );
+        let stderr = String::from_utf8_lossy(&from_ids.stderr);
+        assert!(stderr.contains("tokens/s"), "{stderr}");
+
+        // -p tokenizes the prompt as transformers did.
+        let prompt = r["prompts"][0].as_str().unwrap();
+        let json = last_json(&ok(&[
+            "generate",
+            "-m",
+            m,
+            "-p",
+            prompt,
+            "-n",
+            "12",
+            "--temperature",
+            "0",
+            "--json",
+        ]));
+        assert_eq!(ids(&json["ids"]), want_ids, "{family}");
+
+        // Without --json, stdout is the text alone.
+        let plain = ok(&["generate", "-m", m, "-p", prompt, "-n", "12"]);
+        assert_eq!(plain, format!("{want_text}\n"));
+    }
+}
+
+#[test]
+fn generate_sampling_chat_and_stop_flags() {
+    let model = fixture("mistral");
+    let m = model.to_str().unwrap();
+    let sample = |seed: &str| {
+        let args = [
+            "generate",
+            "-m",
+            m,
+            "-p",
+            "The",
+            "-n",
+            "8",
+            "--temperature",
+            "1.2",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.9",
+            "--min-p",
+            "0.02",
+            "--repetition-penalty",
+            "1.2",
+            "--seed",
+            seed,
+            "--json",
+        ];
+        ids(&last_json(&ok(&args))["ids"])
+    };
+    let a = sample("11");
+    assert_eq!(a.len(), 8);
+    assert_eq!(a, sample("11"));
+
+    // --chat sends the prompt through the chat template as one user message.
+    let json = last_json(&ok(&["generate", "-m", m, "-p", "Why?", "--chat", "-n", "3", "--json"]));
+    let tok = Tokenizer::from_dir(&model).unwrap();
+    let rendered = tok
+        .apply_chat_template(&[ChatMessage::new("user", "Why?")], true)
+        .unwrap();
+    assert_eq!(ids(&json["prompt_ids"]), tok.encode(&rendered, false).unwrap());
+
+    // --stop ends at the first occurrence of a stop string in the greedy text.
+    let r = reference("mistral");
+    let greedy_text = r["greedy_text"][0].as_str().unwrap();
+    let stop: String = greedy_text.chars().skip(2).take(2).collect();
+    let prompt = r["prompts"][0].as_str().unwrap();
+    let json = last_json(&ok(&[
+        "generate", "-m", m, "-p", prompt, "-n", "12", "--stop", &stop, "--json",
+    ]));
+    assert_eq!(json["stop_reason"], "stop_string");
+    let text = json["text"].as_str().unwrap();
+    assert!(
+        text.contains(&stop) && greedy_text.starts_with(text),
+        "{text:?} / {greedy_text:?}"
+    );
+}
+
+#[test]
+fn errors_name_the_file_at_fault() {
+    let dir = scratch("errors");
+    let d = dir.to_str().unwrap();
+    let llama = fixture("llama");
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(llama.join(file), dir.join(file)).unwrap();
+    }
+    // No tokenizer: text prompts fail naming tokenizer.json, ids still work (the stream is the ids).
+    let err = fails(&["generate", "-m", d, "-p", "hello", "-n", "2"]);
+    assert!(err.contains("tokenizer.json"), "{err}");
+    let out = ok(&["generate", "-m", d, "--ids", "0,34,77", "-n", "2", "--json"]);
+    let json = last_json(&out);
+    assert_eq!(json["ids"].as_array().unwrap().len(), 2);
+    assert!(json["text"].is_null());
+    let err = fails(&[
+        "forward",
+        "-m",
+        d,
+        "--text",
+        "hi",
+        "-o",
+        dir.join("x.safetensors").to_str().unwrap(),
+    ]);
+    assert!(err.contains("tokenizer.json"), "{err}");
+
+    std::fs::write(dir.join("config.json"), "{\"model_type\": ").unwrap();
+    let err = fails(&["generate", "-m", d, "--ids", "1", "-n", "1"]);
+    assert!(err.contains("config.json"), "{err}");
+
+    let err = fails(&["generate", "-m", "/nonexistent/model/folder", "--ids", "1"]);
+    assert!(err.contains("/nonexistent/model/folder"), "{err}");
+    let err = fails(&["generate", "-m", llama.to_str().unwrap(), "--ids", "1,300", "-n", "1"]);
+    assert!(err.contains("300"), "{err}");
+    let err = fails(&[
+        "generate",
+        "-m",
+        llama.to_str().unwrap(),
+        "--ids",
+        "1",
+        "--top-p",
+        "1.5",
+    ]);
+    assert!(err.contains("top_p"), "{err}");
+    let err = fails(&[
+        "forward",
+        "-m",
+        llama.to_str().unwrap(),
+        "--ids",
+        "1",
+        "--text",
+        "a",
+        "-o",
+        "x",
+    ]);
+    assert!(err.contains("cannot be used with"), "{err}");
+    fails(&["generate", "-m", llama.to_str().unwrap()]);
+}

@@ -1,0 +1,147 @@
+//! Causal self-attention with rotary positions: multi-head, grouped-query (GQA) and multi-query (MQA), optional
+//! q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3) and sliding windows (Mistral).
+
+use hierarchos_core::Tensor;
+
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::linear::{Linear, prefixed};
+use crate::norm::RmsNorm;
+use crate::rope::RopeTables;
+
+/// One attention block. Query head `h` reads key/value head `h / (num_heads / num_kv_heads)`, as transformers'
+/// `repeat_kv` pairs them.
+#[derive(Clone, Debug)]
+pub struct Attention {
+    /// `[heads * head_dim, hidden]`.
+    pub q_proj: Linear,
+    /// `[kv_heads * head_dim, hidden]`.
+    pub k_proj: Linear,
+    /// `[kv_heads * head_dim, hidden]`.
+    pub v_proj: Linear,
+    /// `[hidden, heads * head_dim]`.
+    pub o_proj: Linear,
+    /// Per-head RMSNorm of the queries before rotary (Qwen3).
+    pub q_norm: Option<RmsNorm>,
+    /// Per-head RMSNorm of the keys before rotary (Qwen3).
+    pub k_norm: Option<RmsNorm>,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (divides `num_heads`).
+    pub num_kv_heads: usize,
+    /// Size of one head.
+    pub head_dim: usize,
+}
+
+/// What every layer of one forward shares: the rotary tables of the new positions, the additive mask, and the
+/// first key position attended to.
+#[derive(Clone, Debug)]
+pub struct AttentionContext {
+    /// Rotary tables of positions `start..start + T`.
+    pub tables: RopeTables,
+    /// `[T, S]` additive mask (0 or -inf) over the `S` keys from `key_start`, `None` when every key is visible.
+    pub mask: Option<Tensor>,
+    /// Position of the first key attended to (later than 0 when a sliding window lets older keys go).
+    pub key_start: usize,
+}
+
+impl Attention {
+    /// Attention over `x` (`[B, T, hidden]`) at the positions `ctx` describes. With a cache, the new keys and
+    /// values are appended to layer `layer` of it and the queries attend over the cached prefix too.
+    pub fn forward(&self, x: &Tensor, ctx: &AttentionContext, cache: Option<(&KvCache, usize)>) -> Result<Tensor> {
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let heads = |y: Tensor, n: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
+            let y = y.reshape(&[b, t, n, d])?;
+            let y = match norm {
+                Some(norm) => norm.forward(&y)?,
+                None => y,
+            };
+            Ok(y.permute(&[0, 2, 1, 3])?)
+        };
+        let q = heads(self.q_proj.forward(x)?, h, &self.q_norm)?;
+        let k = heads(self.k_proj.forward(x)?, kvh, &self.k_norm)?;
+        let v = heads(self.v_proj.forward(x)?, kvh, &None)?;
+        let q = q.rope(&ctx.tables.cos_q, &ctx.tables.sin_q)?;
+        let k = k.rope(&ctx.tables.cos_k, &ctx.tables.sin_k)?;
+        let (k, v) = match cache {
+            Some((cache, layer)) => cache.append(layer, &k, &v, ctx.key_start)?,
+            None if ctx.key_start == 0 => (k, v),
+            None => {
+                return Err(Error::Invalid(
+                    "attention: keys before the first new position need a cache".into(),
+                ));
+            }
+        };
+        let y = scaled_dot_product(&q, &k, &v, ctx.mask.as_ref())?;
+        let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, h * d])?;
+        Ok(self.o_proj.forward(&y)?)
+    }
+
+    /// The parameters with their Hugging Face names (`q_proj.weight`, ..., `q_norm.weight`).
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = [
+            prefixed("q_proj", self.q_proj.parameters()),
+            prefixed("k_proj", self.k_proj.parameters()),
+            prefixed("v_proj", self.v_proj.parameters()),
+            prefixed("o_proj", self.o_proj.parameters()),
+        ]
+        .concat();
+        if let Some(n) = &self.q_norm {
+            p.extend(prefixed("q_norm", n.parameters()));
+        }
+        if let Some(n) = &self.k_norm {
+            p.extend(prefixed("k_norm", n.parameters()));
+        }
+        p
+    }
+}
+
+/// `softmax(q kᵀ + mask) v` for queries `[B, H, T, D]` (already carrying the score scale) and keys and values
+/// `[B, KVH, S, D]` (any layout, e.g. a view of a cache). The `H / KVH` query heads that share a key/value head
+/// are stacked into the rows of one product, so grouped keys and values are never repeated in memory. `mask` is
+/// `[T, S]`, added to the scores of every head. Returns `[B, H, T, D]`.
+pub fn scaled_dot_product(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    let bad = || {
+        Error::Invalid(format!(
+            "attention: queries {:?}, keys {:?}, values {:?}, mask {:?} do not fit",
+            q.shape(),
+            k.shape(),
+            v.shape(),
+            mask.map(|m| m.shape().to_vec())
+        ))
+    };
+    if q.rank() != 4 || k.rank() != 4 || v.shape() != k.shape() {
+        return Err(bad());
+    }
+    let (b, h, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let (kvh, s) = (k.shape()[1], k.shape()[2]);
+    if k.shape()[0] != b || k.shape()[3] != d || kvh == 0 || !h.is_multiple_of(kvh) {
+        return Err(bad());
+    }
+    if mask.is_some_and(|m| m.shape() != [t, s]) {
+        return Err(bad());
+    }
+    let g = h / kvh;
+    let scores = q.contiguous()?.reshape(&[b, kvh, g * t, d])?.matmul(&k.t()?)?;
+    let probs = match mask {
+        Some(m) => scores
+            .reshape(&[b, kvh, g, t, s])?
+            .add(m)?
+            .softmax(-1)?
+            .reshape(&[b, kvh, g * t, s])?,
+        None => scores.softmax(-1)?,
+    };
+    Ok(probs.matmul(v)?.reshape(&[b, h, t, d])?)
+}
+
+/// The additive mask of queries at positions `q_start..q_start + t` over keys at `k_start..k_start + s`: key `j`
+/// is visible from query `i` iff `j <= i` and, with a sliding `window`, `i - window < j` (transformers' rule).
+/// `None` when every key is visible to every query.
+pub fn attention_mask(q_start: usize, t: usize, k_start: usize, s: usize, window: Option<usize>) -> Option<Vec<f32>> {
+    let visible = |i: usize, j: usize| j <= i && window.is_none_or(|w| j + w > i);
+    let mask: Vec<f32> = (q_start..q_start + t)
+        .flat_map(|i| (k_start..k_start + s).map(move |j| if visible(i, j) { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    mask.iter().any(|&m| m != 0.0).then_some(mask)
+}

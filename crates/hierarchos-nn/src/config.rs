@@ -1,0 +1,527 @@
+//! The model configuration, read from a Hugging Face `config.json`.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::registry::Family;
+
+/// Activation of the MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu` (Llama, Mistral, Qwen).
+    Silu,
+    /// `gelu` (exact).
+    Gelu,
+    /// `gelu_pytorch_tanh` / `gelu_new`.
+    GeluTanh,
+}
+
+/// How rotary position frequencies are scaled for long contexts.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    Default,
+    /// Positions divided by `factor`.
+    Linear {
+        /// Scale factor.
+        factor: f64,
+    },
+    /// NTK-aware dynamic scaling once the sequence passes `original_max_position_embeddings`.
+    Dynamic {
+        /// Scale factor.
+        factor: f64,
+        /// Context length the model was trained with.
+        original_max_position_embeddings: usize,
+    },
+    /// Llama 3.1's frequency-band scaling.
+    Llama3 {
+        /// Scale factor.
+        factor: f64,
+        /// Low-frequency band factor.
+        low_freq_factor: f64,
+        /// High-frequency band factor.
+        high_freq_factor: f64,
+        /// Context length the model was trained with.
+        original_max_position_embeddings: usize,
+    },
+    /// YaRN.
+    Yarn {
+        /// Scale factor.
+        factor: f64,
+        /// Context length the model was trained with.
+        original_max_position_embeddings: usize,
+        /// Fast boundary of the ramp (default 32).
+        beta_fast: f64,
+        /// Slow boundary of the ramp (default 1).
+        beta_slow: f64,
+        /// Attention temperature factor; `None` derives it from `factor` (0.1 ln(factor) + 1).
+        attention_factor: Option<f64>,
+    },
+}
+
+/// Rotary embedding settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeConfig {
+    /// Base of the frequencies (`rope_theta`).
+    pub theta: f64,
+    /// Long-context scaling.
+    pub scaling: RopeScaling,
+}
+
+/// Everything the generic decoder needs to know about one model; families differ only in these options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// `llama`, `mistral`, `qwen2` or `qwen3`.
+    pub model_type: String,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Model width.
+    pub hidden_size: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (GQA when fewer than query heads, MQA when 1).
+    pub num_key_value_heads: usize,
+    /// Size of one head (`head_dim`, else hidden_size / num_attention_heads).
+    pub head_dim: usize,
+    /// Longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// Rotary embedding.
+    pub rope: RopeConfig,
+    /// The output projection shares the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections have biases (Qwen2; Llama's `attention_bias`).
+    pub attention_bias: bool,
+    /// The output projection of attention has a bias (Llama's `attention_bias` also sets it).
+    pub o_proj_bias: bool,
+    /// MLP projections have biases (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Per-head RMSNorm on queries and keys before rotary (Qwen3).
+    pub qk_norm: bool,
+    /// Attend only to the last `n` positions (Mistral; Qwen2 when `use_sliding_window`).
+    pub sliding_window: Option<usize>,
+    /// MLP activation.
+    pub hidden_act: Activation,
+    /// Beginning-of-sequence token.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence tokens (config.json may list several).
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Reads and validates `config.json`.
+    pub fn from_file(path: &Path) -> Result<ModelConfig> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        ModelConfig::from_json(&text, path)
+    }
+
+    /// Parses and validates the text of a `config.json` as transformers 4.x and 5.x write it, filling absent
+    /// fields with the defaults of the family's transformers config class; `path` only names the file in errors.
+    pub fn from_json(text: &str, path: &Path) -> Result<ModelConfig> {
+        let value: Value = serde_json::from_str(text).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
+            message: format!("not valid JSON: {e}"),
+        })?;
+        let Value::Object(map) = &value else {
+            return Err(Error::Config {
+                path: path.to_path_buf(),
+                message: "not a JSON object".into(),
+            });
+        };
+        let f = Fields {
+            map,
+            path,
+            prefix: String::new(),
+        };
+        let model_type = f.required("model_type", STRING)?;
+        let family = Family::from_model_type(&model_type, path)?;
+        parse(&f, family)
+    }
+}
+
+/// Family defaults that differ between the transformers config classes.
+struct Defaults {
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    max_position_embeddings: usize,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<u32>,
+}
+
+fn defaults(family: Family) -> Defaults {
+    match family {
+        Family::Llama => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+        },
+        Family::Mistral => Defaults {
+            num_key_value_heads: Some(8),
+            head_dim: None,
+            max_position_embeddings: 4096 * 32,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+        },
+        Family::Qwen2 => Defaults {
+            num_key_value_heads: Some(32),
+            head_dim: None,
+            max_position_embeddings: 32768,
+            bos_token_id: None,
+            eos_token_id: None,
+        },
+        Family::Qwen3 => Defaults {
+            num_key_value_heads: Some(32),
+            head_dim: Some(128),
+            max_position_embeddings: 32768,
+            bos_token_id: None,
+            eos_token_id: None,
+        },
+    }
+}
+
+fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
+    let d = defaults(family);
+    let positive = |key: &str| -> Result<usize> {
+        let v = f.required(key, USIZE)?;
+        if v == 0 {
+            return Err(f.error(key, "must be positive"));
+        }
+        Ok(v)
+    };
+    let vocab_size = positive("vocab_size")?;
+    let hidden_size = positive("hidden_size")?;
+    let intermediate_size = positive("intermediate_size")?;
+    let num_hidden_layers = positive("num_hidden_layers")?;
+    let num_attention_heads = positive("num_attention_heads")?;
+    let num_key_value_heads = f
+        .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
+        .unwrap_or(num_attention_heads);
+    if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
+        return Err(f.error(
+            "num_key_value_heads",
+            &format!("{num_key_value_heads} does not divide num_attention_heads ({num_attention_heads})"),
+        ));
+    }
+    let head_dim = match f.or("head_dim", d.head_dim, USIZE)? {
+        Some(0) => return Err(f.error("head_dim", "must be positive")),
+        Some(h) => h,
+        None if hidden_size % num_attention_heads != 0 => {
+            return Err(f.error(
+                "num_attention_heads",
+                &format!("{num_attention_heads} does not divide hidden_size ({hidden_size}) and head_dim is not set"),
+            ));
+        }
+        None => hidden_size / num_attention_heads,
+    };
+    let max_position_embeddings = f
+        .or("max_position_embeddings", Some(d.max_position_embeddings), USIZE)?
+        .unwrap_or(d.max_position_embeddings);
+    let rms_norm_eps = f.or("rms_norm_eps", Some(1e-6), F64)?.unwrap_or(1e-6);
+    if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
+        return Err(f.error("rms_norm_eps", "must be positive"));
+    }
+    let rope = rope_config(f, max_position_embeddings)?;
+    let flag = |key: &str| -> Result<bool> { Ok(f.or(key, Some(false), BOOL)?.unwrap_or(false)) };
+    let tie_word_embeddings = flag("tie_word_embeddings")?;
+    let (attention_bias, o_proj_bias, mlp_bias) = match family {
+        Family::Llama => {
+            let b = flag("attention_bias")?;
+            (b, b, flag("mlp_bias")?)
+        }
+        Family::Qwen3 => {
+            let b = flag("attention_bias")?;
+            (b, b, false)
+        }
+        Family::Qwen2 => (true, false, false),
+        Family::Mistral => (false, false, false),
+    };
+    let sliding_window = sliding_window(f, family, num_hidden_layers)?;
+    let hidden_act = match f.or("hidden_act", Some("silu".to_string()), STRING)?.as_deref() {
+        Some("silu" | "swish") => Activation::Silu,
+        Some("gelu") => Activation::Gelu,
+        Some("gelu_pytorch_tanh" | "gelu_new") => Activation::GeluTanh,
+        other => {
+            return Err(f.error(
+                "hidden_act",
+                &format!("unsupported activation {other:?}; supported: silu, gelu, gelu_pytorch_tanh, gelu_new"),
+            ));
+        }
+    };
+    let bos_token_id = f.or("bos_token_id", d.bos_token_id, U32)?;
+    let eos_token_ids = match f.map.get("eos_token_id") {
+        None => d.eos_token_id.into_iter().collect(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| (U32.read)(v).ok_or_else(|| f.error("eos_token_id", &format!("expected token ids, found {v}"))))
+            .collect::<Result<_>>()?,
+        Some(_) => f.or("eos_token_id", None, U32)?.into_iter().collect(),
+    };
+    Ok(ModelConfig {
+        model_type: family.model_type().to_string(),
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+        head_dim,
+        max_position_embeddings,
+        rms_norm_eps,
+        rope,
+        tie_word_embeddings,
+        attention_bias,
+        o_proj_bias,
+        mlp_bias,
+        qk_norm: family == Family::Qwen3,
+        sliding_window,
+        hidden_act,
+        bos_token_id,
+        eos_token_ids,
+    })
+}
+
+/// Mistral slides over every layer unless `sliding_window` is null; Qwen2/Qwen3 only with `use_sliding_window`,
+/// and then only from layer `max_window_layers` on (or as `layer_types` lists). A mix of sliding and full layers
+/// is not supported and fails closed.
+fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<usize>> {
+    let window = match family {
+        Family::Llama => return Ok(None),
+        Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
+        Family::Qwen2 | Family::Qwen3 => {
+            if !f.or("use_sliding_window", Some(false), BOOL)?.unwrap_or(false) {
+                return Ok(None);
+            }
+            f.or("sliding_window", Some(4096), USIZE)?
+        }
+    };
+    let Some(window) = window else { return Ok(None) };
+    if window == 0 {
+        return Err(f.error("sliding_window", "must be positive"));
+    }
+    if family == Family::Mistral {
+        return Ok(Some(window));
+    }
+    let sliding: Vec<bool> = match f.map.get("layer_types") {
+        Some(Value::Array(types)) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(f.error("layer_types", &format!("unsupported layer type {t}"))),
+            })
+            .collect::<Result<_>>()?,
+        Some(Value::Null) | None => {
+            let first = f.or("max_window_layers", Some(28), USIZE)?.unwrap_or(28);
+            (0..layers).map(|i| i >= first).collect()
+        }
+        Some(other) => return Err(f.error("layer_types", &format!("expected a list, found {other}"))),
+    };
+    if sliding.iter().all(|&s| s) {
+        Ok(Some(window))
+    } else if sliding.iter().all(|&s| !s) {
+        Ok(None)
+    } else {
+        Err(f.error(
+            "use_sliding_window",
+            "sliding-window attention on only some layers (max_window_layers / layer_types) is not supported",
+        ))
+    }
+}
+
+/// `rope_parameters` (transformers 5, may carry `rope_theta`) wins over the classic `rope_theta` + `rope_scaling`.
+fn rope_config(f: &Fields, max_position_embeddings: usize) -> Result<RopeConfig> {
+    let top_theta = f.or("rope_theta", None, F64)?;
+    let (block, theta) = match f.object("rope_parameters")? {
+        Some(p) => {
+            if p.map.values().any(Value::is_object) {
+                return Err(f.error("rope_parameters", "per-layer-type rope parameters are not supported"));
+            }
+            let theta = p.or("rope_theta", None, F64)?;
+            (Some(p), theta.or(top_theta))
+        }
+        None => (f.object("rope_scaling")?, top_theta),
+    };
+    let theta = theta.unwrap_or(10000.0);
+    if !(theta > 0.0 && theta.is_finite()) {
+        return Err(f.error("rope_theta", "must be positive"));
+    }
+    let scaling = match block {
+        Some(b) => rope_scaling(&b, max_position_embeddings)?,
+        None => RopeScaling::Default,
+    };
+    Ok(RopeConfig { theta, scaling })
+}
+
+fn rope_scaling(b: &Fields, max_position_embeddings: usize) -> Result<RopeScaling> {
+    let kind = match b.or("rope_type", None, STRING)? {
+        Some(kind) => kind,
+        None => b.or("type", Some("default".to_string()), STRING)?.unwrap_or_default(),
+    };
+    if b.or("partial_rotary_factor", None, F64)?.is_some_and(|p| p != 1.0) {
+        return Err(b.error("partial_rotary_factor", "partial rotary embeddings are not supported"));
+    }
+    let factor = |key: &str| -> Result<f64> {
+        let v = b.required(key, F64)?;
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(b.error(key, "must be positive"));
+        }
+        Ok(v)
+    };
+    let original = || -> Result<usize> {
+        match b.or("original_max_position_embeddings", None, USIZE)? {
+            Some(0) => Err(b.error("original_max_position_embeddings", "must be positive")),
+            Some(n) => Ok(n),
+            None => Ok(max_position_embeddings),
+        }
+    };
+    Ok(match kind.as_str() {
+        "default" => RopeScaling::Default,
+        "linear" => RopeScaling::Linear {
+            factor: factor("factor")?,
+        },
+        "dynamic" => RopeScaling::Dynamic {
+            factor: factor("factor")?,
+            original_max_position_embeddings: original()?,
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: factor("factor")?,
+            low_freq_factor: factor("low_freq_factor")?,
+            high_freq_factor: factor("high_freq_factor")?,
+            original_max_position_embeddings: b.required("original_max_position_embeddings", USIZE)?,
+        },
+        "yarn" => {
+            let original = original()?;
+            let factor = match b.map.get("factor") {
+                None | Some(Value::Null) => max_position_embeddings as f64 / original as f64,
+                Some(_) => factor("factor")?,
+            };
+            if b.or("truncate", Some(true), BOOL)? == Some(false) {
+                return Err(b.error("truncate", "yarn without truncation is not supported"));
+            }
+            let mscale = |key: &str| b.or(key, None, F64);
+            let attention_factor = match (
+                b.or("attention_factor", None, F64)?,
+                mscale("mscale")?,
+                mscale("mscale_all_dim")?,
+            ) {
+                (Some(a), _, _) => Some(a),
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    Some(yarn_mscale(factor, m) / yarn_mscale(factor, all))
+                }
+                _ => None,
+            };
+            let beta = |key: &str, default: f64| -> Result<f64> {
+                Ok(b.or(key, None, F64)?.filter(|&v| v != 0.0).unwrap_or(default))
+            };
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: beta("beta_fast", 32.0)?,
+                beta_slow: beta("beta_slow", 1.0)?,
+                attention_factor,
+            }
+        }
+        other => {
+            return Err(b.error(
+                if b.map.contains_key("rope_type") {
+                    "rope_type"
+                } else {
+                    "type"
+                },
+                &format!("unsupported rope type '{other}'; supported: default, linear, dynamic, llama3, yarn"),
+            ));
+        }
+    })
+}
+
+/// YaRN's attention scale for `mscale` / `mscale_all_dim` (DeepSeek-style configs).
+fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * factor.ln() + 1.0
+    }
+}
+
+/// Typed access to one JSON object, with errors naming the file and the field.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    path: &'a Path,
+    /// `parent.` for a nested object, so errors name the field as `rope_scaling.factor`.
+    prefix: String,
+}
+
+impl<'a> Fields<'a> {
+    fn error(&self, key: &str, message: &str) -> Error {
+        Error::Config {
+            path: self.path.to_path_buf(),
+            message: format!("field `{}{key}`: {message}", self.prefix),
+        }
+    }
+
+    /// `default` when the key is absent, `None` when it is null, else the value read as `kind`.
+    fn or<T>(&self, key: &str, default: Option<T>, kind: Kind<T>) -> Result<Option<T>> {
+        match self.map.get(key) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(None),
+            Some(v) => (kind.read)(v)
+                .map(Some)
+                .ok_or_else(|| self.error(key, &format!("expected {}, found {v}", kind.expected))),
+        }
+    }
+
+    fn required<T>(&self, key: &str, kind: Kind<T>) -> Result<T> {
+        self.or(key, None, kind)?.ok_or_else(|| self.error(key, "missing"))
+    }
+
+    fn object(&self, key: &str) -> Result<Option<Fields<'a>>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Object(map)) => Ok(Some(Fields {
+                map,
+                path: self.path,
+                prefix: format!("{}{key}.", self.prefix),
+            })),
+            Some(v) => Err(self.error(key, &format!("expected an object, found {v}"))),
+        }
+    }
+}
+
+/// How to read one kind of JSON value, and what to call it when the value is something else.
+struct Kind<T> {
+    read: fn(&Value) -> Option<T>,
+    expected: &'static str,
+}
+
+const USIZE: Kind<usize> = Kind {
+    read: |v| v.as_u64().and_then(|n| usize::try_from(n).ok()),
+    expected: "a non-negative integer",
+};
+const U32: Kind<u32> = Kind {
+    read: |v| v.as_u64().and_then(|n| u32::try_from(n).ok()),
+    expected: "a token id",
+};
+const F64: Kind<f64> = Kind {
+    read: Value::as_f64,
+    expected: "a number",
+};
+const BOOL: Kind<bool> = Kind {
+    read: Value::as_bool,
+    expected: "true or false",
+};
+const STRING: Kind<String> = Kind {
+    read: |v| v.as_str().map(str::to_string),
+    expected: "a string",
+};

@@ -1,0 +1,301 @@
+//! The generic decoder-only causal language model: Llama, Mistral, Qwen2 and Qwen3 are this one model with
+//! different [`ModelConfig`] options (biases, q/k norm, sliding window, rope scaling, tied embeddings).
+
+use hierarchos_core::{Device, Tensor};
+
+use crate::attention::{Attention, AttentionContext, attention_mask};
+use crate::config::ModelConfig;
+use crate::embedding::Embedding;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::linear::{Linear, prefixed};
+use crate::mlp::Mlp;
+use crate::norm::RmsNorm;
+use crate::rope::RotaryEmbedding;
+use crate::weights::Weights;
+
+/// One pre-norm decoder block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+#[derive(Clone, Debug)]
+pub struct DecoderLayer {
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm,
+    /// Self-attention.
+    pub self_attn: Attention,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: RmsNorm,
+    /// Gated MLP.
+    pub mlp: Mlp,
+}
+
+impl DecoderLayer {
+    /// The block applied to `x` (`[B, T, hidden]`).
+    pub fn forward(&self, x: &Tensor, ctx: &AttentionContext, cache: Option<(&KvCache, usize)>) -> Result<Tensor> {
+        let x = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, ctx, cache)?)?;
+        Ok(x.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)?)
+    }
+
+    /// The parameters with their Hugging Face names relative to the layer.
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        [
+            prefixed("input_layernorm", self.input_layernorm.parameters()),
+            prefixed("self_attn", self.self_attn.parameters()),
+            prefixed("post_attention_layernorm", self.post_attention_layernorm.parameters()),
+            prefixed("mlp", self.mlp.parameters()),
+        ]
+        .concat()
+    }
+}
+
+/// A decoder-only language model with its output head.
+#[derive(Clone, Debug)]
+pub struct CausalLm {
+    config: ModelConfig,
+    /// `model.embed_tokens`.
+    pub embed_tokens: Embedding,
+    /// `model.layers.N`.
+    pub layers: Vec<DecoderLayer>,
+    /// `model.norm`, the final norm.
+    pub norm: RmsNorm,
+    /// `lm_head`; `None` when the embedding matrix is reused (tied embeddings).
+    pub lm_head: Option<Linear>,
+    rotary: RotaryEmbedding,
+}
+
+impl CausalLm {
+    /// Loads every tensor the config implies from `weights`, each with the shape it must have.
+    pub fn load(config: &ModelConfig, weights: &Weights, device: &Device) -> Result<CausalLm> {
+        CausalLm::build(config, &mut |name, shape| weights.load(name, shape, device))
+    }
+
+    /// Builds the model from `tensor(name, shape)`, called once per parameter with its Hugging Face name and
+    /// the shape the config implies (weights from a file, random weights for tests, ...).
+    pub fn build(config: &ModelConfig, tensor: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>) -> Result<CausalLm> {
+        let c = config;
+        let (hidden, d) = (c.hidden_size, c.head_dim);
+        let (h, kvh) = (c.num_attention_heads, c.num_key_value_heads);
+        if hidden == 0 || d == 0 || h == 0 || kvh == 0 || !h.is_multiple_of(kvh) || c.vocab_size == 0 {
+            return Err(Error::Invalid(format!(
+                "model: hidden_size {hidden}, head_dim {d}, {h} heads and {kvh} key/value heads do not make a model \
+                 (the key/value heads must divide the heads; none may be 0)"
+            )));
+        }
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let m = format!("{p}.mlp");
+            let q_proj = linear(tensor, &format!("{a}.q_proj"), h * d, hidden, c.attention_bias)?;
+            let k_proj = linear(tensor, &format!("{a}.k_proj"), kvh * d, hidden, c.attention_bias)?;
+            let v_proj = linear(tensor, &format!("{a}.v_proj"), kvh * d, hidden, c.attention_bias)?;
+            let o_proj = linear(tensor, &format!("{a}.o_proj"), hidden, h * d, c.o_proj_bias)?;
+            let gate_proj = linear(
+                tensor,
+                &format!("{m}.gate_proj"),
+                c.intermediate_size,
+                hidden,
+                c.mlp_bias,
+            )?;
+            let up_proj = linear(tensor, &format!("{m}.up_proj"), c.intermediate_size, hidden, c.mlp_bias)?;
+            let down_proj = linear(
+                tensor,
+                &format!("{m}.down_proj"),
+                hidden,
+                c.intermediate_size,
+                c.mlp_bias,
+            )?;
+            let (q_norm, k_norm) = if c.qk_norm {
+                (
+                    Some(rms_norm(tensor, format!("{a}.q_norm.weight"), d, c.rms_norm_eps)?),
+                    Some(rms_norm(tensor, format!("{a}.k_norm.weight"), d, c.rms_norm_eps)?),
+                )
+            } else {
+                (None, None)
+            };
+            layers.push(DecoderLayer {
+                input_layernorm: rms_norm(tensor, format!("{p}.input_layernorm.weight"), hidden, c.rms_norm_eps)?,
+                self_attn: Attention {
+                    q_proj,
+                    k_proj,
+                    v_proj,
+                    o_proj,
+                    q_norm,
+                    k_norm,
+                    num_heads: h,
+                    num_kv_heads: kvh,
+                    head_dim: d,
+                },
+                post_attention_layernorm: rms_norm(
+                    tensor,
+                    format!("{p}.post_attention_layernorm.weight"),
+                    hidden,
+                    c.rms_norm_eps,
+                )?,
+                mlp: Mlp {
+                    gate_proj,
+                    up_proj,
+                    down_proj,
+                    act: c.hidden_act,
+                },
+            });
+        }
+        let embed_tokens = Embedding {
+            weight: tensor("model.embed_tokens.weight", &[c.vocab_size, hidden])?,
+        };
+        let final_norm = rms_norm(tensor, "model.norm.weight".into(), hidden, c.rms_norm_eps)?;
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(linear(tensor, "lm_head", c.vocab_size, hidden, false)?)
+        };
+        Ok(CausalLm {
+            config: c.clone(),
+            embed_tokens,
+            layers,
+            norm: final_norm,
+            lm_head,
+            rotary: RotaryEmbedding::new(d, &c.rope)?,
+        })
+    }
+
+    /// The configuration the model was built from.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The device holding the parameters.
+    pub fn device(&self) -> &Device {
+        self.embed_tokens.weight.device()
+    }
+
+    /// The rotary frequencies.
+    pub fn rotary(&self) -> &RotaryEmbedding {
+        &self.rotary
+    }
+
+    /// An empty cache for `batch` sequences of up to `max_len` positions.
+    pub fn new_cache(&self, batch: usize, max_len: usize) -> Result<KvCache> {
+        let c = &self.config;
+        KvCache::new(
+            c.num_hidden_layers,
+            batch,
+            c.num_key_value_heads,
+            c.head_dim,
+            max_len,
+            self.device(),
+        )
+    }
+
+    /// Logits `[B, T, vocab]` (f32) for token ids `[B, T]` (u32 or i32). With a cache, the ids continue the
+    /// sequences it holds (their positions start at `cache.len()`) and are appended to it.
+    pub fn forward(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let h = self.hidden_states(ids, cache)?;
+        self.logits(&h)
+    }
+
+    /// Logits `[B, vocab]` of the last position only: what generation needs, without the output projection of
+    /// every prompt position.
+    pub fn forward_last(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let h = self.hidden_states(ids, cache)?;
+        let t = h.shape()[1];
+        self.logits(&h.narrow(1, t - 1, 1)?.squeeze(1)?)
+    }
+
+    /// The final-norm hidden states `[B, T, hidden]`.
+    pub fn hidden_states(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        if ids.rank() != 2 || ids.shape()[1] == 0 {
+            return Err(Error::Invalid(format!(
+                "forward: ids must be [batch, tokens] with at least one token, got {:?}",
+                ids.shape()
+            )));
+        }
+        let (b, t) = (ids.shape()[0], ids.shape()[1]);
+        let start = cache.as_ref().map_or(0, |c| c.len());
+        if let Some(c) = &cache {
+            if c.batch() != b || start + t > c.max_len() {
+                return Err(Error::Invalid(format!(
+                    "forward: {t} new positions of {b} sequences do not fit a cache of batch {} holding {start} of \
+                     {} positions",
+                    c.batch(),
+                    c.max_len()
+                )));
+            }
+            if c.layers() != self.layers.len() {
+                return Err(Error::Invalid(format!(
+                    "forward: the cache has {} layers, the model {}",
+                    c.layers(),
+                    self.layers.len()
+                )));
+            }
+        }
+        let window = self.config.sliding_window;
+        // With a cache, keys no query of this step can see are left out of the product entirely.
+        let key_start = match (&cache, window) {
+            (Some(_), Some(w)) => (start + 1).saturating_sub(w),
+            _ => 0,
+        };
+        let keys = start + t - key_start;
+        let (q_start, k_start) = if cache.is_some() { (start, key_start) } else { (0, 0) };
+        let mask = attention_mask(q_start, t, k_start, if cache.is_some() { keys } else { t }, window)
+            .map(|m| Tensor::from_slice(&m, &[t, m.len() / t], self.device()))
+            .transpose()?;
+        let scale = 1.0 / (self.config.head_dim as f64).sqrt();
+        let ctx = AttentionContext {
+            tables: self.rotary.device_tables(start, t, scale, self.device())?,
+            mask,
+            key_start: k_start,
+        };
+        let mut x = self.embed_tokens.forward(ids)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(&x, &ctx, cache.as_deref().map(|c| (c, i)))?;
+        }
+        if let Some(c) = cache {
+            c.advance(t);
+        }
+        Ok(self.norm.forward(&x)?)
+    }
+
+    /// Logits `[..., vocab]` of final hidden states: `lm_head`, or the embedding matrix when tied.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(match &self.lm_head {
+            Some(head) => head.forward(hidden)?,
+            None => hidden.matmul(&self.embed_tokens.weight.t()?)?,
+        })
+    }
+
+    /// Every parameter with its exact Hugging Face name (`model.layers.0.self_attn.q_proj.weight`, ...); a tied
+    /// output head is listed once, as `model.embed_tokens.weight`.
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = prefixed("model.embed_tokens", self.embed_tokens.parameters());
+        for (i, layer) in self.layers.iter().enumerate() {
+            p.extend(prefixed(&format!("model.layers.{i}"), layer.parameters()));
+        }
+        p.extend(prefixed("model.norm", self.norm.parameters()));
+        if let Some(head) = &self.lm_head {
+            p.extend(prefixed("lm_head", head.parameters()));
+        }
+        p
+    }
+}
+
+/// Source of named parameter tensors for [`CausalLm::build`].
+type TensorSource<'a> = &'a mut dyn FnMut(&str, &[usize]) -> Result<Tensor>;
+
+/// The layer `name` (`name.weight`, and `name.bias` when `bias`) mapping `inp` features to `out`.
+fn linear(tensor: TensorSource, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+    Ok(Linear {
+        weight: tensor(&format!("{name}.weight"), &[out, inp])?,
+        bias: if bias {
+            Some(tensor(&format!("{name}.bias"), &[out])?)
+        } else {
+            None
+        },
+    })
+}
+
+/// The RMSNorm whose weight is `name`, over `dim` features.
+fn rms_norm(tensor: TensorSource, name: String, dim: usize, eps: f64) -> Result<RmsNorm> {
+    Ok(RmsNorm {
+        weight: tensor(&name, &[dim])?,
+        eps,
+    })
+}

@@ -1,0 +1,95 @@
+//! The key/value cache of a decoder: preallocated per-layer buffers that each forward appends to in place, so a
+//! generation step computes only the new positions and copies nothing it already has.
+
+use hierarchos_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+
+/// Keys and values of every layer for up to `max_len` positions of `batch` sequences.
+#[derive(Debug)]
+pub struct KvCache {
+    /// Per layer, keys and values `[batch, kv_heads, max_len, head_dim]` (f32, post-rotary keys).
+    layers: Vec<(Tensor, Tensor)>,
+    len: usize,
+    max_len: usize,
+    batch: usize,
+}
+
+impl KvCache {
+    /// An empty cache for `layers` layers of `kv_heads` heads of `head_dim`.
+    pub fn new(
+        layers: usize,
+        batch: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        max_len: usize,
+        device: &Device,
+    ) -> Result<KvCache> {
+        if batch == 0 || max_len == 0 {
+            return Err(Error::Invalid(format!(
+                "kv cache: batch ({batch}) and max_len ({max_len}) must be positive"
+            )));
+        }
+        let shape = [batch, kv_heads, max_len, head_dim];
+        let layers = (0..layers)
+            .map(|_| {
+                Ok((
+                    Tensor::zeros(&shape, DType::F32, device)?,
+                    Tensor::zeros(&shape, DType::F32, device)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            layers,
+            len: 0,
+            max_len,
+            batch,
+        })
+    }
+
+    /// Positions held (the position the next token gets).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions the buffers have room for.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// Layers it holds keys and values for.
+    pub fn layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Sequences per batch.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// Forgets positions from `len` on (to reuse a prompt prefix, or to start over with 0). The buffers are
+    /// kept; stale entries are overwritten before they are read again.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Stores the new keys and values `[batch, kv_heads, T, head_dim]` of `layer` at positions `len..len + T`
+    /// and returns the cached keys and values of positions `from..len + T` as views (no copy).
+    pub(crate) fn append(&self, layer: usize, k: &Tensor, v: &Tensor, from: usize) -> Result<(Tensor, Tensor)> {
+        let (kc, vc) = &self.layers[layer];
+        kc.write_at(2, self.len, k)?;
+        vc.write_at(2, self.len, v)?;
+        let end = self.len + k.shape()[2];
+        Ok((kc.narrow(2, from, end - from)?, vc.narrow(2, from, end - from)?))
+    }
+
+    /// Marks `n` more positions as filled once every layer has appended them.
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+}

@@ -1,0 +1,106 @@
+//! A model folder or Hub id turned into something that answers prompts: configuration, weights, the decoder and
+//! (when the folder has one) its tokenizer, with the end-of-sequence ids transformers would stop on.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::generate::{Generation, StopConditions, generate};
+use crate::sampling::SamplingConfig;
+use crate::tokenizer::{ChatMessage, Tokenizer, generation_eos_ids};
+use crate::{CausalLm, ModelConfig, Weights};
+use hierarchos_core::Device;
+
+/// A loaded causal language model.
+pub struct Model {
+    /// The folder the files came from (a Hub snapshot for Hub ids).
+    pub dir: PathBuf,
+    /// `config.json`.
+    pub config: ModelConfig,
+    /// The decoder with its weights on the device.
+    pub lm: CausalLm,
+    /// `tokenizer.json` and friends, when the folder has them.
+    pub tokenizer: Option<Tokenizer>,
+    /// The ids generation stops on.
+    pub eos_ids: Vec<u32>,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("dir", &self.dir)
+            .field("model_type", &self.config.model_type)
+            .field("tokenizer", &self.tokenizer)
+            .field("eos_ids", &self.eos_ids)
+            .finish()
+    }
+}
+
+impl Model {
+    /// Loads `arg`, a local model folder or a Hub id (fetched at `revision` into the Hugging Face cache).
+    pub fn load(arg: &str, revision: Option<&str>, device: &Device) -> Result<Model> {
+        let dir = crate::hub::resolve_model(arg, revision)?;
+        Model::from_dir(&dir, device)
+    }
+
+    /// Loads a local model folder: `config.json`, the safetensors weights, and `tokenizer.json` if present.
+    pub fn from_dir(dir: &Path, device: &Device) -> Result<Model> {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let weights = Weights::open(dir)?;
+        let lm = CausalLm::load(&config, &weights, device)?;
+        let tokenizer = if dir.join("tokenizer.json").exists() {
+            Some(Tokenizer::from_dir(dir)?)
+        } else {
+            None
+        };
+        // transformers stops on generation_config.json's ids, else config.json's; the tokenizer's EOS is the
+        // last resort for folders that have neither.
+        let eos_ids = match generation_eos_ids(dir)? {
+            Some(ids) => ids,
+            None if !config.eos_token_ids.is_empty() => config.eos_token_ids.clone(),
+            None => tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
+        };
+        Ok(Model {
+            dir: dir.to_path_buf(),
+            config,
+            lm,
+            tokenizer,
+            eos_ids,
+        })
+    }
+
+    /// The tokenizer, or an error naming the missing `tokenizer.json`.
+    pub fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer.as_ref().ok_or_else(|| Error::Tokenizer {
+            path: self.dir.join("tokenizer.json"),
+            message: "missing: this model folder has no tokenizer, pass token ids instead of text".into(),
+        })
+    }
+
+    /// The ids of a text prompt; with `chat` it is sent as one user message through the chat template.
+    pub fn encode_prompt(&self, text: &str, chat: bool) -> Result<Vec<u32>> {
+        let tokenizer = self.tokenizer()?;
+        if chat {
+            let rendered = tokenizer.apply_chat_template(&[ChatMessage::new("user", text)], true)?;
+            tokenizer.encode(&rendered, false)
+        } else {
+            tokenizer.encode(text, true)
+        }
+    }
+
+    /// Generates after `prompt_ids`, stopping on the model's EOS ids or `stop_strings`; see [`generate`].
+    pub fn generate(
+        &self,
+        prompt_ids: &[u32],
+        max_new_tokens: usize,
+        sampling: &SamplingConfig,
+        stop_strings: &[String],
+        on_token: impl FnMut(u32, &str) -> Result<()>,
+    ) -> Result<Generation> {
+        let stop = StopConditions {
+            eos_ids: self.eos_ids.clone(),
+            stop_strings: stop_strings.to_vec(),
+            tokenizer: self.tokenizer.as_ref(),
+        };
+        generate(&self.lm, prompt_ids, max_new_tokens, sampling, &stop, on_token)
+    }
+}

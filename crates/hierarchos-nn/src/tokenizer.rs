@@ -1,0 +1,346 @@
+//! Text to token ids and back, as the model's own Hugging Face tokenizer does it: `tokenizer.json` through the
+//! `tokenizers` crate, special tokens from `tokenizer_config.json` / `generation_config.json`, and the chat template
+//! rendered with `minijinja` the way transformers renders it with Jinja2.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// One turn of a conversation, as chat templates expect it (`role` is `system`, `user` or `assistant`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatMessage {
+    /// Who speaks.
+    pub role: String,
+    /// What is said.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A turn of `role` saying `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A model's tokenizer with the special tokens and chat template that generation needs.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    path: PathBuf,
+    config_path: PathBuf,
+    bos_token: Option<String>,
+    eos_tokens: Vec<String>,
+    pad_token: Option<String>,
+    eos_ids: Vec<u32>,
+    chat_template: Option<String>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("path", &self.path)
+            .field("vocab_size", &self.vocab_size())
+            .field("bos_token", &self.bos_token)
+            .field("eos_tokens", &self.eos_tokens)
+            .finish()
+    }
+}
+
+fn read_optional(path: &Path) -> Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn parse_json(text: &str, path: &Path) -> Result<Value> {
+    serde_json::from_str(text).map_err(|e| Error::Tokenizer {
+        path: path.to_path_buf(),
+        message: format!("malformed JSON: {e}"),
+    })
+}
+
+/// A special token in tokenizer_config.json is either its text or an `AddedToken` object with `content`.
+fn token_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// generation_config.json's `eos_token_id` (one id or a list), if the file exists and sets it.
+pub(crate) fn generation_eos_ids(dir: &Path) -> Result<Option<Vec<u32>>> {
+    let path = dir.join("generation_config.json");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(Error::Io { path, source }),
+    };
+    let json: Value = serde_json::from_str(&text).map_err(|e| Error::Config {
+        path: path.clone(),
+        message: format!("malformed JSON: {e}"),
+    })?;
+    let ids = match json.get("eos_token_id") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(list)) => list.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>(),
+        Some(one) => one.as_u64().map(|id| vec![id]),
+    };
+    let ids = ids
+        .and_then(|ids| {
+            ids.into_iter()
+                .map(|id| u32::try_from(id).ok())
+                .collect::<Option<Vec<u32>>>()
+        })
+        .ok_or_else(|| Error::Config {
+            path,
+            message: "eos_token_id is not a token id or a list of them".into(),
+        })?;
+    Ok(Some(ids))
+}
+
+/// `chat_template` is a string, or a list of `{name, template}` of which transformers uses `default`.
+fn chat_template_of(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+        _ => None,
+    }
+}
+
+fn tokenizer_error(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+impl Tokenizer {
+    /// Reads `tokenizer.json` (required) and, where present, `tokenizer_config.json`, `generation_config.json`,
+    /// `chat_template.jinja` and `chat_template.json` from a model folder.
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        let path = dir.join("tokenizer.json");
+        let bytes = std::fs::read(&path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| tokenizer_error(&path, e))?;
+
+        let config_path = dir.join("tokenizer_config.json");
+        let config = match read_optional(&config_path)? {
+            Some(text) => parse_json(&text, &config_path)?,
+            None => Value::Null,
+        };
+
+        let bos_token = config.get("bos_token").and_then(token_text);
+        let pad_token = config.get("pad_token").and_then(token_text);
+        let mut eos_tokens: Vec<String> = config.get("eos_token").and_then(token_text).into_iter().collect();
+        let mut eos_ids = generation_eos_ids(dir)?.unwrap_or_default();
+        for token in &eos_tokens {
+            if let Some(id) = inner.token_to_id(token)
+                && !eos_ids.contains(&id)
+            {
+                eos_ids.push(id);
+            }
+        }
+        for &id in &eos_ids {
+            if let Some(token) = inner.id_to_token(id)
+                && !eos_tokens.contains(&token)
+            {
+                eos_tokens.push(token);
+            }
+        }
+
+        let jinja_path = dir.join("chat_template.jinja");
+        let json_path = dir.join("chat_template.json");
+        let chat_template = match read_optional(&jinja_path)? {
+            Some(t) => Some(t),
+            None => match read_optional(&json_path)? {
+                Some(text) => parse_json(&text, &json_path)?
+                    .get("chat_template")
+                    .and_then(chat_template_of),
+                None => config.get("chat_template").and_then(chat_template_of),
+            },
+        };
+
+        Ok(Tokenizer {
+            inner,
+            path,
+            config_path,
+            bos_token,
+            eos_tokens,
+            pad_token,
+            eos_ids,
+            chat_template,
+        })
+    }
+
+    /// The `tokenizer.json` this was read from (for error messages).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of tokens, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (e.g. a leading BOS).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| tokenizer_error(&self.path, e))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The text of `ids`; `skip_special_tokens` drops BOS, EOS and the like.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| tokenizer_error(&self.path, e))
+    }
+
+    /// An incremental decoder for streaming: it hands out text only once it is complete UTF-8 and stable.
+    pub fn decode_stream(&self, skip_special_tokens: bool) -> DecodeStream<'_> {
+        DecodeStream {
+            tokenizer: self,
+            skip_special_tokens,
+            ids: Vec::new(),
+            prefix: String::new(),
+            prefix_index: 0,
+        }
+    }
+
+    /// The id of a token's text, if it is in the vocabulary.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The text of the beginning-of-sequence token, if the tokenizer has one.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// The texts of the end-of-sequence tokens (tokenizer_config.json's `eos_token` and generation_config.json's).
+    pub fn eos_tokens(&self) -> &[String] {
+        &self.eos_tokens
+    }
+
+    /// The ids generation stops on: generation_config.json's `eos_token_id` (one or a list) and the `eos_token`.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    /// The padding token's id, if one is configured.
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad_token.as_deref().and_then(|t| self.inner.token_to_id(t))
+    }
+
+    /// The Jinja chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Renders the chat template over `messages` as transformers' `apply_chat_template(tokenize=False)` does;
+    /// encode the result with `add_special_tokens = false` (the template writes BOS itself).
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let template = self.chat_template.as_deref().ok_or_else(|| Error::Tokenizer {
+            path: self.config_path.clone(),
+            message: "no chat_template (nor chat_template.jinja / chat_template.json beside it)".into(),
+        })?;
+        render_chat_template(
+            template,
+            messages,
+            add_generation_prompt,
+            self.bos_token.as_deref().unwrap_or(""),
+            self.eos_tokens.first().map(String::as_str).unwrap_or(""),
+        )
+        .map_err(|message| Error::Tokenizer {
+            path: self.config_path.clone(),
+            message,
+        })
+    }
+}
+
+/// Renders a Hugging Face chat template with the environment transformers uses: blocks trimmed, Python string
+/// methods available, `raise_exception` for templates that reject a conversation.
+pub fn render_chat_template(
+    template: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> std::result::Result<String, String> {
+    use minijinja::{Environment, ErrorKind, context, syntax::SyntaxConfig};
+
+    let describe = |e: minijinja::Error| {
+        let mut message = format!("chat template: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            message.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        message
+    };
+    let mut env = Environment::new();
+    let syntax = SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+        .map_err(describe)?;
+    env.set_syntax(syntax);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |message: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+        },
+    );
+    let template = env.template_from_str(template).map_err(describe)?;
+    template
+        .render(context! {
+            messages => minijinja::Value::from(minijinja::value::Serde(messages)),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        })
+        .map_err(describe)
+}
+
+/// Streaming detokenizer of [`Tokenizer::decode_stream`]: byte-level tokens that split a character, and
+/// tokenizers that merge spaces across tokens, produce text only once decoding the ids is settled.
+pub struct DecodeStream<'a> {
+    tokenizer: &'a Tokenizer,
+    skip_special_tokens: bool,
+    ids: Vec<u32>,
+    prefix: String,
+    prefix_index: usize,
+}
+
+impl DecodeStream<'_> {
+    /// Feeds one id; returns the new text it completes, if any.
+    pub fn step(&mut self, id: u32) -> Result<Option<String>> {
+        tokenizers::tokenizer::step_decode_stream(
+            &*self.tokenizer.inner,
+            vec![id],
+            self.skip_special_tokens,
+            &mut self.ids,
+            &mut self.prefix,
+            &mut self.prefix_index,
+        )
+        .map_err(|e| tokenizer_error(&self.tokenizer.path, e))
+    }
+}

@@ -1,0 +1,562 @@
+#!/usr/bin/env python3
+"""Makes the tiny reference models under tests/fixtures/ with Hugging Face transformers.
+
+Each fixture is a random model of one supported family (2 layers, hidden 64, 4 query heads, 2 KV heads,
+MLP 128, vocab 300) with a byte-level BPE tokenizer trained on the public-domain text below, saved the way
+the Hub serves models, plus references computed in float64 on the CPU:
+
+- reference.safetensors: `input_ids` [2, 24] i64, `logits` [2, 24, V] f64, `greedy_ids` [2, 12] i64,
+  `greedy_logits` [2, 12, V] f64 (the logits each greedy token was picked from), and the parameters after two
+  AdamW steps on the causal-LM loss of `input_ids` (`adamw/<name>`, `adamw_damped/<name>`, f64) with the loss
+  before each step (`adamw_losses`, `adamw_damped_losses`, [2] f64).
+- reference.json: prompts, decoded greedy text, tokenizer round trips, a rendered chat template, diagnostics.
+
+transformers computes RMSNorm, the attention softmax, RoPE's cos/sin and the loss in float32 even when the model
+is float64, so the reference model replaces those four pieces with the same formulas in float64; the script
+checks they agree with transformers' own float32 output.
+
+Usage: python3 scripts/make_fixtures.py --out tests/fixtures
+"""
+import argparse
+import copy
+import json
+import math
+import platform
+import sys
+import types
+from pathlib import Path
+
+import safetensors.torch
+import tokenizers
+import torch
+import torch.nn.functional as F
+import transformers
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+VOCAB = 300
+BOS, EOS = "<s>", "</s>"
+PROMPT_LEN = 24
+NEW_TOKENS = 12
+# Smallest gap between the best and second-best logit allowed at a greedy step, so an f32 implementation
+# (errors around 1e-5) cannot pick a different token.
+MIN_MARGIN = 5e-3
+# Fewest distinct tokens in a greedy continuation: one token repeated would hide cache and position bugs.
+MIN_DISTINCT = 4
+# Scale of the projections that write into the residual stream: the layers must outweigh the input embedding,
+# or a tied model's logits favour repeating the last token.
+RESIDUAL_GAIN = 2.0
+ADAMW = {
+    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
+    "adamw_damped": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.1),
+}
+
+# Public domain: Carroll (1865), Austen (1813), Lincoln (1863), Melville (1851), Shelley (1818).
+CORPUS = [
+    "Alice was beginning to get very tired of sitting by her sister on the bank, and of having nothing to do: "
+    "once or twice she had peeped into the book her sister was reading, but it had no pictures or "
+    "conversations in it, 'and what is the use of a book,' thought Alice 'without pictures or conversations?'",
+    "So she was considering in her own mind (as well as she could, for the hot day made her feel very sleepy "
+    "and stupid), whether the pleasure of making a daisy-chain would be worth the trouble of getting up and "
+    "picking the daisies, when suddenly a White Rabbit with pink eyes ran close by her.",
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+    "want of a wife. However little known the feelings or views of such a man may be on his first entering a "
+    "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is "
+    "considered the rightful property of some one or other of their daughters.",
+    "Four score and seven years ago our fathers brought forth on this continent, a new nation, conceived in "
+    "Liberty, and dedicated to the proposition that all men are created equal. Now we are engaged in a great "
+    "civil war, testing whether that nation, or any nation so conceived and so dedicated, can long endure.",
+    "Call me Ishmael. Some years ago\u2014never mind how long precisely\u2014having little or no money in my "
+    "purse, and nothing particular to interest me on shore, I thought I would sail about a little and see the "
+    "watery part of the world.",
+    "You will rejoice to hear that no disaster has accompanied the commencement of an enterprise which you "
+    "have regarded with such evil forebodings. I arrived here yesterday, and my first task is to assure my "
+    "dear sister of my welfare and increasing confidence in the success of my undertaking.",
+]
+PROMPT_SOURCES = [
+    "Alice was beginning to get very tired of sitting by her sister on the bank, and of having nothing to do",
+    "Call me Ishmael. Some years ago\u2014never mind how long precisely\u2014having little or no money",
+]
+ROUND_TRIPS = [
+    "Hello, world!",
+    "It is a truth universally acknowledged",
+    "  two leading spaces,\ttabs\nand newlines\n",
+    "na\u00efve caf\u00e9 \u2014 \u00fcn\u00efc\u00f6d\u00e9 \u2615",
+    f"{BOS}Alice{EOS}",
+    "",
+]
+CHAT = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Who was late?"},
+    {"role": "assistant", "content": "The White Rabbit."},
+    {"role": "user", "content": "Why?"},
+]
+CHAT_TEMPLATE = (
+    "{% if bos_token %}{{ bos_token }}{% endif %}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_act="silu",
+    bos_token_id=0,
+    eos_token_id=1,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+# name -> (config class name, config arguments, tokenizer adds BOS, what the fixture covers)
+FIXTURES = {
+    "llama": (
+        "LlamaConfig",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-5,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "plain Llama: GQA 4/2, untied lm_head, default RoPE, `rope_parameters` block (transformers 5 format)",
+    ),
+    "llama3_tied": (
+        "LlamaConfig",
+        dict(COMMON, max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=True,
+             rope_parameters=dict(LLAMA3_ROPE)),
+        True,
+        "Llama with llama3 RoPE scaling (factor 8, original context 64: head_dim 16 has frequencies in all three "
+        "bands) and tied embeddings (no lm_head.weight in the file); config.json in the classic "
+        "`rope_theta` + `rope_scaling` form of Llama 3.x checkpoints",
+    ),
+    "mistral": (
+        "MistralConfig",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-5, sliding_window=8,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "Mistral with sliding_window 8: position i attends to keys j with i - 8 < j <= i, so the 24-token "
+        "prompt and the greedy continuation use the window",
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-6, eos_token_id=[1],
+             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        False,
+        "Qwen2: q/k/v biases (always on for qwen2, no flag in config.json), no o_proj bias, rope_theta 1e6, "
+        "sliding window off (use_sliding_window false), eos_token_id as a list, tokenizer adds no BOS",
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-6, head_dim=32, eos_token_id=[1],
+             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        False,
+        "Qwen3: per-head RMSNorm on q and k (q_norm/k_norm, weight [head_dim]) before RoPE, explicit head_dim 32 "
+        "(q_proj is [128, 64], o_proj [64, 128]), no biases, eos_token_id as a list, tokenizer adds no BOS",
+    ),
+}
+
+
+def train_tokenizer(add_bos):
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=[BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    if tok.get_vocab_size() != VOCAB:
+        raise SystemExit(f"tokenizer has {tok.get_vocab_size()} tokens, wanted {VOCAB}")
+    steps = [processors.ByteLevel(trim_offsets=False)]
+    if add_bos:
+        steps.append(processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]))
+    tok.post_processor = processors.Sequence(steps)
+    return tok
+
+
+def prompt_ids(tok):
+    """The shortest prefix of each source whose encoding is PROMPT_LEN tokens, so encode(text) == ids."""
+    texts, ids = [], []
+    for source in PROMPT_SOURCES:
+        for end in range(1, len(source) + 1):
+            enc = tok.encode(source[:end]).ids
+            if len(enc) == PROMPT_LEN:
+                texts.append(source[:end])
+                ids.append(enc)
+                break
+        else:
+            raise SystemExit(f"no prefix of {source!r} encodes to {PROMPT_LEN} tokens")
+    return texts, torch.tensor(ids, dtype=torch.int64)
+
+
+def unprintable_ids(tok):
+    """Special tokens and tokens that are not whole printable ASCII text (e.g. one byte of a UTF-8 character)."""
+    return [i for i in range(VOCAB)
+            if not all(c == "\n" or " " <= c <= "~" for c in tok.decode([i], skip_special_tokens=True) or "\0")]
+
+
+def randomize(model, seed, damped_rows):
+    """Overwrites every parameter (HF's init leaves biases at 0 and norms at 1) with values that give
+    well-separated logits, so greedy decoding is not decided by rounding. The output rows of `damped_rows`
+    are shrunk so that greedy text is mostly readable."""
+    gen = torch.Generator().manual_seed(seed)
+    output = model.get_output_embeddings().weight
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            if name.endswith("norm.weight"):
+                value = 1.0 + 0.2 * noise
+            elif name.endswith(".bias"):
+                value = 0.3 * noise
+            elif "embed_tokens" in name or name.startswith("lm_head"):
+                value = 0.25 * noise
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                value = RESIDUAL_GAIN * noise / math.sqrt(p.shape[1])
+            else:
+                value = noise / math.sqrt(p.shape[1])
+            if p is output:
+                value[damped_rows] *= 0.25
+            p.copy_(value.to(p.dtype))
+
+
+def rms_norm64(self, x):
+    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def eager_attention64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    groups = module.num_key_value_groups
+    key = key.repeat_interleave(groups, dim=1)
+    value = value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is None:
+        if query.shape[2] > 1:
+            raise RuntimeError("eager attention got no mask for several queries")
+    elif attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    else:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def inv_freq64(config):
+    rope = config.rope_parameters
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    inv = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    if rope["rope_type"] == "default":
+        return inv
+    if rope["rope_type"] != "llama3":
+        raise SystemExit(f"no float64 RoPE for {rope['rope_type']}")
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotary64(self, x, position_ids):
+    freqs = position_ids[:, :, None].to(torch.float64) * self.inv_freq64[None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+def route_eager_attention(modeling):
+    """Makes the family's eager attention call eager_attention64 for modules marked `float64_reference`,
+    and transformers' own code for all others."""
+    original = modeling.eager_attention_forward
+    if getattr(original, "routes_float64", False):
+        return
+
+    def eager(module, *args, **kwargs):
+        chosen = eager_attention64 if getattr(module, "float64_reference", False) else original
+        return chosen(module, *args, **kwargs)
+
+    eager.routes_float64 = True
+    modeling.eager_attention_forward = eager
+
+
+def float64_model(model32):
+    """A float64 copy whose RMSNorm, softmax and RoPE also run in float64."""
+    model = copy.deepcopy(model32).double().eval()
+    for module in model.modules():
+        kind = type(module).__name__
+        if kind.endswith("Attention"):
+            route_eager_attention(sys.modules[type(module).__module__])
+            module.float64_reference = True
+        elif kind.endswith("RMSNorm"):
+            module.forward = types.MethodType(rms_norm64, module)
+        elif kind.endswith("RotaryEmbedding"):
+            inv = inv_freq64(model.config)
+            hf = module.inv_freq.to(torch.float64)
+            if not torch.allclose(inv, hf, rtol=1e-6, atol=0):
+                raise SystemExit(f"float64 RoPE frequencies {inv} disagree with transformers' {hf}")
+            module.inv_freq64 = inv
+            module.forward = types.MethodType(rotary64, module)
+    return model
+
+
+def lm_loss(logits, ids):
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def greedy(model, ids):
+    """Greedy decoding by recomputing the whole prefix at each step (no cache, no EOS stop)."""
+    seq = ids
+    picked, step_logits, margins = [], [], []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            last = model(seq, use_cache=False).logits[:, -1]
+            top = last.topk(2, dim=-1).values
+            margins.append((top[:, 0] - top[:, 1]).min().item())
+            nxt = last.argmax(-1, keepdim=True)
+            picked.append(nxt)
+            step_logits.append(last)
+            seq = torch.cat([seq, nxt], dim=1)
+    return torch.cat(picked, 1), torch.stack(step_logits, 1), min(margins)
+
+
+def adamw_steps(model32, ids, settings):
+    model = float64_model(model32)
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW(params.values(), **settings)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = lm_loss(model(ids, use_cache=False).logits, ids)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return {n: p.detach().clone() for n, p in params.items()}, torch.tensor(losses, dtype=torch.float64)
+
+
+def classic_rope_config(path):
+    """Rewrites config.json the way Llama 3.x checkpoints spell RoPE: top-level rope_theta and rope_scaling."""
+    cfg = json.loads(path.read_text())
+    rope = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    cfg["rope_scaling"] = rope
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def save_tokenizer(tok, add_bos, eos_ids, out):
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS if add_bos else None,
+        "eos_token": EOS,
+        "pad_token": None,
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 256,
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2) + "\n")
+    transformers.GenerationConfig(
+        bos_token_id=tok.token_to_id(BOS), eos_token_id=eos_ids, do_sample=False
+    ).save_pretrained(out)
+
+
+def tokenizer_report(tok, out):
+    hf = transformers.AutoTokenizer.from_pretrained(out)
+    checks = []
+    for text in ROUND_TRIPS:
+        ids = tok.encode(text).ids
+        plain = tok.encode(text, add_special_tokens=False).ids
+        checks.append({
+            "text": text,
+            "ids": ids,
+            "ids_without_special_tokens": plain,
+            "decoded": tok.decode(ids, skip_special_tokens=False),
+            "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+            "transformers_agrees": hf(text)["input_ids"] == ids,
+        })
+    chat_text = hf.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    return checks, {
+        "messages": CHAT,
+        "add_generation_prompt": True,
+        "rendered": chat_text,
+        "ids": tok.encode(chat_text, add_special_tokens=False).ids,
+    }
+
+
+def make_fixture(name, out_root, tok_cache):
+    config_class, args, add_bos, covers = FIXTURES[name]
+    out = out_root / name
+    out.mkdir(parents=True, exist_ok=True)
+    if add_bos not in tok_cache:
+        tok_cache[add_bos] = train_tokenizer(add_bos)
+    tok = tok_cache[add_bos]
+    texts, ids = prompt_ids(tok)
+    config = getattr(transformers, config_class)(**args)
+
+    seed = 1000
+    while True:
+        torch.manual_seed(seed)
+        model32 = transformers.AutoModelForCausalLM.from_config(
+            config, attn_implementation="eager", dtype=torch.float32).eval()
+        randomize(model32, seed, unprintable_ids(tok))
+        model64 = float64_model(model32)
+        greedy_ids, greedy_logits, margin = greedy(model64, ids)
+        special = {tok.token_to_id(BOS), tok.token_to_id(EOS)}
+        varied = all(len(set(row)) >= MIN_DISTINCT for row in greedy_ids.tolist())
+        if margin >= MIN_MARGIN and varied and not special & set(greedy_ids.flatten().tolist()):
+            break
+        print(f"{name}: seed {seed} rejected (margin {margin:.2e}, varied {varied})", flush=True)
+        seed += 1
+        if seed > 1050:
+            raise SystemExit(f"{name}: no seed in 1000..1050 passes the greedy checks")
+
+    with torch.no_grad():
+        logits = model64(ids, use_cache=False).logits
+        hf32 = model32(ids, use_cache=False).logits.double()
+        hf64 = copy.deepcopy(model32).double()(ids, use_cache=False).logits
+    if (hf32 - logits).abs().max() > 1e-4:
+        raise SystemExit(f"{name}: float64 reference is {(hf32 - logits).abs().max():.2e} from transformers' f32")
+    generated = model64.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                                 min_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+                                 pad_token_id=tok.token_to_id(EOS))
+    cached_agrees = torch.equal(generated[:, PROMPT_LEN:], greedy_ids)
+
+    model32.generation_config = transformers.GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, do_sample=False)
+    model32.save_pretrained(out, safe_serialization=True)
+    if name == "llama3_tied":
+        classic_rope_config(out / "config.json")
+    save_tokenizer(tok, add_bos, config.eos_token_id, out)
+
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        out, attn_implementation="eager", dtype=torch.float32).eval()
+    if reloaded.config.rope_parameters != config.rope_parameters:
+        raise SystemExit(f"{name}: reloaded rope {reloaded.config.rope_parameters} != {config.rope_parameters}")
+    with torch.no_grad():
+        reload_err = (reloaded(ids, use_cache=False).logits.double() - hf32).abs().max().item()
+    if reload_err != 0.0:
+        raise SystemExit(f"{name}: the saved folder gives logits {reload_err:.2e} from the model it was saved from")
+
+    tensors = {"input_ids": ids, "logits": logits, "greedy_ids": greedy_ids, "greedy_logits": greedy_logits}
+    losses = {}
+    for prefix, settings in ADAMW.items():
+        params, step_losses = adamw_steps(model32, ids, settings)
+        tensors.update({f"{prefix}/{n}": p for n, p in params.items()})
+        tensors[f"{prefix}_losses"] = step_losses
+        losses[prefix] = step_losses.tolist()
+    safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "reference.safetensors"))
+
+    checks, chat = tokenizer_report(tok, out)
+    report = {
+        "fixture": name,
+        "covers": covers,
+        "seed": seed,
+        "prompts": texts,
+        "input_ids": ids.tolist(),
+        "greedy_ids": greedy_ids.tolist(),
+        "greedy_text": [tok.decode(g, skip_special_tokens=False) for g in greedy_ids.tolist()],
+        "full_text": [tok.decode(s, skip_special_tokens=False) for s in torch.cat([ids, greedy_ids], 1).tolist()],
+        "greedy_min_margin": margin,
+        "tokenizer_adds_bos": add_bos,
+        "tokenizer_round_trips": checks,
+        "chat": chat,
+        "adamw": {k: dict(ADAMW[k], betas=list(ADAMW[k]["betas"]), losses=losses[k]) for k in ADAMW},
+        "loss": "mean cross-entropy of logits[:, t] against input_ids[:, t + 1] over all 2 x 23 positions",
+        "diagnostics": {
+            "max_abs_logit": logits.abs().max().item(),
+            "transformers_f32_max_abs_err": (hf32 - logits).abs().max().item(),
+            "transformers_double_unpatched_max_abs_err": (hf64 - logits).abs().max().item(),
+            "transformers_generate_with_cache_agrees": cached_agrees,
+        },
+        "versions": versions(),
+    }
+    (out / "reference.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"{name}: seed {seed}, margin {margin:.3g}, f32 err {report['diagnostics']['transformers_f32_max_abs_err']:.2e}, "
+          f"unpatched f64 err {report['diagnostics']['transformers_double_unpatched_max_abs_err']:.2e}, "
+          f"generate agrees {cached_agrees}, {size} bytes", flush=True)
+    return covers
+
+
+def versions():
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "safetensors": getattr(safetensors, "__version__", "unknown"),
+    }
+
+
+def write_readme(out_root, covered):
+    v = versions()
+    rows = "\n".join(f"| `{name}` | {text} |" for name, text in covered.items())
+    (out_root / "README.md").write_text(f"""# Reference fixtures
+
+Tiny random causal LMs, one per supported family, with references computed by Hugging Face transformers.
+Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (on the H200 machine; everything runs on the CPU)
+with Python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, tokenizers {v['tokenizers']},
+safetensors {v['safetensors']}. Rerunning it with these versions gives the same files, except that another CPU
+may change the last bits of the float64 references (a run on a 2-core x86 box differed by at most 2e-13).
+
+Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU), vocab 300, f32 weights
+(all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
+trained on a few public-domain paragraphs.
+
+| fixture | covers |
+| --- | --- |
+{rows}
+
+Files in each folder:
+- `config.json`, `model.safetensors` (f32), `generation_config.json`: as `save_pretrained` writes them.
+- `tokenizer.json`, `tokenizer_config.json` (with a Jinja `chat_template`).
+- `reference.safetensors`:
+  - `input_ids` [2, 24] i64: two prompts; `encode(prompt)` of the tokenizer gives exactly these ids.
+  - `logits` [2, 24, 300] f64: logits of every prompt position.
+  - `greedy_ids` [2, 12] i64: 12 greedy tokens (argmax of the full-prefix logits; no EOS stop, and none of
+    them is `<s>` or `</s>`); `greedy_logits` [2, 12, 300] f64: the logits each was picked from.
+  - `adamw/<param>` and `adamw_damped/<param>` f64: every parameter (names as in `named_parameters()`, so
+    tied models have no `lm_head.weight`) after two `torch.optim.AdamW` steps, lr 1e-3, betas (0.9, 0.999),
+    with eps 1e-8 / weight decay 0.01 (`adamw`) and eps 1e-3 / weight decay 0.1 (`adamw_damped`); weight decay
+    applies to every parameter. The loss is the mean cross-entropy of `logits[:, t]` against `input_ids[:, t+1]`
+    over all 2 x 23 positions; `adamw_losses` / `adamw_damped_losses` [2] f64 hold the loss before each step.
+- `reference.json`: prompt texts, decoded greedy text, tokenizer round trips (ids with and without special
+  tokens, decoded text), the chat template rendered by transformers for a sample conversation (encode it without
+  adding special tokens), and diagnostics: how far transformers' own f32 and its unpatched `model.double()` are
+  from the reference, and whether `generate()` with its KV cache picked the same tokens.
+
+The references are true float64: transformers' Llama-family code computes RMSNorm, the attention softmax, RoPE's
+cos/sin and the loss in float32 even for a float64 model, so the script swaps in the same formulas in float64
+(and checks them against transformers' f32 output, within 1e-4, and the RoPE frequencies within 1e-6).
+Seeds are fixed; a seed is skipped when a greedy step's top-2 logit gap is under {MIN_MARGIN}, when a greedy
+token is special or when a continuation has fewer than {MIN_DISTINCT} distinct tokens (see `seed` and
+`greedy_min_margin` in reference.json). Output-embedding rows of special tokens and of tokens that are not printable
+ASCII are scaled by 1/4, so greedy text is mostly readable.
+""", encoding="utf-8")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder that gets one subfolder per fixture")
+    parser.add_argument("--only", nargs="*", choices=sorted(FIXTURES), help="make only these fixtures")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    tok_cache = {}
+    names = args.only or list(FIXTURES)
+    covered = {name: make_fixture(name, args.out, tok_cache) for name in names}
+    if not args.only:
+        write_readme(args.out, covered)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,498 @@
+//! `config.json` parsing: the public configs of one model per family as transformers 4.x wrote them, the
+//! transformers 5 `rope_parameters` block, every rope scaling type, family defaults, and malformed files.
+
+use std::path::Path;
+
+use hierarchos::nn::{Activation, Error, ModelConfig, RopeScaling};
+
+const PATH: &str = "models/x/config.json";
+
+fn parse(text: &str) -> hierarchos::nn::Result<ModelConfig> {
+    ModelConfig::from_json(text, Path::new(PATH))
+}
+
+/// The error message, checked to name the file and every one of `words`.
+fn err(text: &str, words: &[&str]) -> Error {
+    let e = parse(text).expect_err("config should be rejected");
+    let msg = e.to_string();
+    assert!(msg.contains(PATH), "error does not name the file: {msg}");
+    for w in words {
+        assert!(msg.contains(w), "error does not mention {w:?}: {msg}");
+    }
+    e
+}
+
+/// A minimal valid config of `model_type` with `extra` fields appended (later keys win in serde_json).
+fn tiny(model_type: &str, extra: &str) -> String {
+    let mut s = format!(
+        r#"{{"model_type": "{model_type}", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4"#
+    );
+    if !extra.is_empty() {
+        s.push_str(", ");
+        s.push_str(extra);
+    }
+    s.push('}');
+    s
+}
+
+const LLAMA_3_2_1B: &str = r#"{
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+}"#;
+
+const MISTRAL_7B_V0_1: &str = r#"{
+  "architectures": ["MistralForCausalLM"],
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mistral",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0,
+  "sliding_window": 4096,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.34.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+}"#;
+
+const QWEN2_5_0_5B: &str = r#"{
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 896,
+  "initializer_range": 0.02,
+  "intermediate_size": 4864,
+  "max_position_embeddings": 32768,
+  "max_window_layers": 24,
+  "model_type": "qwen2",
+  "num_attention_heads": 14,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 32768,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1",
+  "use_cache": true,
+  "use_mrope": false,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}"#;
+
+const QWEN3_0_6B: &str = r#"{
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}"#;
+
+#[test]
+fn llama_3_2_1b() {
+    let c = parse(LLAMA_3_2_1B).unwrap();
+    assert_eq!(c.model_type, "llama");
+    assert_eq!(
+        (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers),
+        (128256, 2048, 8192, 16)
+    );
+    assert_eq!((c.num_attention_heads, c.num_key_value_heads, c.head_dim), (32, 8, 64));
+    assert_eq!(c.max_position_embeddings, 131072);
+    assert_eq!(c.rms_norm_eps, 1e-5);
+    assert_eq!(c.rope.theta, 500000.0);
+    assert_eq!(
+        c.rope.scaling,
+        RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192
+        }
+    );
+    assert!(c.tie_word_embeddings);
+    assert!(!c.attention_bias && !c.o_proj_bias && !c.mlp_bias && !c.qk_norm);
+    assert_eq!(c.sliding_window, None);
+    assert_eq!(c.hidden_act, Activation::Silu);
+    assert_eq!(c.bos_token_id, Some(128000));
+    assert_eq!(c.eos_token_ids, vec![128001]);
+}
+
+#[test]
+fn mistral_7b_v0_1() {
+    let c = parse(MISTRAL_7B_V0_1).unwrap();
+    assert_eq!(c.model_type, "mistral");
+    assert_eq!((c.num_attention_heads, c.num_key_value_heads, c.head_dim), (32, 8, 128));
+    assert_eq!(c.sliding_window, Some(4096));
+    assert_eq!(c.rope.theta, 10000.0);
+    assert_eq!(c.rope.scaling, RopeScaling::Default);
+    assert!(!c.tie_word_embeddings && !c.attention_bias && !c.o_proj_bias && !c.mlp_bias && !c.qk_norm);
+    assert_eq!((c.bos_token_id, c.eos_token_ids.clone()), (Some(1), vec![2]));
+    // Mistral v0.2+ writes `"sliding_window": null`: full attention.
+    let v02 = MISTRAL_7B_V0_1.replace(r#""sliding_window": 4096"#, r#""sliding_window": null"#);
+    assert_eq!(parse(&v02).unwrap().sliding_window, None);
+}
+
+#[test]
+fn qwen2_5_0_5b() {
+    let c = parse(QWEN2_5_0_5B).unwrap();
+    assert_eq!(c.model_type, "qwen2");
+    assert_eq!(
+        (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (896, 14, 2, 64)
+    );
+    assert_eq!(c.rope.theta, 1e6);
+    assert!(c.tie_word_embeddings);
+    // Qwen2 always has q/k/v biases and never an o_proj bias.
+    assert!(c.attention_bias && !c.o_proj_bias && !c.mlp_bias && !c.qk_norm);
+    // `sliding_window` is set but `use_sliding_window` is false.
+    assert_eq!(c.sliding_window, None);
+    assert_eq!((c.bos_token_id, c.eos_token_ids.clone()), (Some(151643), vec![151643]));
+}
+
+#[test]
+fn qwen3_0_6b() {
+    let c = parse(QWEN3_0_6B).unwrap();
+    assert_eq!(c.model_type, "qwen3");
+    // head_dim is explicit and differs from hidden_size / heads (64).
+    assert_eq!(
+        (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (1024, 16, 8, 128)
+    );
+    assert_eq!(c.rope.theta, 1e6);
+    assert_eq!(c.rope.scaling, RopeScaling::Default);
+    assert!(c.qk_norm && !c.attention_bias && !c.o_proj_bias && !c.mlp_bias);
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.sliding_window, None);
+    assert_eq!(c.eos_token_ids, vec![151645]);
+    let biased = QWEN3_0_6B.replace(r#""attention_bias": false"#, r#""attention_bias": true"#);
+    let c = parse(&biased).unwrap();
+    assert!(c.attention_bias && c.o_proj_bias);
+    // A null head_dim falls back to hidden_size / heads; an absent one to Qwen3's default of 128.
+    let null_head = QWEN3_0_6B.replace(r#""head_dim": 128"#, r#""head_dim": null"#);
+    assert_eq!(parse(&null_head).unwrap().head_dim, 64);
+    assert_eq!(
+        parse(&tiny("qwen3", r#""num_key_value_heads": 4"#)).unwrap().head_dim,
+        128
+    );
+}
+
+#[test]
+fn transformers_5_rope_parameters() {
+    // transformers 5 moves rope_theta into `rope_parameters` and drops the top-level fields.
+    let v5 = tiny(
+        "llama",
+        r#""rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            "dtype": "float32", "transformers_version": "5.17.0""#,
+    );
+    let c = parse(&v5).unwrap();
+    assert_eq!(c.rope.theta, 500000.0);
+    assert!(matches!(c.rope.scaling, RopeScaling::Llama3 { factor: 8.0, .. }));
+    let plain = tiny(
+        "qwen2",
+        r#""num_key_value_heads": 4, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}"#,
+    );
+    let c = parse(&plain).unwrap();
+    assert_eq!((c.rope.theta, c.rope.scaling), (1e6, RopeScaling::Default));
+    // rope_theta outside the block still counts when the block lacks it.
+    let outside = tiny(
+        "mistral",
+        r#""num_key_value_heads": 4, "rope_theta": 2.5e5, "rope_parameters": {"rope_type": "default"}"#,
+    );
+    assert_eq!(parse(&outside).unwrap().rope.theta, 2.5e5);
+    err(
+        &tiny(
+            "llama",
+            r#""rope_parameters": {"full_attention": {"rope_theta": 1e4}, "sliding_attention": {"rope_theta": 1e4}}"#,
+        ),
+        &["rope_parameters", "per-layer"],
+    );
+}
+
+#[test]
+fn rope_scaling_types() {
+    let scaling = |block: &str| parse(&tiny("llama", &format!(r#""rope_scaling": {block}"#))).map(|c| c.rope.scaling);
+    // The old `type` key and the newer `rope_type` key.
+    assert_eq!(
+        scaling(r#"{"type": "linear", "factor": 2.0}"#).unwrap(),
+        RopeScaling::Linear { factor: 2.0 }
+    );
+    assert_eq!(
+        scaling(r#"{"rope_type": "linear", "factor": 4}"#).unwrap(),
+        RopeScaling::Linear { factor: 4.0 }
+    );
+    assert_eq!(scaling(r#"{"type": "default"}"#).unwrap(), RopeScaling::Default);
+    assert_eq!(
+        scaling(r#"{"type": "dynamic", "factor": 2.0}"#).unwrap(),
+        RopeScaling::Dynamic {
+            factor: 2.0,
+            original_max_position_embeddings: 2048
+        }
+    );
+    assert_eq!(
+        scaling(r#"{"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 1024}"#).unwrap(),
+        RopeScaling::Dynamic {
+            factor: 2.0,
+            original_max_position_embeddings: 1024
+        }
+    );
+    // Qwen3's documented YaRN setting.
+    let yarn = parse(&tiny(
+        "qwen3",
+        r#""num_key_value_heads": 4, "max_position_embeddings": 131072,
+           "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        yarn.rope.scaling,
+        RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 32768,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: None
+        }
+    );
+    let explicit =
+        scaling(r#"{"type": "yarn", "factor": 2.0, "beta_fast": 16, "beta_slow": 2, "attention_factor": 1.5}"#)
+            .unwrap();
+    assert_eq!(
+        explicit,
+        RopeScaling::Yarn {
+            factor: 2.0,
+            original_max_position_embeddings: 2048,
+            beta_fast: 16.0,
+            beta_slow: 2.0,
+            attention_factor: Some(1.5)
+        }
+    );
+    let RopeScaling::Yarn { attention_factor, .. } =
+        scaling(r#"{"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0}"#).unwrap()
+    else {
+        panic!("yarn expected")
+    };
+    assert_eq!(attention_factor, Some(1.0));
+    err(
+        &tiny("llama", r#""rope_scaling": {"type": "longrope", "factor": 2.0}"#),
+        &["longrope", "yarn", "rope_scaling.type"],
+    );
+    err(
+        &tiny(
+            "llama",
+            r#""rope_scaling": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#,
+        ),
+        &["rope_scaling.low_freq_factor", "missing"],
+    );
+    err(
+        &tiny("llama", r#""rope_scaling": {"type": "linear"}"#),
+        &["rope_scaling.factor", "missing"],
+    );
+    err(
+        &tiny("llama", r#""rope_scaling": {"type": "linear", "factor": -1}"#),
+        &["rope_scaling.factor", "positive"],
+    );
+    err(
+        &tiny("llama", r#""rope_scaling": "linear""#),
+        &["rope_scaling", "object"],
+    );
+    err(&tiny("llama", r#""rope_theta": 0"#), &["rope_theta", "positive"]);
+}
+
+#[test]
+fn family_defaults() {
+    // Absent fields take the defaults of the transformers config class of each family.
+    let llama = parse(&tiny("llama", "")).unwrap();
+    assert_eq!(
+        (llama.num_key_value_heads, llama.head_dim, llama.max_position_embeddings),
+        (4, 16, 2048)
+    );
+    assert_eq!((llama.bos_token_id, llama.eos_token_ids.clone()), (Some(1), vec![2]));
+    assert_eq!((llama.rope.theta, llama.rms_norm_eps), (10000.0, 1e-6));
+    assert!(!llama.tie_word_embeddings);
+    let llama = parse(&tiny("llama", r#""attention_bias": true, "mlp_bias": true"#)).unwrap();
+    assert!(llama.attention_bias && llama.o_proj_bias && llama.mlp_bias);
+    let mistral = parse(&tiny("mistral", r#""num_attention_heads": 16"#)).unwrap();
+    assert_eq!(mistral.num_key_value_heads, 8);
+    let qwen2 = parse(&tiny("qwen2", r#""num_attention_heads": 32"#)).unwrap();
+    assert_eq!((qwen2.num_key_value_heads, qwen2.head_dim), (32, 2));
+    let mistral = parse(&tiny("mistral", r#""num_key_value_heads": null"#)).unwrap();
+    assert_eq!((mistral.num_key_value_heads, mistral.sliding_window), (4, Some(4096)));
+    assert_eq!(mistral.max_position_embeddings, 131072);
+    // Mistral has no biases whatever the config says.
+    assert!(
+        !parse(&tiny("mistral", r#""num_key_value_heads": 2, "attention_bias": true"#))
+            .unwrap()
+            .attention_bias
+    );
+    let qwen2 = parse(&tiny("qwen2", r#""num_key_value_heads": 2, "bos_token_id": null"#)).unwrap();
+    assert_eq!((qwen2.bos_token_id, qwen2.eos_token_ids.clone()), (None, vec![]));
+    // eos_token_id may be a list (Llama 3 instruct, generation configs).
+    let multi = parse(&tiny("llama", r#""eos_token_id": [128001, 128008, 128009]"#)).unwrap();
+    assert_eq!(multi.eos_token_ids, vec![128001, 128008, 128009]);
+    let none = parse(&tiny("llama", r#""eos_token_id": null"#)).unwrap();
+    assert!(none.eos_token_ids.is_empty());
+    let gelu = parse(&tiny("llama", r#""hidden_act": "gelu_pytorch_tanh""#)).unwrap();
+    assert_eq!(gelu.hidden_act, Activation::GeluTanh);
+}
+
+#[test]
+fn qwen_sliding_window() {
+    let kv = r#""num_key_value_heads": 2"#;
+    // All layers slide when max_window_layers is 0; none when it covers every layer.
+    let all = parse(&tiny(
+        "qwen2",
+        &format!(r#"{kv}, "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 0"#),
+    ))
+    .unwrap();
+    assert_eq!(all.sliding_window, Some(8));
+    let none = parse(&tiny(
+        "qwen2",
+        &format!(r#"{kv}, "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 2"#),
+    ))
+    .unwrap();
+    assert_eq!(none.sliding_window, None);
+    let listed = parse(&tiny(
+        "qwen3",
+        &format!(r#"{kv}, "use_sliding_window": true, "sliding_window": 8, "layer_types": ["sliding_attention", "sliding_attention"]"#),
+    ))
+    .unwrap();
+    assert_eq!(listed.sliding_window, Some(8));
+    err(
+        &tiny(
+            "qwen2",
+            &format!(r#"{kv}, "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1"#),
+        ),
+        &["use_sliding_window", "some layers"],
+    );
+}
+
+#[test]
+fn malformed_configs() {
+    err("{not json", &["not valid JSON"]);
+    err("[1, 2]", &["not a JSON object"]);
+    err(r#"{"vocab_size": 10}"#, &["model_type", "missing"]);
+    match err(&tiny("gpt2", ""), &["gpt2", "llama", "mistral", "qwen2", "qwen3"]) {
+        Error::UnknownModelType { found, supported, .. } => {
+            assert_eq!(found, "gpt2");
+            assert_eq!(supported, "llama, mistral, qwen2, qwen3");
+        }
+        other => panic!("expected UnknownModelType, got {other:?}"),
+    }
+    err(
+        r#"{"model_type": "llama", "vocab_size": 10, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}"#,
+        &["hidden_size", "missing"],
+    );
+    err(&tiny("llama", r#""hidden_size": "64""#), &["hidden_size"]);
+    err(&tiny("llama", r#""hidden_size": -64"#), &["hidden_size"]);
+    err(&tiny("llama", r#""hidden_size": 64.5"#), &["hidden_size"]);
+    err(&tiny("llama", r#""vocab_size": 0"#), &["vocab_size", "positive"]);
+    err(
+        &tiny("llama", r#""num_hidden_layers": null"#),
+        &["num_hidden_layers", "missing"],
+    );
+    err(
+        &tiny("llama", r#""hidden_size": 66"#),
+        &["num_attention_heads", "hidden_size", "head_dim"],
+    );
+    // An explicit head_dim lifts the divisibility requirement.
+    assert_eq!(
+        parse(&tiny("llama", r#""hidden_size": 66, "head_dim": 16"#))
+            .unwrap()
+            .head_dim,
+        16
+    );
+    err(
+        &tiny("llama", r#""num_key_value_heads": 3"#),
+        &["num_key_value_heads", "num_attention_heads"],
+    );
+    err(&tiny("llama", r#""num_key_value_heads": 0"#), &["num_key_value_heads"]);
+    err(&tiny("llama", r#""head_dim": 0"#), &["head_dim", "positive"]);
+    err(&tiny("llama", r#""rms_norm_eps": 0"#), &["rms_norm_eps"]);
+    err(&tiny("llama", r#""hidden_act": "relu""#), &["hidden_act", "relu"]);
+    err(&tiny("llama", r#""eos_token_id": [1, "two"]"#), &["eos_token_id"]);
+    err(
+        &tiny("llama", r#""tie_word_embeddings": "yes""#),
+        &["tie_word_embeddings"],
+    );
+    err(
+        &tiny("mistral", r#""num_key_value_heads": 2, "sliding_window": 0"#),
+        &["sliding_window", "positive"],
+    );
+}
+
+#[test]
+fn from_file() {
+    let dir = std::env::temp_dir().join(format!("hierarchos-nn-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    std::fs::write(&path, QWEN3_0_6B).unwrap();
+    assert_eq!(ModelConfig::from_file(&path).unwrap().head_dim, 128);
+    let missing = dir.join("absent.json");
+    let e = ModelConfig::from_file(&missing).unwrap_err();
+    assert!(
+        matches!(e, Error::Io { .. }) && e.to_string().contains("absent.json"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,431 @@
+//! Generation: the logits processors on hand-made and random logits against transformers' definitions, seeded
+//! sampling, stop strings, and whole generations on the reference fixtures (greedy ids of transformers, EOS and
+//! stop-string stops, streaming callbacks).
+
+mod common;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use hierarchos::nn::sampling::{
+    apply_min_p, apply_repetition_penalty, apply_temperature, apply_top_k, apply_top_p, argmax, softmax,
+};
+use hierarchos::nn::{
+    Model, Sampler, SamplingConfig, StopConditions, StopReason, generate, generate::find_stop_string,
+};
+use serde_json::Value;
+
+const NEG: f32 = f32::NEG_INFINITY;
+
+fn ln(probs: &[f64]) -> Vec<f32> {
+    probs.iter().map(|p| p.ln() as f32).collect()
+}
+
+fn kept(logits: &[f32]) -> Vec<bool> {
+    logits.iter().map(|x| x.is_finite()).collect()
+}
+
+// ----- transformers' warpers, written as its Python does them (sort, cumulative sum, mask) -----
+
+fn ref_top_k(x: &[f32], k: usize) -> Vec<bool> {
+    let mut sorted = x.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let kth = sorted[k.clamp(1, x.len()) - 1];
+    x.iter().map(|&v| v >= kth).collect()
+}
+
+fn ref_top_p(x: &[f32], top_p: f32) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..x.len()).collect();
+    order.sort_by(|&a, &b| x[a].total_cmp(&x[b]));
+    let probs = softmax(x);
+    let cumsum: Vec<f64> = order
+        .iter()
+        .scan(0.0, |acc, &i| {
+            *acc += probs[i];
+            Some(*acc)
+        })
+        .collect();
+    let mut keep = vec![true; x.len()];
+    for (j, &i) in order.iter().enumerate() {
+        let last = j == order.len() - 1;
+        keep[i] = last || cumsum[j] > 1.0 - top_p as f64;
+    }
+    keep
+}
+
+fn ref_min_p(x: &[f32], min_p: f32) -> Vec<bool> {
+    let probs = softmax(x);
+    let top = probs.iter().copied().fold(0.0, f64::max);
+    probs.iter().map(|&p| p >= min_p as f64 * top).collect()
+}
+
+#[test]
+fn top_k_keeps_the_k_largest_and_their_ties() {
+    let x = [1.0, 5.0, 3.0, 5.0, 2.0];
+    for (k, want) in [
+        (1, [false, true, false, true, false]),
+        (2, [false, true, false, true, false]),
+        (3, [false, true, true, true, false]),
+        (5, [true; 5]),
+        (9, [true; 5]),
+    ] {
+        let mut y = x.to_vec();
+        apply_top_k(&mut y, k);
+        assert_eq!(kept(&y), want, "k = {k}");
+        assert!(
+            y.iter().zip(&x).all(|(a, b)| !a.is_finite() || a == b),
+            "kept logits unchanged"
+        );
+    }
+}
+
+#[test]
+fn top_p_keeps_the_smallest_set_reaching_p() {
+    let x = ln(&[0.5, 0.3, 0.12, 0.08]);
+    for (p, want) in [
+        (0.75, [true, true, false, false]),
+        (0.85, [true, true, true, false]),
+        (0.95, [true, true, true, true]),
+        (0.0, [true, false, false, false]),
+    ] {
+        let mut y = x.clone();
+        apply_top_p(&mut y, p);
+        assert_eq!(kept(&y), want, "top_p = {p}");
+    }
+}
+
+#[test]
+fn min_p_drops_tokens_below_a_fraction_of_the_top_one() {
+    let x = ln(&[0.5, 0.3, 0.12, 0.08]);
+    for (p, want) in [
+        (0.2, [true, true, true, false]),
+        (0.5, [true, true, false, false]),
+        (1.0, [true, false, false, false]),
+        (0.0, [true, true, true, true]),
+    ] {
+        let mut y = x.clone();
+        apply_min_p(&mut y, p);
+        assert_eq!(kept(&y), want, "min_p = {p}");
+    }
+}
+
+#[test]
+fn warpers_match_transformers_definitions_on_random_logits() {
+    let mut rng = Rng::new("warpers_match_transformers_definitions_on_random_logits");
+    for n in [1, 3, 17, 257] {
+        let x = rng.vec(n, -6.0, 6.0);
+        for k in [1, 2, 5, 300] {
+            let mut y = x.clone();
+            apply_top_k(&mut y, k);
+            assert_eq!(kept(&y), ref_top_k(&x, k), "top_k {k} n {n}");
+        }
+        for p in [0.1, 0.5, 0.9, 0.99] {
+            let mut y = x.clone();
+            apply_top_p(&mut y, p);
+            assert_eq!(kept(&y), ref_top_p(&x, p), "top_p {p} n {n}");
+            let mut y = x.clone();
+            apply_min_p(&mut y, p);
+            assert_eq!(kept(&y), ref_min_p(&x, p), "min_p {p} n {n}");
+        }
+    }
+}
+
+#[test]
+fn repetition_penalty_always_makes_seen_tokens_less_likely() {
+    let mut x = vec![2.0, -2.0, 1.0, 0.5, 0.0];
+    // Id 1 twice is penalized once; an id past the vocabulary is ignored.
+    apply_repetition_penalty(&mut x, &[0, 1, 1, 4, 7], 2.0);
+    assert_eq!(x, [1.0, -4.0, 1.0, 0.5, 0.0]);
+    // A penalty below 1 rewards instead, with the same sign rule.
+    let mut x = vec![2.0, -2.0];
+    apply_repetition_penalty(&mut x, &[0, 1], 0.5);
+    assert_eq!(x, [4.0, -1.0]);
+}
+
+#[test]
+fn processors_run_in_transformers_order() {
+    let mut rng = Rng::new("processors_run_in_transformers_order");
+    let x = rng.vec(64, -4.0, 4.0);
+    let history = [3, 5, 5, 60];
+    let config = SamplingConfig {
+        temperature: 0.7,
+        top_k: 20,
+        top_p: 0.8,
+        min_p: 0.05,
+        repetition_penalty: 1.3,
+        seed: 1,
+    };
+    let mut want = x.clone();
+    apply_repetition_penalty(&mut want, &history, 1.3);
+    apply_temperature(&mut want, 0.7);
+    apply_top_k(&mut want, 20);
+    apply_top_p(&mut want, 0.8);
+    apply_min_p(&mut want, 0.05);
+    let mut got = x.clone();
+    Sampler::new(config.clone()).unwrap().process(&mut got, &history);
+    assert_eq!(got, want);
+
+    // Greedy decoding applies only the repetition penalty (transformers without do_sample).
+    let greedy = SamplingConfig {
+        temperature: 0.0,
+        ..config
+    };
+    let mut got = x.clone();
+    Sampler::new(greedy).unwrap().process(&mut got, &history);
+    let mut want = x.clone();
+    apply_repetition_penalty(&mut want, &history, 1.3);
+    assert_eq!(got, want);
+}
+
+#[test]
+fn greedy_takes_the_first_argmax_after_the_penalty() {
+    assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+    let mut greedy = Sampler::new(SamplingConfig::default()).unwrap();
+    assert_eq!(greedy.sample(&[1.0, 3.0, 3.0, 2.0], &[]).unwrap(), 1);
+    let mut penalized = Sampler::new(SamplingConfig {
+        repetition_penalty: 2.0,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(penalized.sample(&[3.0, 2.0], &[0]).unwrap(), 1);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_follows_the_distribution() {
+    let x = ln(&[0.5, 0.3, 0.15, 0.05]);
+    let config = |seed| SamplingConfig {
+        temperature: 1.0,
+        seed,
+        ..Default::default()
+    };
+    let draws = |seed| {
+        let mut s = Sampler::new(config(seed)).unwrap();
+        (0..20_000).map(|_| s.sample(&x, &[]).unwrap()).collect::<Vec<u32>>()
+    };
+    let a = draws(7);
+    assert_eq!(a, draws(7));
+    assert_ne!(a, draws(8));
+    for (id, p) in [0.5, 0.3, 0.15, 0.05].iter().enumerate() {
+        let freq = a.iter().filter(|&&t| t == id as u32).count() as f64 / a.len() as f64;
+        // 20000 draws: the standard error is at most 0.0036.
+        assert!(
+            (freq - p).abs() < 0.02,
+            "token {id}: frequency {freq} for probability {p}"
+        );
+    }
+    // Masked tokens are never drawn.
+    let mut s = Sampler::new(SamplingConfig { top_k: 2, ..config(3) }).unwrap();
+    assert!((0..2000).all(|_| s.sample(&x, &[]).unwrap() < 2));
+    let mut s = Sampler::new(SamplingConfig {
+        temperature: 1.0,
+        seed: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(s.sample(&[NEG, 0.0, NEG], &[]).unwrap(), 1);
+}
+
+#[test]
+fn bad_settings_and_logits_are_errors() {
+    for bad in [
+        SamplingConfig {
+            temperature: -1.0,
+            ..Default::default()
+        },
+        SamplingConfig {
+            temperature: f32::NAN,
+            ..Default::default()
+        },
+        SamplingConfig {
+            top_p: 1.5,
+            ..Default::default()
+        },
+        SamplingConfig {
+            min_p: -0.1,
+            ..Default::default()
+        },
+        SamplingConfig {
+            repetition_penalty: 0.0,
+            ..Default::default()
+        },
+    ] {
+        assert!(bad.validate().is_err(), "{bad:?}");
+        assert!(Sampler::new(bad).is_err());
+    }
+    let mut s = Sampler::new(SamplingConfig::default()).unwrap();
+    assert!(s.sample(&[], &[]).is_err());
+    assert!(s.sample(&[0.0, f32::NAN], &[]).is_err());
+}
+
+#[test]
+fn stop_strings_are_found_where_new_text_reaches() {
+    let stops = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    // "world" was just added: a stop string across the boundary is found, one wholly in older text is not.
+    assert_eq!(find_stop_string("hello world", 6, &stops(&["lo w"])), Some(7));
+    assert_eq!(find_stop_string("hello world", 6, &stops(&["hell"])), None);
+    assert_eq!(
+        find_stop_string("hello world", 6, &stops(&["xyz", "rl", "o w"])),
+        Some(7)
+    );
+    assert_eq!(find_stop_string("hello", 5, &stops(&["lo"])), None);
+    assert_eq!(find_stop_string("hello", 4, &stops(&["", "lo"])), Some(5));
+    // Windows that start inside a multi-byte character are widened, not sliced through.
+    assert_eq!(find_stop_string("ééx", 4, &stops(&["ax"])), None);
+    assert_eq!(find_stop_string("ééx", 4, &stops(&["éx"])), Some(5));
+    assert_eq!(find_stop_string("a😀", 1, &stops(&["😀"])), Some(5));
+}
+
+// ----- whole generations on the reference fixtures -----
+
+const FAMILIES: [&str; 5] = ["llama", "llama3_tied", "mistral", "qwen2", "qwen3"];
+
+fn fixture(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(family)
+}
+
+fn reference(family: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(family).join("reference.json")).unwrap()).unwrap()
+}
+
+fn rows(v: &Value) -> Vec<Vec<u32>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn greedy_generation_matches_transformers_on_every_family() {
+    let dev = dev();
+    for family in FAMILIES {
+        let model = Model::from_dir(&fixture(family), &dev).unwrap();
+        let r = reference(family);
+        let prompts = rows(&r["input_ids"]);
+        let greedy = rows(&r["greedy_ids"]);
+        for (i, (prompt, want)) in prompts.iter().zip(&greedy).enumerate() {
+            let mut streamed = (Vec::new(), String::new());
+            let g = model
+                .generate(prompt, want.len(), &SamplingConfig::default(), &[], |id, text| {
+                    streamed.0.push(id);
+                    streamed.1.push_str(text);
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(&g.ids, want, "{family} prompt {i}");
+            assert_eq!(g.stop_reason, StopReason::Length);
+            assert_eq!(g.text, r["greedy_text"][i].as_str().unwrap(), "{family} prompt {i}");
+            assert_eq!(streamed.0, g.ids, "every id reaches the callback");
+            assert!(
+                g.text.starts_with(&streamed.1),
+                "streamed text is a prefix of the final text"
+            );
+            assert_eq!(g.prompt_tokens, prompt.len());
+            assert!(g.prefill_tokens_per_sec() > 0.0 && g.decode_tokens_per_sec() > 0.0);
+        }
+    }
+}
+
+#[test]
+fn generation_stops_on_eos_and_stop_strings() {
+    let dev = dev();
+    let model = Model::from_dir(&fixture("llama"), &dev).unwrap();
+    assert_eq!(model.eos_ids, [1]);
+    let r = reference("llama");
+    let prompt = &rows(&r["input_ids"])[0];
+    let greedy = &rows(&r["greedy_ids"])[0];
+    let greedy_text = r["greedy_text"][0].as_str().unwrap();
+    let tokenizer = model.tokenizer().unwrap();
+
+    // EOS: the 4th greedy token made an end-of-sequence id stops after it, keeping it.
+    let stop = StopConditions {
+        eos_ids: vec![greedy[3]],
+        stop_strings: vec![],
+        tokenizer: Some(tokenizer),
+    };
+    let g = generate(&model.lm, prompt, 12, &SamplingConfig::default(), &stop, |_, _| Ok(())).unwrap();
+    assert_eq!(g.stop_reason, StopReason::Eos);
+    assert_eq!(g.ids, greedy[..4]);
+
+    // A stop string: generation ends with the token that completes its first occurrence.
+    let needle = "thj";
+    assert!(greedy_text.contains(needle));
+    let g = model
+        .generate(prompt, 12, &SamplingConfig::default(), &[needle.to_string()], |_, _| {
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(g.stop_reason, StopReason::StopString);
+    assert_eq!(g.ids, greedy[..g.ids.len()]);
+    assert_eq!(g.text, tokenizer.decode(&g.ids, true).unwrap());
+    assert!(g.text.contains(needle), "{:?}", g.text);
+    let before = tokenizer.decode(&g.ids[..g.ids.len() - 1], true).unwrap();
+    assert!(!before.contains(needle), "stopped late: {before:?}");
+
+    // No new tokens asked for: nothing generated.
+    let g = model
+        .generate(prompt, 0, &SamplingConfig::default(), &[], |_, _| Ok(()))
+        .unwrap();
+    assert!(g.ids.is_empty());
+}
+
+#[test]
+fn seeded_generation_is_reproducible() {
+    let dev = dev();
+    let model = Model::load(fixture("qwen3").to_str().unwrap(), None, &dev).unwrap();
+    let prompt = model.encode_prompt("Call me", false).unwrap();
+    let sampling = |seed| SamplingConfig {
+        temperature: 1.5,
+        top_k: 50,
+        top_p: 0.95,
+        min_p: 0.01,
+        repetition_penalty: 1.1,
+        seed,
+    };
+    let run = |seed| {
+        model
+            .generate(&prompt, 10, &sampling(seed), &[], |_, _| Ok(()))
+            .unwrap()
+            .ids
+    };
+    let a = run(42);
+    assert_eq!(a.len(), 10);
+    assert_eq!(a, run(42));
+    assert!((0..5).any(|s| run(s) != a), "other seeds give other samples");
+}
+
+#[test]
+fn bad_generation_requests_are_errors() {
+    let dev = dev();
+    let model = Model::from_dir(&fixture("mistral"), &dev).unwrap();
+    let none = SamplingConfig::default();
+    assert!(model.generate(&[], 4, &none, &[], |_, _| Ok(())).is_err());
+    assert!(model.generate(&[0, 300], 4, &none, &[], |_, _| Ok(())).is_err());
+    let stop = StopConditions {
+        stop_strings: vec!["x".into()],
+        ..Default::default()
+    };
+    assert!(
+        generate(&model.lm, &[0, 5], 4, &none, &stop, |_, _| Ok(())).is_err(),
+        "stop strings need a tokenizer"
+    );
+    let bad = SamplingConfig {
+        top_p: 2.0,
+        ..Default::default()
+    };
+    assert!(model.generate(&[0, 5], 4, &bad, &[], |_, _| Ok(())).is_err());
+    // A callback error ends generation and is returned.
+    let err = model
+        .generate(&[0, 5], 4, &none, &[], |_, _| {
+            Err(hierarchos::nn::Error::Invalid("stop here".into()))
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("stop here"));
+}

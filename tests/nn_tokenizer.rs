@@ -1,0 +1,273 @@
+//! The tokenizer: round trips and chat templates against what transformers produced for the fixtures, special
+//! tokens from tokenizer_config.json / generation_config.json, streaming decode of characters split over
+//! byte-level tokens, and errors that name the file at fault.
+
+use std::path::{Path, PathBuf};
+
+use hierarchos::nn::{ChatMessage, Error, Tokenizer, render_chat_template};
+use serde_json::{Value, json};
+
+const FAMILIES: [&str; 5] = ["llama", "llama3_tied", "mistral", "qwen2", "qwen3"];
+
+fn fixture(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(family)
+}
+
+fn reference(family: &str) -> Value {
+    let path = fixture(family).join("reference.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// A fresh folder under the system temp dir for the files a test writes.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hierarchos-tok-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn write_json(dir: &Path, file: &str, value: &Value) {
+    std::fs::write(dir.join(file), serde_json::to_string_pretty(value).unwrap()).unwrap();
+}
+
+/// GPT-2's byte-to-character table that byte-level BPE vocabularies are written in.
+fn byte_char(b: u8) -> char {
+    let printable = |b: u8| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    if printable(b) {
+        b as char
+    } else {
+        char::from_u32(256 + (0..b).filter(|&x| !printable(x)).count() as u32).unwrap()
+    }
+}
+
+fn added(id: u32, content: &str) -> Value {
+    json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+           "normalized": false, "special": true})
+}
+
+/// A byte-level BPE without merges: ids 0..256 are the bytes, 256 is `<s>` (added before every text), 257 `</s>`.
+fn byte_level_tokenizer() -> Value {
+    let vocab: serde_json::Map<String, Value> = (0..=255u8).map(|b| (byte_char(b).to_string(), json!(b))).collect();
+    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [added(256, "<s>"), added(257, "</s>")],
+        "normalizer": null,
+        "pre_tokenizer": byte_level,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [256], "tokens": ["<s>"]}}
+        },
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    })
+}
+
+#[test]
+fn fixture_round_trips_match_transformers() {
+    for family in FAMILIES {
+        let tok = Tokenizer::from_dir(&fixture(family)).unwrap();
+        let r = reference(family);
+        for (prompt, ids) in r["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(r["input_ids"].as_array().unwrap())
+        {
+            assert_eq!(
+                tok.encode(prompt.as_str().unwrap(), true).unwrap(),
+                ids_of(ids),
+                "{family}: {prompt}"
+            );
+        }
+        for case in r["tokenizer_round_trips"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let ids = ids_of(&case["ids"]);
+            assert_eq!(tok.encode(text, true).unwrap(), ids, "{family}: {text}");
+            assert_eq!(
+                tok.encode(text, false).unwrap(),
+                ids_of(&case["ids_without_special_tokens"]),
+                "{family}"
+            );
+            assert_eq!(
+                tok.decode(&ids, false).unwrap(),
+                case["decoded"].as_str().unwrap(),
+                "{family}"
+            );
+            assert_eq!(
+                tok.decode(&ids, true).unwrap(),
+                case["decoded_skip_special"].as_str().unwrap(),
+                "{family}"
+            );
+        }
+        assert_eq!(tok.vocab_size(), 300, "{family}");
+        assert_eq!(tok.eos_ids(), &[1], "{family}");
+        assert_eq!(tok.eos_tokens(), &["</s>".to_string()], "{family}");
+        let adds_bos = r["tokenizer_adds_bos"].as_bool().unwrap();
+        assert_eq!(tok.bos_token().is_some(), adds_bos, "{family}");
+    }
+}
+
+#[test]
+fn fixture_chat_templates_render_as_transformers_does() {
+    for family in FAMILIES {
+        let tok = Tokenizer::from_dir(&fixture(family)).unwrap();
+        let chat = &reference(family)["chat"];
+        let messages: Vec<ChatMessage> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let rendered = tok
+            .apply_chat_template(&messages, chat["add_generation_prompt"].as_bool().unwrap())
+            .unwrap();
+        assert_eq!(rendered, chat["rendered"].as_str().unwrap(), "{family}");
+        assert_eq!(tok.encode(&rendered, false).unwrap(), ids_of(&chat["ids"]), "{family}");
+    }
+}
+
+#[test]
+fn streaming_decode_waits_for_whole_characters() {
+    let dir = scratch("stream");
+    write_json(&dir, "tokenizer.json", &byte_level_tokenizer());
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let text = "aé 😀 b\u{4e16}";
+    let ids = tok.encode(text, true).unwrap();
+    assert_eq!(ids[0], 256);
+    assert_eq!(ids.len(), 1 + text.len(), "one token per byte after <s>");
+    assert_eq!(tok.decode(&ids, true).unwrap(), text);
+    assert_eq!(tok.decode(&ids, false).unwrap(), format!("<s>{text}"));
+
+    let mut stream = tok.decode_stream(true);
+    let mut pieces = Vec::new();
+    for &id in &ids {
+        if let Some(piece) = stream.step(id).unwrap() {
+            pieces.push(piece);
+        }
+    }
+    // Every piece is whole characters: the 2-, 3- and 4-byte characters arrive in one piece each.
+    assert_eq!(pieces.concat(), text);
+    assert_eq!(pieces, ["a", "é", " ", "😀", " ", "b", "\u{4e16}"]);
+}
+
+#[test]
+fn special_tokens_come_from_both_config_files() {
+    let dir = scratch("special");
+    write_json(&dir, "tokenizer.json", &byte_level_tokenizer());
+    write_json(
+        &dir,
+        "tokenizer_config.json",
+        &json!({
+            "bos_token": {"content": "<s>", "lstrip": false, "normalized": false, "rstrip": false, "special": true},
+            "eos_token": "</s>",
+            "pad_token": "</s>",
+            "chat_template": [
+                {"name": "tool_use", "template": "tools"},
+                {"name": "default", "template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m['content'] }}{{ eos_token }}{% endfor %}"}
+            ]
+        }),
+    );
+    // generation_config.json may list several EOS ids; the tokenizer's eos_token is added to them.
+    write_json(&dir, "generation_config.json", &json!({"eos_token_id": [10, 13]}));
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(tok.bos_token(), Some("<s>"));
+    assert_eq!(tok.eos_ids(), &[10, 13, 257]);
+    assert_eq!(tok.eos_tokens()[0], "</s>");
+    assert_eq!(tok.pad_id(), Some(257));
+    let out = tok
+        .apply_chat_template(&[ChatMessage::new("user", "hi")], false)
+        .unwrap();
+    assert_eq!(out, "<s>[user]hi</s>");
+
+    // chat_template.jinja, as transformers 5 saves it, wins over tokenizer_config.json.
+    std::fs::write(dir.join("chat_template.jinja"), "J{{ messages[0].content }}").unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(
+        tok.apply_chat_template(&[ChatMessage::new("user", "hi")], false)
+            .unwrap(),
+        "Jhi"
+    );
+}
+
+#[test]
+fn chat_templates_get_python_methods_trimmed_blocks_and_raise_exception() {
+    // A Llama-2-style template: string methods, loop variables, trim_blocks / lstrip_blocks and raise_exception.
+    let template = "{% if messages[0]['role'] == 'system' %}
+    {% set system = messages[0]['content'].strip() %}
+    {% set messages = messages[1:] %}
+{% else %}
+    {% set system = '' %}
+{% endif %}
+{% for message in messages %}
+    {% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+    {% endif %}
+    {% if message['role'] == 'user' %}
+        {{ bos_token + '[INST] ' + (system + ' ' if loop.first and system else '') + message['content'].strip() + ' [/INST]' }}
+    {% else %}
+        {{ ' ' + message['content'] | trim + ' ' + eos_token }}
+    {% endif %}
+{% endfor %}
+{% if add_generation_prompt %}{{ '>' }}{% endif %}";
+    let messages = [
+        ChatMessage::new("system", "  Be brief. "),
+        ChatMessage::new("user", " Hi "),
+        ChatMessage::new("assistant", "Hello "),
+        ChatMessage::new("user", "Bye"),
+    ];
+    let out = render_chat_template(template, &messages, true, "<s>", "</s>").unwrap();
+    // What Jinja2 renders with transformers' settings (trim_blocks, lstrip_blocks).
+    let want = "        <s>[INST] Be brief. Hi [/INST]\n         Hello </s>\n        <s>[INST] Bye [/INST]\n>";
+    assert_eq!(out, want);
+
+    let bad = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
+    let err = render_chat_template(template, &bad, false, "<s>", "</s>").unwrap_err();
+    assert!(err.contains("roles must alternate"), "{err}");
+    let err = render_chat_template("{% for %}", &bad, false, "", "").unwrap_err();
+    assert!(err.contains("chat template"), "{err}");
+}
+
+#[test]
+fn bad_files_are_errors_naming_the_file() {
+    let dir = scratch("bad");
+    let err = Tokenizer::from_dir(&dir).unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert!(err.to_string().contains("tokenizer.json"), "{err}");
+
+    std::fs::write(dir.join("tokenizer.json"), "{\"model\": 3").unwrap();
+    let err = Tokenizer::from_dir(&dir).unwrap_err();
+    assert!(matches!(err, Error::Tokenizer { .. }), "{err}");
+    assert!(err.to_string().contains("tokenizer.json"), "{err}");
+
+    write_json(&dir, "tokenizer.json", &byte_level_tokenizer());
+    std::fs::write(dir.join("tokenizer_config.json"), "{not json").unwrap();
+    let err = Tokenizer::from_dir(&dir).unwrap_err();
+    assert!(err.to_string().contains("tokenizer_config.json"), "{err}");
+
+    std::fs::remove_file(dir.join("tokenizer_config.json")).unwrap();
+    write_json(&dir, "generation_config.json", &json!({"eos_token_id": "x"}));
+    let err = Tokenizer::from_dir(&dir).unwrap_err();
+    assert!(err.to_string().contains("generation_config.json"), "{err}");
+
+    std::fs::remove_file(dir.join("generation_config.json")).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let err = tok
+        .apply_chat_template(&[ChatMessage::new("user", "x")], true)
+        .unwrap_err();
+    assert!(err.to_string().contains("chat_template"), "{err}");
+}
