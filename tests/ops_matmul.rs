@@ -336,3 +336,38 @@ fn refused_inputs() {
         "batch dims do not broadcast"
     );
 }
+
+/// Few rows against a transposed weight (`x @ W.t()`, the decode shape) take the skinny kernel.
+#[test]
+fn skinny_products_against_transposed_weights() {
+    let mut rng = Rng::new("skinny");
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (m, k, n) in [(1, 1, 1), (1, 17, 9), (3, 100, 33), (8, 64, 257), (2, 300, 8)] {
+            let (a, va) = random(&mut rng, &[m, k], dtype);
+            let (w, vw) = random(&mut rng, &[n, k], dtype);
+            check(&format!("skinny {dtype} {m}x{k}x{n}"), &a, &va, &w.t().unwrap(), &vw);
+        }
+        // Batched, with the weight shared across the batch and per batch entry.
+        let (a, va) = random(&mut rng, &[3, 2, 40], dtype);
+        let (w, vw) = random(&mut rng, &[24, 40], dtype);
+        check(&format!("skinny batch {dtype}"), &a, &va, &w.t().unwrap(), &vw);
+        let (wb, vwb) = random(&mut rng, &[3, 24, 40], dtype);
+        check(
+            &format!("skinny batched weight {dtype}"),
+            &a,
+            &va,
+            &wb.transpose(1, 2).unwrap(),
+            &vwb,
+        );
+    }
+    gradcheck(
+        "skinny gradient",
+        &mut rng,
+        &[(rng_vec(3 * 5), vec![3, 5]), (rng_vec(4 * 5), vec![4, 5])],
+        |t| t[0].matmul(&t[1].t()?),
+    );
+}
+
+fn rng_vec(n: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect()
+}

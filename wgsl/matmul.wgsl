@@ -9,8 +9,7 @@
 // A_ALONG_K, B_ALONG_K and PACKED_OUT, and replaces the generated blocks marked `//@NAME` (register declarations,
 // fetch, stash, the multiply-add step of one k and the final store), which are unrolled over the micro-tile.
 //
-// Parameters: [M, N, K, batch, batch_rank, a_offset, a_stride_m, a_stride_k, b_offset, b_stride_k, b_stride_n,
-//              batch_shape[6], a_batch_strides[6], b_batch_strides[6]].
+// Parameters: see matmul_batch.wgsl.
 
 const BK: u32 = 16u;
 const GROUP_M: u32 = 8u;
@@ -120,16 +119,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let group_m = min(tiles_m - first_m, GROUP_M);
     tile_m = (first_m + (r % per_group) % group_m) * BM;
     tile_n = ((r % per_group) / group_m) * BN;
-    a_base = p[5];
-    b_base = p[8];
-    var rest = batch;
-    for (var d = i32(p[4]) - 1; d >= 0; d = d - 1) {
-        let n = p[11u + u32(d)];
-        let i = rest % n;
-        rest = rest / n;
-        a_base = a_base + i * p[17u + u32(d)];
-        b_base = b_base + i * p[23u + u32(d)];
-    }
+    let bases = batch_bases(batch);
+    a_base = bases.x;
+    b_base = bases.y;
     let tx = local % 16u;
     let ty = local / 16u;
     //@DECL

@@ -189,6 +189,7 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     let mut logits = lm.forward_last(&short, Some(&mut cache))?;
     device.synchronize()?;
     let start = Instant::now();
+    let launches = device.dispatch_count();
     for _ in 0..args.decode {
         let row = logits.to_vec::<f32>()?;
         let next = row
@@ -200,12 +201,13 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     }
     logits.to_vec::<f32>()?;
     let decode_secs = start.elapsed().as_secs_f64();
+    let per_token = (device.dispatch_count() - launches) as f64 / args.decode as f64;
 
     let prefill_tps = args.prefill as f64 / prefill_secs;
     let decode_tps = args.decode as f64 / decode_secs;
     if args.json {
         println!(
-            "{{\"params\":{params},\"prefill_tokens\":{},\"prefill_tok_s\":{prefill_tps:.1},\"decode_tokens\":{},\"decode_tok_s\":{decode_tps:.1}}}",
+            "{{\"params\":{params},\"prefill_tokens\":{},\"prefill_tok_s\":{prefill_tps:.1},\"decode_tokens\":{},\"decode_tok_s\":{decode_tps:.1},\"dispatches_per_token\":{per_token:.1}}}",
             args.prefill, args.decode
         );
     } else {
@@ -216,7 +218,10 @@ pub fn model(args: &ModelArgs) -> Result<()> {
         );
         println!("model: {:.1}M parameters (f32)", params as f64 / 1e6);
         println!("prefill {} tokens: {prefill_tps:.0} tokens/s", args.prefill);
-        println!("decode {} tokens: {decode_tps:.1} tokens/s", args.decode);
+        println!(
+            "decode {} tokens: {decode_tps:.1} tokens/s, {per_token:.0} kernel launches per token",
+            args.decode
+        );
     }
     Ok(())
 }

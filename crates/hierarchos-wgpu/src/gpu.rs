@@ -8,8 +8,9 @@ use crate::options::GpuOptions;
 
 /// Size in bytes of the per-batch parameter arena; a batch is submitted when it fills.
 const PARAM_ARENA_BYTES: u64 = 1 << 16;
-/// Dispatches recorded before the batch is submitted even if nobody waits for it, so the GPU starts early.
-const MAX_DISPATCHES_PER_SUBMIT: usize = 128;
+/// Dispatches recorded before the batch is submitted even if nobody waits for it, so the GPU starts while the
+/// host records the rest (at decode time the GPU would otherwise idle until the host asks for the logits).
+const MAX_DISPATCHES_PER_SUBMIT: usize = 32;
 /// Largest workgroup count per grid dimension that every WebGPU device accepts.
 const MAX_GRID_DIM: u32 = 65535;
 
@@ -59,6 +60,7 @@ pub struct Gpu {
     errors: Arc<Mutex<Vec<wgpu::Error>>>,
     state: Mutex<State>,
     params_buffer: wgpu::Buffer,
+    dispatched: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -67,6 +69,9 @@ struct State {
     released_in_batch: Vec<(u64, wgpu::Buffer)>,
     pipelines: HashMap<String, Arc<wgpu::ComputePipeline>>,
     encoder: Option<wgpu::CommandEncoder>,
+    /// The compute pass open on `encoder`: consecutive dispatches share it (a pass per dispatch costs CPU time
+    /// in wgpu); copies and clears end it first.
+    pass: Option<wgpu::ComputePass<'static>>,
     params: Vec<u8>,
     dispatches: usize,
     stats: MemoryStats,
@@ -301,6 +306,7 @@ impl Gpu {
             errors,
             state: Mutex::new(State::default()),
             params_buffer,
+            dispatched: Default::default(),
         }))
     }
 
@@ -360,6 +366,11 @@ impl Gpu {
     /// Live, peak and pooled bytes.
     pub fn memory(&self) -> MemoryStats {
         self.lock().stats
+    }
+
+    /// Kernel launches recorded since the device opened: per-step counts show where launch overhead goes.
+    pub fn dispatch_count(&self) -> u64 {
+        self.dispatched.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Starts a new peak measurement from the current live bytes.
@@ -508,7 +519,9 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// The open encoder for a command outside compute passes (ends the open pass).
     fn encoder<'s>(&self, st: &'s mut State) -> &'s mut wgpu::CommandEncoder {
+        st.pass = None;
         st.encoder.get_or_insert_with(|| {
             self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("hierarchos batch"),
@@ -582,17 +595,22 @@ impl Gpu {
             layout: &layout,
             entries: &entries,
         });
-        {
-            let enc = self.encoder(&mut st);
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(d.op),
-                timestamp_writes: None,
-            });
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bind_group, &[]);
-            pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
+        if st.pass.is_none() {
+            let pass = self
+                .encoder(&mut st)
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("hierarchos"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            st.pass = Some(pass);
         }
+        let pass = st.pass.as_mut().expect("pass opened above");
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
         st.dispatches += 1;
+        self.dispatched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let full = st.dispatches >= MAX_DISPATCHES_PER_SUBMIT;
         drop(st);
         self.check_errors(d.op)?;
@@ -611,6 +629,7 @@ impl Gpu {
     }
 
     fn submit_locked(&self, st: &mut State) -> Option<wgpu::SubmissionIndex> {
+        st.pass = None;
         let encoder = st.encoder.take()?;
         if !st.params.is_empty() {
             self.queue.write_buffer(&self.params_buffer, 0, &st.params);

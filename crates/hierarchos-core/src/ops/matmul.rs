@@ -12,6 +12,13 @@ use crate::shape::{Layout, MAX_DIMS, broadcast_shapes, numel};
 use crate::tensor::Tensor;
 
 const MATMUL_WGSL: &str = include_str!("../../../../wgsl/matmul.wgsl");
+const MATMUL_BATCH_WGSL: &str = include_str!("../../../../wgsl/matmul_batch.wgsl");
+const MATMUL_SKINNY_WGSL: &str = include_str!("../../../../wgsl/matmul_skinny.wgsl");
+
+/// Products with at most this many rows per batch entry whose right operand has unit stride along K (a
+/// transposed weight, as in `x @ W.t()`) run the skinny kernel: at decode time a tile kernel would leave most of
+/// the GPU idle, a column per 32 threads reads each weight once, coalesced.
+const SKINNY_MAX_ROWS: usize = 8;
 
 /// Batch dimensions the kernel carries (the two matrix dimensions take the rest of `MAX_DIMS`).
 const MAX_BATCH_DIMS: usize = MAX_DIMS - 2;
@@ -175,9 +182,10 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     let device = a.device().clone();
     let native_f16 = device.caps().f16;
     let in_access = Access::new(dtype, native_f16);
-    // Packed 16-bit outputs are written in place when every thread owns whole words (N even); otherwise in f32,
-    // then cast.
-    let direct = !in_access.packed || n % 2 == 0;
+    let skinny = m <= SKINNY_MAX_ROWS && lb.strides[r - 2] == 1;
+    // Packed 16-bit outputs are written in place when every thread owns whole words (N even, tile kernel);
+    // otherwise in f32, then cast.
+    let direct = !in_access.packed || (n % 2 == 0 && !skinny);
     let out_dtype = if direct { dtype } else { DType::F32 };
     let out_access = Access::new(out_dtype, native_f16);
     let batch_count = numel(batch);
@@ -208,7 +216,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
         params.extend((0..MAX_BATCH_DIMS).map(|d| v.get(d).copied().unwrap_or(fill) as u32));
     }
     let key = format!(
-        "matmul:{dtype}:{}:{}:{tm}x{tn}:{a_k}:{b_k}",
+        "matmul:{dtype}:{}:{}:{tm}x{tn}:{a_k}:{b_k}:{skinny}",
         in_access.packed, out_dtype
     );
     let source = || {
@@ -239,10 +247,19 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
              const B_ALONG_K: bool = {b_k};\nconst PACKED_OUT: bool = {};",
             out_access.packed
         );
-        s.push_str(&unrolled(MATMUL_WGSL, tm, tn));
+        s.push_str(MATMUL_BATCH_WGSL);
+        if skinny {
+            s.push_str(MATMUL_SKINNY_WGSL);
+        } else {
+            s.push_str(&unrolled(MATMUL_WGSL, tm, tn));
+        }
         s
     };
-    let tiles = m.div_ceil(bm) * n.div_ceil(bn) * batch_count;
+    let tiles = if skinny {
+        n.div_ceil(2) * batch_count
+    } else {
+        m.div_ceil(bm) * n.div_ceil(bn) * batch_count
+    };
     device.dispatch(Dispatch {
         op: "matmul",
         key: &key,
