@@ -447,3 +447,33 @@ fn bad_input_is_an_error() {
         ))
     ));
 }
+
+#[test]
+fn gated_activation_is_act_times_up_in_one_kernel() {
+    let d = dev();
+    let mut rng = Rng::new("gated");
+    for op in [UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluTanh, UnaryOp::Sigmoid] {
+        let (x, u) = (rng.vec(34, -4.0, 4.0), rng.vec(17, -2.0, 2.0));
+        let tx = Tensor::from_slice(&x, &[2, 17], &d).unwrap();
+        let tu = Tensor::from_slice(&u, &[17], &d).unwrap();
+        let got = tx.gated(&tu, op).unwrap().to_vec::<f32>().unwrap();
+        let want: Vec<f64> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| unary_ref(op, v as f64) * u[i % 17] as f64)
+            .collect();
+        assert_close(&format!("gated {op:?}"), &got, &want, 1e-5, 1e-6);
+        gradcheck(
+            &format!("gated {op:?}"),
+            &mut rng,
+            &[(rng_small(6), vec![2, 3]), (rng_small(3), vec![3])],
+            |t| t[0].gated(&t[1], op),
+        );
+    }
+    let i = Tensor::zeros(&[3], DType::I32, &d).unwrap();
+    assert!(i.gated(&i, UnaryOp::Silu).is_err());
+}
+
+fn rng_small(n: usize) -> Vec<f32> {
+    (0..n).map(|i| (i as f32 * 0.7).sin() * 1.5).collect()
+}

@@ -1,11 +1,13 @@
-// Skinny products, the decode shape: at most MAX_ROWS rows per batch entry. A workgroup is 2 groups of 32 threads
+// Skinny products, the decode shape: ROWS (at most 8) rows per batch entry, fixed per pipeline so that the
+// accumulators stay in registers. A workgroup is 2 groups of 32 threads
 // (small, so that even an N of a few hundred fills a large GPU); each group owns one output column n for every row, its lanes split K (consecutive lanes read consecutive k,
 // so a right operand with unit stride along k -- a transposed weight -- is read coalesced, once) and add up
-// through workgroup memory. The Rust side prepends bindings, load/store functions and matmul_batch.wgsl.
+// through workgroup memory. The Rust side prepends bindings, load/store functions and matmul_batch.wgsl, and
+// replaces the DOT marker with the K loop: scalar loads through the dtype's load functions, or vec4 loads when both
+// operands are f32 with unit stride along K and 16-byte aligned rows.
 
 const LANES: u32 = 32u;
 const COLUMNS: u32 = 2u;
-const MAX_ROWS: u32 = 8u;
 
 var<workgroup> partial: array<f32, 64>;
 
@@ -24,16 +26,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lane = local % LANES;
     let n = (t % blocks) * COLUMNS + local / LANES;
     let bases = batch_bases(batch);
-    var acc: array<f32, MAX_ROWS>;
+    var acc: array<f32, ROWS>;
     if (n < N) {
-        for (var k = lane; k < K; k = k + LANES) {
-            let y = f32(load_rhs(bases.y + k * p[9] + n * p[10]));
-            for (var r = 0u; r < MAX_ROWS; r = r + 1u) {
-                if (r < M) {
-                    acc[r] = acc[r] + f32(load_lhs(bases.x + r * p[6] + k * p[7])) * y;
-                }
-            }
-        }
+        //@DOT
     }
     for (var r = 0u; r < M; r = r + 1u) {
         partial[local] = acc[r];

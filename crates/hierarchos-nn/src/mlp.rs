@@ -1,6 +1,6 @@
 //! The gated MLP of Llama-style decoders: `down(act(gate(x)) * up(x))`.
 
-use hierarchos_core::{Result, Tensor};
+use hierarchos_core::{Result, Tensor, UnaryOp};
 
 use crate::config::Activation;
 use crate::linear::{Linear, prefixed};
@@ -21,13 +21,13 @@ pub struct Mlp {
 impl Mlp {
     /// `down(act(gate(x)) * up(x))`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate_proj.forward(x)?;
-        let g = match self.act {
-            Activation::Silu => g.silu()?,
-            Activation::Gelu => g.gelu()?,
-            Activation::GeluTanh => g.gelu_tanh()?,
+        let act = match self.act {
+            Activation::Silu => UnaryOp::Silu,
+            Activation::Gelu => UnaryOp::Gelu,
+            Activation::GeluTanh => UnaryOp::GeluTanh,
         };
-        self.down_proj.forward(&g.mul(&self.up_proj.forward(x)?)?)
+        let hidden = self.gate_proj.forward(x)?.gated(&self.up_proj.forward(x)?, act)?;
+        self.down_proj.forward(&hidden)
     }
 
     /// The parameters with their Hugging Face names (`gate_proj.weight`, ...).

@@ -10,7 +10,7 @@ use crate::options::GpuOptions;
 const PARAM_ARENA_BYTES: u64 = 1 << 16;
 /// Dispatches recorded before the batch is submitted even if nobody waits for it, so the GPU starts while the
 /// host records the rest (at decode time the GPU would otherwise idle until the host asks for the logits).
-const MAX_DISPATCHES_PER_SUBMIT: usize = 32;
+const MAX_DISPATCHES_PER_SUBMIT: usize = 48;
 /// Largest workgroup count per grid dimension that every WebGPU device accepts.
 const MAX_GRID_DIM: u32 = 65535;
 
@@ -67,7 +67,7 @@ pub struct Gpu {
 struct State {
     free: HashMap<u64, Vec<wgpu::Buffer>>,
     released_in_batch: Vec<(u64, wgpu::Buffer)>,
-    pipelines: HashMap<String, Arc<wgpu::ComputePipeline>>,
+    pipelines: HashMap<String, Arc<Kernel>>,
     encoder: Option<wgpu::CommandEncoder>,
     /// The compute pass open on `encoder`: consecutive dispatches share it (a pass per dispatch costs CPU time
     /// in wgpu); copies and clears end it first.
@@ -75,6 +75,12 @@ struct State {
     params: Vec<u8>,
     dispatches: usize,
     stats: MemoryStats,
+}
+
+/// A compiled kernel and the layout its bind groups are made for (looked up once, not per launch).
+struct Kernel {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
 }
 
 /// A pooled storage buffer. Dropping it gives it back to the pool of its device.
@@ -529,7 +535,7 @@ impl Gpu {
         })
     }
 
-    fn pipeline(&self, d: &Dispatch<'_>) -> Result<Arc<wgpu::ComputePipeline>> {
+    fn pipeline(&self, d: &Dispatch<'_>) -> Result<Arc<Kernel>> {
         if let Some(p) = self.lock().pipelines.get(d.key) {
             return Ok(p.clone());
         }
@@ -547,7 +553,8 @@ impl Gpu {
             cache: None,
         });
         self.check_errors(&format!("{} (compiling kernel {})", d.op, d.key))?;
-        let p = Arc::new(pipeline);
+        let layout = pipeline.get_bind_group_layout(0);
+        let p = Arc::new(Kernel { pipeline, layout });
         self.lock().pipelines.insert(d.key.to_string(), p.clone());
         Ok(p)
     }
@@ -555,7 +562,7 @@ impl Gpu {
     /// Records one kernel launch into the open batch. The GPU runs it when the batch is submitted: when the host
     /// reads data back, when the batch is full, or on [`Gpu::flush`].
     pub fn dispatch(&self, d: Dispatch<'_>) -> Result<()> {
-        let pipeline = self.pipeline(&d)?;
+        let kernel = self.pipeline(&d)?;
         let align = self.limits.min_storage_buffer_offset_alignment as usize;
         let param_bytes = (d.params.len().max(1) * 4) as u64;
         let needs_flush = {
@@ -575,7 +582,6 @@ impl Gpu {
                 st.params.extend_from_slice(&p.to_le_bytes());
             }
         }
-        let layout = pipeline.get_bind_group_layout(0);
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -592,7 +598,7 @@ impl Gpu {
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(d.op),
-            layout: &layout,
+            layout: &kernel.layout,
             entries: &entries,
         });
         if st.pass.is_none() {
@@ -606,7 +612,7 @@ impl Gpu {
             st.pass = Some(pass);
         }
         let pass = st.pass.as_mut().expect("pass opened above");
-        pass.set_pipeline(&pipeline);
+        pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
         st.dispatches += 1;

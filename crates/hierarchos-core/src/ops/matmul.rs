@@ -20,6 +20,23 @@ const MATMUL_SKINNY_WGSL: &str = include_str!("../../../../wgsl/matmul_skinny.wg
 /// the GPU idle, a column per 32 threads reads each weight once, coalesced.
 const SKINNY_MAX_ROWS: usize = 8;
 
+/// The K loop of the skinny kernel through the dtype's scalar load functions.
+const SKINNY_DOT: &str = "for (var k = lane; k < K; k = k + LANES) {
+            let y = f32(load_rhs(bases.y + k * p[9] + n * p[10]));
+            for (var r = 0u; r < ROWS; r = r + 1u) {
+                acc[r] = acc[r] + f32(load_lhs(bases.x + r * p[6] + k * p[7])) * y;
+            }
+        }";
+
+/// The K loop of the skinny kernel over vec4s (f32, unit stride along K, 16-byte aligned rows).
+const SKINNY_DOT_VEC4: &str = "let y0 = (bases.y + n * p[10]) / 4u;
+        for (var k = lane; k < K / 4u; k = k + LANES) {
+            let y = rhs[y0 + k];
+            for (var r = 0u; r < ROWS; r = r + 1u) {
+                acc[r] = acc[r] + dot(lhs[(bases.x + r * p[6]) / 4u + k], y);
+            }
+        }";
+
 /// Batch dimensions the kernel carries (the two matrix dimensions take the rest of `MAX_DIMS`).
 const MAX_BATCH_DIMS: usize = MAX_DIMS - 2;
 
@@ -183,6 +200,15 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     let native_f16 = device.caps().f16;
     let in_access = Access::new(dtype, native_f16);
     let skinny = m <= SKINNY_MAX_ROWS && lb.strides[r - 2] == 1;
+    let aligned = |l: &Layout, unit: usize| {
+        l.strides[unit] == 1
+            && l.offset.is_multiple_of(4)
+            && l.strides
+                .iter()
+                .enumerate()
+                .all(|(d, s)| d == unit || s.is_multiple_of(4))
+    };
+    let vec4 = skinny && dtype == DType::F32 && k.is_multiple_of(4) && aligned(la, r - 1) && aligned(lb, r - 2);
     // Packed 16-bit outputs are written in place when every thread owns whole words (N even, tile kernel);
     // otherwise in f32, then cast.
     let direct = !in_access.packed || (n % 2 == 0 && !skinny);
@@ -216,8 +242,10 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
         params.extend((0..MAX_BATCH_DIMS).map(|d| v.get(d).copied().unwrap_or(fill) as u32));
     }
     let key = format!(
-        "matmul:{dtype}:{}:{}:{tm}x{tn}:{a_k}:{b_k}:{skinny}",
-        in_access.packed, out_dtype
+        "matmul:{dtype}:{}:{}:{tm}x{tn}:{a_k}:{b_k}:{}:{vec4}",
+        in_access.packed,
+        out_dtype,
+        if skinny { m } else { 0 }
     );
     let source = || {
         let mut s = String::new();
@@ -231,13 +259,15 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
             out_access.storage_type()
         );
         for (i, name) in ["lhs", "rhs"].iter().enumerate() {
+            let ty = if vec4 { "vec4<f32>" } else { in_access.storage_type() };
             let _ = writeln!(
                 s,
-                "@group(0) @binding({}) var<storage, read> {name}: array<{}>;",
-                i + 2,
-                in_access.storage_type()
+                "@group(0) @binding({}) var<storage, read> {name}: array<{ty}>;",
+                i + 2
             );
-            s.push_str(&in_access.load_fn(name));
+            if !vec4 {
+                s.push_str(&in_access.load_fn(name));
+            }
         }
         s.push_str(&out_access.store_fn("out"));
         s.push_str(COMMON_WGSL);
@@ -249,7 +279,8 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
         );
         s.push_str(MATMUL_BATCH_WGSL);
         if skinny {
-            s.push_str(MATMUL_SKINNY_WGSL);
+            let _ = writeln!(s, "const ROWS: u32 = {m}u;");
+            s.push_str(&MATMUL_SKINNY_WGSL.replace("//@DOT", if vec4 { SKINNY_DOT_VEC4 } else { SKINNY_DOT }));
         } else {
             s.push_str(&unrolled(MATMUL_WGSL, tm, tn));
         }

@@ -115,6 +115,41 @@ impl UnaryOp {
 }
 
 impl Tensor {
+    /// `op(self) · up` in one kernel: the gated MLP (SwiGLU with `Silu`, GeGLU with `Gelu`) without the
+    /// activation tensor in between, which saves a launch and a round trip through memory. Broadcasts like `mul`.
+    pub fn gated(&self, up: &Tensor, op: UnaryOp) -> Result<Tensor> {
+        if !self.dtype().is_float() || up.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "gated",
+                expected: "two tensors of one float dtype".into(),
+                got: up.dtype(),
+            });
+        }
+        let body = format!("let x = x0; return ({}) * x1;", op.forward());
+        let out = Map::elementwise("gated", &[self, up], self.dtype(), body)?.run()?;
+        if !crate::autograd::grad_enabled() || !(self.requires_grad() || up.requires_grad()) {
+            return Ok(out);
+        }
+        let (x, u) = (self.detach(), up.detach());
+        let node = crate::autograd::Node::record(
+            "gated",
+            &[self, up],
+            Box::new(move |g| {
+                // d/dx is the activation's backward rule fed with g·up; d/dup is g·op(x).
+                let body = format!(
+                    "let x = x1; let y = {}; let g = x0 * x2; return {};",
+                    op.forward(),
+                    op.backward()
+                );
+                let gx = Map::elementwise("gated", &[g, &x, &u], x.dtype(), body)?.run()?;
+                let body = format!("let x = x1; return x0 * ({});", op.forward());
+                let gu = Map::elementwise("gated", &[g, &x], u.dtype(), body)?.run()?;
+                Ok(vec![Some(gx.sum_to(x.shape())?), Some(gu.sum_to(u.shape())?)])
+            }),
+        );
+        Ok(out.with_node(node))
+    }
+
     /// Applies `op` elementwise.
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
         if !op.accepts(self.dtype()) {
