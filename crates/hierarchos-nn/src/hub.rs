@@ -15,7 +15,13 @@ use crate::weights::{INDEX_FILE, SINGLE_FILE};
 /// The model configuration, required.
 const CONFIG_FILE: &str = "config.json";
 /// Tokenizer and generation files, fetched when the repository has them.
-const OPTIONAL_FILES: [&str; 3] = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"];
+const OPTIONAL_FILES: [&str; 5] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+];
 
 /// Where and how to reach the Hub; `from_env` reads the variables `huggingface_hub` reads.
 #[derive(Clone, Debug)]
