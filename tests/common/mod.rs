@@ -2,6 +2,8 @@
 //! and a finite-difference gradient check.
 #![allow(dead_code)]
 
+pub mod smollm;
+
 use hierarchos::core::{Device, Tensor, default_device};
 
 /// The default device (lavapipe in CI; `HIERARCHOS_DISABLE=subgroup,f16` exercises the fallback kernels).

@@ -18,8 +18,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show the GPU adapters found, the one chosen, its limits and which hardware features are used.
-    Info,
+    /// Show the GPU adapters found, the one chosen, its limits and which hardware features are used; with
+    /// `-m FILE.gguf`, what the model file holds instead.
+    Info(info::InfoArgs),
     /// Measure kernel throughput.
     #[command(subcommand)]
     Bench(Bench),
@@ -45,7 +46,7 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Info => info::run(),
+        Command::Info(args) => info::run(&args),
         Command::Bench(Bench::Ops(args)) => bench::ops(&args),
         Command::Bench(Bench::Model(args)) => bench::model(&args),
         Command::Forward(args) => forward::run(&args),

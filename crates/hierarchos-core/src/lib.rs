@@ -18,6 +18,7 @@
 mod autograd;
 mod error;
 pub mod ops;
+pub mod quant;
 pub mod shape;
 mod tensor;
 

@@ -10,6 +10,7 @@ mod embedding;
 mod error;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod generate;
+pub mod gguf;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod hub;
 mod init;

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::generate::{Generation, StopConditions, generate};
+use crate::gguf::{self, Gguf};
 use crate::sampling::SamplingConfig;
 use crate::tokenizer::{ChatMessage, Tokenizer, generation_eos_ids};
 use crate::{CausalLm, ModelConfig, Weights};
@@ -12,7 +13,7 @@ use hierarchos_core::Device;
 
 /// A loaded causal language model.
 pub struct Model {
-    /// The folder the files came from (a Hub snapshot for Hub ids).
+    /// The folder the files came from (a Hub snapshot for Hub ids), or the `.gguf` file.
     pub dir: PathBuf,
     /// `config.json`.
     pub config: ModelConfig,
@@ -36,8 +37,13 @@ impl std::fmt::Debug for Model {
 }
 
 impl Model {
-    /// Loads `arg`, a local model folder or a Hub id (fetched at `revision` into the Hugging Face cache).
+    /// Loads `arg`, a `.gguf` file, a local model folder or a Hub id (fetched at `revision` into the Hugging Face
+    /// cache).
     pub fn load(arg: &str, revision: Option<&str>, device: &Device) -> Result<Model> {
+        let path = Path::new(arg);
+        if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            return Model::from_gguf(path, device);
+        }
         let dir = crate::hub::resolve_model(arg, revision)?;
         Model::from_dir(&dir, device)
     }
@@ -64,6 +70,27 @@ impl Model {
             config,
             lm,
             tokenizer,
+            eos_ids,
+        })
+    }
+
+    /// Loads a `.gguf` file: configuration, tokenizer and chat template from its metadata, the weights
+    /// dequantized to f32.
+    pub fn from_gguf(path: &Path, device: &Device) -> Result<Model> {
+        let gguf = Gguf::open(path)?;
+        let config = gguf::model_config(&gguf)?;
+        let lm = gguf.load_f32(&config, device)?;
+        let tokenizer = gguf::tokenizer(&gguf)?;
+        let eos_ids = if config.eos_token_ids.is_empty() {
+            tokenizer.eos_ids().to_vec()
+        } else {
+            config.eos_token_ids.clone()
+        };
+        Ok(Model {
+            dir: path.to_path_buf(),
+            config,
+            lm,
+            tokenizer: Some(tokenizer),
             eos_ids,
         })
     }

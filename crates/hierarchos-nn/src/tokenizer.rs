@@ -187,6 +187,28 @@ impl Tokenizer {
         })
     }
 
+    /// A tokenizer assembled elsewhere (from GGUF metadata); `path` is the file it came from, named in errors.
+    pub(crate) fn from_parts(
+        inner: tokenizers::Tokenizer,
+        path: &Path,
+        bos_token: Option<String>,
+        eos_tokens: Vec<String>,
+        pad_token: Option<String>,
+        eos_ids: Vec<u32>,
+        chat_template: Option<String>,
+    ) -> Tokenizer {
+        Tokenizer {
+            inner,
+            path: path.to_path_buf(),
+            config_path: path.to_path_buf(),
+            bos_token,
+            eos_tokens,
+            pad_token,
+            eos_ids,
+            chat_template,
+        }
+    }
+
     /// The `tokenizer.json` this was read from (for error messages).
     pub fn path(&self) -> &Path {
         &self.path

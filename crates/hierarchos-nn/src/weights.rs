@@ -16,15 +16,15 @@ pub const SINGLE_FILE: &str = "model.safetensors";
 /// The index of sharded weights.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// The bytes of one safetensors file: a memory map where there are files, an owned buffer on the web.
-enum Bytes {
+/// The bytes of one safetensors (or GGUF) file: a memory map where there are files, an owned buffer on the web.
+pub(crate) enum Bytes {
     #[cfg(not(target_arch = "wasm32"))]
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
 }
 
 impl Bytes {
-    fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             #[cfg(not(target_arch = "wasm32"))]
             Bytes::Mapped(m) => m,
@@ -330,7 +330,7 @@ pub fn save_f32(path: &Path, tensors: &[(&str, &[usize], &[f32])]) -> Result<()>
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-fn map_file(path: &Path) -> Result<Bytes> {
+pub(crate) fn map_file(path: &Path) -> Result<Bytes> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,

@@ -11,14 +11,14 @@ use crate::error::{Error, Result};
 use crate::shape::{Layout, MAX_DIMS, broadcast_shapes, numel};
 use crate::tensor::Tensor;
 
-const MATMUL_WGSL: &str = include_str!("../../../../wgsl/matmul.wgsl");
-const MATMUL_BATCH_WGSL: &str = include_str!("../../../../wgsl/matmul_batch.wgsl");
+pub(crate) const MATMUL_WGSL: &str = include_str!("../../../../wgsl/matmul.wgsl");
+pub(crate) const MATMUL_BATCH_WGSL: &str = include_str!("../../../../wgsl/matmul_batch.wgsl");
 const MATMUL_SKINNY_WGSL: &str = include_str!("../../../../wgsl/matmul_skinny.wgsl");
 
 /// Products with at most this many rows per batch entry whose right operand has unit stride along K (a
 /// transposed weight, as in `x @ W.t()`) run the skinny kernel: at decode time a tile kernel would leave most of
 /// the GPU idle, a column per 32 threads reads each weight once, coalesced.
-const SKINNY_MAX_ROWS: usize = 8;
+pub(crate) const SKINNY_MAX_ROWS: usize = 8;
 
 /// The K loop of the skinny kernel through the dtype's scalar load functions.
 const SKINNY_DOT: &str = "for (var k = lane; k < K; k = k + LANES) {
@@ -38,12 +38,12 @@ const SKINNY_DOT_VEC4: &str = "let y0 = (bases.y + n * p[10]) / 4u;
         }";
 
 /// Batch dimensions the kernel carries (the two matrix dimensions take the rest of `MAX_DIMS`).
-const MAX_BATCH_DIMS: usize = MAX_DIMS - 2;
+pub(crate) const MAX_BATCH_DIMS: usize = MAX_DIMS - 2;
 
 /// Output tiles of 128 x 128 (8 x 8 per thread) are about 25% faster than 64 x 64 tiles (4 x 4 per thread) once
 /// there are enough of them to fill a large GPU; below this count the four times as many small tiles win (on an
 /// H200, 132 multiprocessors: 1536^3 is faster with small tiles, 2048^3 with big ones).
-const BIG_TILE_MIN_TILES: usize = 256;
+pub(crate) const BIG_TILE_MIN_TILES: usize = 256;
 
 impl Tensor {
     /// The matrix product `self @ rhs` as `torch.matmul` defines it: 1-D operands act as a row (left) or column
@@ -185,7 +185,7 @@ fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// Which dimension consecutive threads walk when fetching an operand slice: the reduced one when it has the
 /// smaller stride (so that a unit-stride dimension is read coalesced).
-fn along_k(k: usize, stride_k: usize, other: usize, stride_other: usize) -> bool {
+pub(crate) fn along_k(k: usize, stride_k: usize, other: usize, stride_other: usize) -> bool {
     k > 1 && (other == 1 || stride_k <= stride_other)
 }
 
@@ -306,7 +306,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
 /// `c{row}_{column group}` (vec4 over four columns), fetch registers `ra{e}` / `rb{e}`. Rows of a thread are
 /// `ty * 4 + r` plus multiples of 64, columns `tx * 4 + c` plus multiples of 64, so that the vec4 reads of
 /// workgroup memory by a warp hit consecutive addresses.
-fn unrolled(template: &str, tm: usize, tn: usize) -> String {
+pub(crate) fn unrolled(template: &str, tm: usize, tn: usize) -> String {
     let comps = ["x", "y", "z", "w"];
     let (mut decl, mut fetch, mut stash, mut step, mut store) = (
         String::new(),
