@@ -650,7 +650,7 @@ fn llama_config_and_weights_come_back_in_hugging_face_layout() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("output.weight") && err.contains("missing"), "{err}");
-    let lm = g.load_f32(&config, &dev()).unwrap();
+    let lm = g.load(&config, &dev(), true).unwrap();
     assert_eq!(lm.parameters().len(), weights.len());
 }
 

@@ -1,6 +1,7 @@
 //! The generic decoder-only causal language model: Llama, Mistral, Qwen2 and Qwen3 are this one model with
 //! different [`ModelConfig`] options (biases, q/k norm, sliding window, rope scaling, tied embeddings).
 
+use hierarchos_core::quant::QTensor;
 use hierarchos_core::{Device, Tensor};
 
 use crate::attention::{Attention, AttentionContext, attention_mask};
@@ -8,7 +9,7 @@ use crate::config::ModelConfig;
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
-use crate::linear::{Linear, prefixed};
+use crate::linear::{Linear, LinearWeight, prefixed};
 use crate::mlp::Mlp;
 use crate::norm::RmsNorm;
 use crate::rope::RotaryEmbedding;
@@ -70,6 +71,17 @@ impl CausalLm {
     /// Builds the model from `tensor(name, shape)`, called once per parameter with its Hugging Face name and
     /// the shape the config implies (weights from a file, random weights for tests, ...).
     pub fn build(config: &ModelConfig, tensor: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>) -> Result<CausalLm> {
+        CausalLm::build_with(config, tensor, &mut |_, _| Ok(None))
+    }
+
+    /// Like [`CausalLm::build`], but each linear layer's weight is first asked of `quantized(name, [out, in])`:
+    /// a [`QTensor`] returned there stays quantized on the GPU (frozen; GGUF models), `None` falls back to
+    /// `tensor`.
+    pub fn build_with(
+        config: &ModelConfig,
+        tensor: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>,
+        quantized: QuantSource,
+    ) -> Result<CausalLm> {
         let c = config;
         let (hidden, d) = (c.hidden_size, c.head_dim);
         let (h, kvh) = (c.num_attention_heads, c.num_key_value_heads);
@@ -84,20 +96,50 @@ impl CausalLm {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
             let m = format!("{p}.mlp");
-            let q_proj = linear(tensor, &format!("{a}.q_proj"), h * d, hidden, c.attention_bias)?;
-            let k_proj = linear(tensor, &format!("{a}.k_proj"), kvh * d, hidden, c.attention_bias)?;
-            let v_proj = linear(tensor, &format!("{a}.v_proj"), kvh * d, hidden, c.attention_bias)?;
-            let o_proj = linear(tensor, &format!("{a}.o_proj"), hidden, h * d, c.o_proj_bias)?;
+            let q_proj = linear(
+                tensor,
+                quantized,
+                &format!("{a}.q_proj"),
+                h * d,
+                hidden,
+                c.attention_bias,
+            )?;
+            let k_proj = linear(
+                tensor,
+                quantized,
+                &format!("{a}.k_proj"),
+                kvh * d,
+                hidden,
+                c.attention_bias,
+            )?;
+            let v_proj = linear(
+                tensor,
+                quantized,
+                &format!("{a}.v_proj"),
+                kvh * d,
+                hidden,
+                c.attention_bias,
+            )?;
+            let o_proj = linear(tensor, quantized, &format!("{a}.o_proj"), hidden, h * d, c.o_proj_bias)?;
             let gate_proj = linear(
                 tensor,
+                quantized,
                 &format!("{m}.gate_proj"),
                 c.intermediate_size,
                 hidden,
                 c.mlp_bias,
             )?;
-            let up_proj = linear(tensor, &format!("{m}.up_proj"), c.intermediate_size, hidden, c.mlp_bias)?;
+            let up_proj = linear(
+                tensor,
+                quantized,
+                &format!("{m}.up_proj"),
+                c.intermediate_size,
+                hidden,
+                c.mlp_bias,
+            )?;
             let down_proj = linear(
                 tensor,
+                quantized,
                 &format!("{m}.down_proj"),
                 hidden,
                 c.intermediate_size,
@@ -145,7 +187,7 @@ impl CausalLm {
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            Some(linear(tensor, "lm_head", c.vocab_size, hidden, false)?)
+            Some(linear(tensor, quantized, "lm_head", c.vocab_size, hidden, false)?)
         };
         Ok(CausalLm {
             config: c.clone(),
@@ -280,10 +322,25 @@ impl CausalLm {
 /// Source of named parameter tensors for [`CausalLm::build`].
 type TensorSource<'a> = &'a mut dyn FnMut(&str, &[usize]) -> Result<Tensor>;
 
+/// Source of quantized linear weights for [`CausalLm::build_with`] (`None`: take the dense tensor).
+pub type QuantSource<'a> = &'a mut dyn FnMut(&str, [usize; 2]) -> Result<Option<QTensor>>;
+
 /// The layer `name` (`name.weight`, and `name.bias` when `bias`) mapping `inp` features to `out`.
-fn linear(tensor: TensorSource, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+fn linear(
+    tensor: TensorSource,
+    quantized: QuantSource,
+    name: &str,
+    out: usize,
+    inp: usize,
+    bias: bool,
+) -> Result<Linear> {
+    let weight_name = format!("{name}.weight");
+    let weight = match quantized(&weight_name, [out, inp])? {
+        Some(q) => LinearWeight::Quantized(q),
+        None => LinearWeight::Dense(tensor(&weight_name, &[out, inp])?),
+    };
     Ok(Linear {
-        weight: tensor(&format!("{name}.weight"), &[out, inp])?,
+        weight,
         bias: if bias {
             Some(tensor(&format!("{name}.bias"), &[out])?)
         } else {

@@ -28,14 +28,14 @@ mod tokenizer;
 pub mod weights;
 
 pub use config::{Activation, ModelConfig, RopeConfig, RopeScaling};
-pub use decoder::{CausalLm, DecoderLayer};
+pub use decoder::{CausalLm, DecoderLayer, QuantSource};
 pub use embedding::Embedding;
 pub use error::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
 pub use generate::{Generation, StopConditions, StopReason, generate};
 pub use init::ParamRng;
 pub use kv_cache::KvCache;
-pub use linear::Linear;
+pub use linear::{Linear, LinearWeight};
 pub use mlp::Mlp;
 #[cfg(not(target_arch = "wasm32"))]
 pub use model::Model;

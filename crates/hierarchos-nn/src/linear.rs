@@ -1,14 +1,25 @@
 //! The affine layer `y = x Wᵀ + b`, stored as Hugging Face / PyTorch store it (`weight` is `[out, in]`).
 
+use hierarchos_core::quant::QTensor;
 use hierarchos_core::{Device, Result, Tensor};
 
 use crate::init::ParamRng;
 
+/// The weight matrix of a layer: dense (trainable), or ggml blocks kept quantized on the GPU (frozen, read by
+/// the dequantizing matmul).
+#[derive(Clone, Debug)]
+pub enum LinearWeight {
+    /// `[out_features, in_features]`.
+    Dense(Tensor),
+    /// `[out_features, in_features]` in a ggml block format.
+    Quantized(QTensor),
+}
+
 /// A fully connected layer.
 #[derive(Clone, Debug)]
 pub struct Linear {
-    /// `[out_features, in_features]`.
-    pub weight: Tensor,
+    /// The `[out_features, in_features]` matrix.
+    pub weight: LinearWeight,
     /// `[out_features]`, if the layer has a bias.
     pub bias: Option<Tensor>,
 }
@@ -31,21 +42,31 @@ impl Linear {
         } else {
             None
         };
-        Ok(Linear { weight, bias })
+        Ok(Linear {
+            weight: LinearWeight::Dense(weight),
+            bias,
+        })
     }
 
     /// `x Wᵀ + b` over the last dimension of `x`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.matmul(&self.weight.t()?)?;
+        let y = match &self.weight {
+            LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
+            LinearWeight::Quantized(q) => x.matmul_q(q)?,
+        };
         match &self.bias {
             Some(b) => y.add(b),
             None => Ok(y),
         }
     }
 
-    /// The parameters with their Hugging Face names (`weight`, `bias`).
+    /// The parameters with their Hugging Face names (`weight`, `bias`); a quantized weight is frozen and not
+    /// listed.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut p = vec![("weight".to_string(), self.weight.clone())];
+        let mut p = Vec::new();
+        if let LinearWeight::Dense(w) = &self.weight {
+            p.push(("weight".to_string(), w.clone()));
+        }
         if let Some(b) = &self.bias {
             p.push(("bias".to_string(), b.clone()));
         }

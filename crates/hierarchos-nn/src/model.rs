@@ -42,7 +42,7 @@ impl Model {
     pub fn load(arg: &str, revision: Option<&str>, device: &Device) -> Result<Model> {
         let path = Path::new(arg);
         if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-            return Model::from_gguf(path, device);
+            return Model::from_gguf(path, device, false);
         }
         let dir = crate::hub::resolve_model(arg, revision)?;
         Model::from_dir(&dir, device)
@@ -74,12 +74,12 @@ impl Model {
         })
     }
 
-    /// Loads a `.gguf` file: configuration, tokenizer and chat template from its metadata, the weights
-    /// dequantized to f32.
-    pub fn from_gguf(path: &Path, device: &Device) -> Result<Model> {
+    /// Loads a `.gguf` file: configuration, tokenizer and chat template from its metadata. The linear weights stay
+    /// quantized on the GPU unless `dequantize` asks for f32 everywhere (to fine-tune them).
+    pub fn from_gguf(path: &Path, device: &Device, dequantize: bool) -> Result<Model> {
         let gguf = Gguf::open(path)?;
         let config = gguf::model_config(&gguf)?;
-        let lm = gguf.load_f32(&config, device)?;
+        let lm = gguf.load(&config, device, dequantize)?;
         let tokenizer = gguf::tokenizer(&gguf)?;
         let eos_ids = if config.eos_token_ids.is_empty() {
             tokenizer.eos_ids().to_vec()

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use hierarchos_core::quant::{GgmlType, dequantize};
+use hierarchos_core::quant::{GgmlType, QTensor, dequantize};
 use hierarchos_core::{Device, Tensor};
 
 use crate::config::ModelConfig;
@@ -103,11 +103,31 @@ impl Gguf {
             .map_err(|e| self.weights_error(format!("tensor '{hf}' ({}): {e}", gguf_name(hf).unwrap_or_default())))
     }
 
-    /// Builds the decoder of `config` with every weight dequantized to f32 on `device`.
-    pub fn load_f32(&self, config: &ModelConfig, device: &Device) -> Result<CausalLm> {
-        CausalLm::build(config, &mut |name, shape| {
-            let data = self.hf_tensor_f32(name, shape, config)?;
-            Ok(Tensor::from_slice(&data, shape, device)?)
-        })
+    /// Builds the decoder of `config` on `device`. With `dequantize`, every weight becomes f32 (trainable, e.g.
+    /// for LoRA); otherwise the quantized linear weights stay in their block format on the GPU and only
+    /// embeddings, norms and float tensors are converted.
+    pub fn load(&self, config: &ModelConfig, device: &Device, dequantize: bool) -> Result<CausalLm> {
+        CausalLm::build_with(
+            config,
+            &mut |name, shape| {
+                let data = self.hf_tensor_f32(name, shape, config)?;
+                Ok(Tensor::from_slice(&data, shape, device)?)
+            },
+            &mut |name, shape| {
+                if dequantize {
+                    return Ok(None);
+                }
+                let (ty, bytes) = self.hf_tensor_bytes(name, &shape, config)?;
+                if ty.is_float() {
+                    return Ok(None);
+                }
+                Ok(Some(QTensor::from_ggml(ty, &bytes, shape, device).map_err(|e| {
+                    self.weights_error(format!(
+                        "tensor '{name}' ({}): {e}",
+                        gguf_name(name).unwrap_or_default()
+                    ))
+                })?))
+            },
+        )
     }
 }
