@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use hierarchos_core::quant::{GgmlType, QTensor};
 use hierarchos_core::{DType, Device, Tensor, default_device};
 use hierarchos_nn::{CausalLm, ModelConfig};
 
@@ -117,9 +118,20 @@ pub struct ModelArgs {
     /// Decoder layers.
     #[arg(long, default_value_t = 12)]
     pub layers: usize,
-    /// Attention heads (key/value heads equal, as in the 110M Llama shape).
+    /// Attention heads.
     #[arg(long, default_value_t = 12)]
     pub heads: usize,
+    /// Key/value heads (default: as many as attention heads, as in the 110M Llama shape).
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// The output projection reuses the embedding matrix.
+    #[arg(long)]
+    pub tied: bool,
+    /// Keep the linear weights in this ggml block format (`q4_1` or `q8_0`, random blocks) instead of f32.
+    /// `--hidden 576 --layers 30 --heads 9 --kv-heads 3 --intermediate 1536 --vocab 49152 --tied --quant q4_1`
+    /// is the shape of SmolLM2-135M Q4_1.
+    #[arg(long)]
+    pub quant: Option<String>,
     /// MLP width.
     #[arg(long, default_value_t = 3072)]
     pub intermediate: usize,
@@ -140,34 +152,80 @@ pub struct ModelArgs {
     pub json: bool,
 }
 
-/// Prefill and decode tokens/s of a Llama-shaped model with random f32 weights.
+/// Blocks of `ty` for `n` random weights of size about 0.02 (finite scales, random quants).
+fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut byte = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u8
+    };
+    let scale = half::f16::from_f32(0.005).to_le_bytes();
+    let mut out = Vec::with_capacity(n / ty.block_size() * ty.type_size());
+    for _ in 0..n / ty.block_size() {
+        out.extend_from_slice(&scale);
+        if ty == GgmlType::Q4_1 {
+            out.extend_from_slice(&half::f16::from_f32(-0.04).to_le_bytes());
+        }
+        while out.len() % ty.type_size() != 0 {
+            out.push(byte());
+        }
+    }
+    out
+}
+
+/// Prefill and decode tokens/s of a Llama-shaped model with random weights (f32, or quantized linear layers).
 pub fn model(args: &ModelArgs) -> Result<()> {
     let device = default_device().context("opening the default GPU")?;
     let config_json = format!(
         "{{\"model_type\": \"llama\", \"hidden_size\": {}, \"num_hidden_layers\": {}, \"num_attention_heads\": {}, \
          \"num_key_value_heads\": {}, \"intermediate_size\": {}, \"vocab_size\": {}, \
          \"max_position_embeddings\": {}, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \
-         \"tie_word_embeddings\": false}}",
+         \"tie_word_embeddings\": {}}}",
         args.hidden,
         args.layers,
         args.heads,
-        args.heads,
+        args.kv_heads.unwrap_or(args.heads),
         args.intermediate,
         args.vocab,
-        (args.prefill + 16 + args.decode).next_power_of_two()
+        (args.prefill + 16 + args.decode).next_power_of_two(),
+        args.tied
     );
     let config = ModelConfig::from_json(&config_json, std::path::Path::new("<bench config>"))?;
+    let quant = match args.quant.as_deref() {
+        None => None,
+        Some("q4_1") => Some(GgmlType::Q4_1),
+        Some("q8_0") => Some(GgmlType::Q8_0),
+        Some(other) => anyhow::bail!("--quant {other}: expected q4_1 or q8_0"),
+    };
     let mut seed = 0;
-    let lm = CausalLm::build(&config, &mut |name, shape| {
-        seed += 1;
-        let t = if name.ends_with("norm.weight") {
-            Tensor::ones(shape, DType::F32, &device)?
-        } else {
-            Tensor::randn(shape, seed, 0, DType::F32, &device)?.mul_scalar(0.02)?
-        };
-        Ok(t)
-    })?;
-    let params: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum();
+    let mut quant_seed = 1 << 32;
+    let mut quantized_params = 0;
+    let lm = CausalLm::build_with(
+        &config,
+        &mut |name, shape| {
+            seed += 1;
+            let t = if name.ends_with("norm.weight") {
+                Tensor::ones(shape, DType::F32, &device)?
+            } else {
+                Tensor::randn(shape, seed, 0, DType::F32, &device)?.mul_scalar(0.02)?
+            };
+            Ok(t)
+        },
+        &mut |_, shape| {
+            let Some(ty) = quant else { return Ok(None) };
+            quant_seed += 1;
+            quantized_params += shape[0] * shape[1];
+            Ok(Some(QTensor::from_ggml(
+                ty,
+                &random_blocks(ty, shape[0] * shape[1], quant_seed),
+                shape,
+                &device,
+            )?))
+        },
+    )?;
+    let params: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum::<usize>() + quantized_params;
     let ids = |n: usize| {
         Tensor::from_slice(
             &(0..n as u32)
@@ -216,7 +274,11 @@ pub fn model(args: &ModelArgs) -> Result<()> {
             device.adapter_info().name,
             device.adapter_info().backend
         );
-        println!("model: {:.1}M parameters (f32)", params as f64 / 1e6);
+        let weights = args.quant.as_deref().unwrap_or("f32");
+        println!(
+            "model: {:.1}M parameters (linear layers {weights})",
+            params as f64 / 1e6
+        );
         println!("prefill {} tokens: {prefill_tps:.0} tokens/s", args.prefill);
         println!(
             "decode {} tokens: {decode_tps:.1} tokens/s, {per_token:.0} kernel launches per token",
