@@ -49,3 +49,17 @@ fn pos_inf() -> f32 {
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
 }
+
+// Buffer offset of element `i` (row-major order) of a strided view: its rank, its shape at p[shape_at..], the
+// offset of its first element at p[offset_at] and its strides at p[strides_at..] (every kernel binds its
+// parameters as `p`).
+fn strided_index(i: u32, rank: u32, shape_at: u32, offset_at: u32, strides_at: u32) -> u32 {
+    var rem = i;
+    var off = p[offset_at];
+    for (var d = i32(rank) - 1; d >= 0; d = d - 1) {
+        let n = p[shape_at + u32(d)];
+        off = off + (rem % n) * p[strides_at + u32(d)];
+        rem = rem / n;
+    }
+    return off;
+}

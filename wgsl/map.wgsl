@@ -13,14 +13,7 @@ fn out_coord(i: u32, d: u32) -> u32 {
 
 fn strided_offset(k: u32, i: u32) -> u32 {
     let base = 10u + 9u * k;
-    var rem = i;
-    var off = p[base];
-    for (var d = i32(p[1]) - 1; d >= 0; d = d - 1) {
-        let n = p[2u + u32(d)];
-        off = off + (rem % n) * p[base + 1u + u32(d)];
-        rem = rem / n;
-    }
-    return off;
+    return strided_index(i, p[1], 2u, base, base + 1u);
 }
 
 fn extra_f32(j: u32) -> f32 {

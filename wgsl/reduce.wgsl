@@ -7,14 +7,7 @@
 var<workgroup> shared_acc: array<Acc, 256>;
 
 fn element_offset(i: u32) -> u32 {
-    var rem = i;
-    var off = p[11];
-    for (var d = i32(p[2]) - 1; d >= 0; d = d - 1) {
-        let n = p[3u + u32(d)];
-        off = off + (rem % n) * p[12u + u32(d)];
-        rem = rem / n;
-    }
-    return off;
+    return strided_index(i, p[2], 3u, 11u, 12u);
 }
 
 fn load_element(row: u32, j: u32) -> f32 {

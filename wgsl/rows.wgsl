@@ -21,14 +21,7 @@ fn scalar_f32(i: u32) -> f32 {
 // Element offset of the first element of `row` in view `k`.
 fn row_base(k: u32, row: u32) -> u32 {
     let base = VIEWS + 10u * k;
-    var rem = row;
-    var off = p[base];
-    for (var d = i32(p[2]) - 1; d >= 0; d = d - 1) {
-        let n = p[3u + u32(d)];
-        off = off + (rem % n) * p[base + 2u + u32(d)];
-        rem = rem / n;
-    }
-    return off;
+    return strided_index(row, p[2], 3u, base, base + 2u);
 }
 
 fn col_stride(k: u32) -> u32 {

@@ -5,14 +5,7 @@
 // Parameters (u32 words): [numel, rank, shape[8], src offset, src strides[8], dst offset, dst strides[8]].
 
 fn offset_of(base: u32, i: u32) -> u32 {
-    var rem = i;
-    var off = p[base];
-    for (var d = i32(p[1]) - 1; d >= 0; d = d - 1) {
-        let n = p[2u + u32(d)];
-        off = off + (rem % n) * p[base + 1u + u32(d)];
-        rem = rem / n;
-    }
-    return off;
+    return strided_index(i, p[1], 2u, base, base + 1u);
 }
 
 @compute @workgroup_size(256)
