@@ -1,10 +1,13 @@
 //! Hub ids: fetched from a tiny Hub-like HTTP server on 127.0.0.1 (started and stopped inside each test) into a
 //! temporary cache, at a revision, with a token, and then offline from the cache alone.
 
+mod common;
+use common::tmpdir;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -18,16 +21,6 @@ const REPO: &str = "tiny-org/tiny-llama";
 const MAIN_SHA: &str = "1111111111111111111111111111111111111111";
 const V1_SHA: &str = "2222222222222222222222222222222222222222";
 const TOKEN: &str = "hf_test_token";
-
-fn tmpdir(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("hierarchos-{name}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 fn config(layers: usize) -> String {
     format!(

@@ -2,6 +2,9 @@
 //! tokens from tokenizer_config.json / generation_config.json, streaming decode of characters split over
 //! byte-level tokens, and errors that name the file at fault.
 
+mod common;
+use common::tmpdir;
+
 use std::path::{Path, PathBuf};
 
 use hierarchos::nn::{ChatMessage, Error, Tokenizer, render_chat_template};
@@ -26,14 +29,6 @@ fn ids_of(v: &Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
-}
-
-/// A fresh folder under the system temp dir for the files a test writes.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hierarchos-tok-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn write_json(dir: &Path, file: &str, value: &Value) {
@@ -143,7 +138,7 @@ fn fixture_chat_templates_render_as_transformers_does() {
 
 #[test]
 fn streaming_decode_waits_for_whole_characters() {
-    let dir = scratch("stream");
+    let dir = tmpdir("stream");
     write_json(&dir, "tokenizer.json", &byte_level_tokenizer());
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let text = "aé 😀 b\u{4e16}";
@@ -167,7 +162,7 @@ fn streaming_decode_waits_for_whole_characters() {
 
 #[test]
 fn special_tokens_come_from_both_config_files() {
-    let dir = scratch("special");
+    let dir = tmpdir("special");
     write_json(&dir, "tokenizer.json", &byte_level_tokenizer());
     write_json(
         &dir,
@@ -244,7 +239,7 @@ fn chat_templates_get_python_methods_trimmed_blocks_and_raise_exception() {
 
 #[test]
 fn bad_files_are_errors_naming_the_file() {
-    let dir = scratch("bad");
+    let dir = tmpdir("bad");
     let err = Tokenizer::from_dir(&dir).unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err}");
     assert!(err.to_string().contains("tokenizer.json"), "{err}");

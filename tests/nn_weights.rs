@@ -4,22 +4,11 @@
 mod common;
 use common::*;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use hierarchos::core::Tensor;
 use hierarchos::nn::weights::{INDEX_FILE, SINGLE_FILE, save_f32};
 use hierarchos::nn::{Error, Weights};
-
-/// A fresh empty folder under the system temp dir.
-fn tmpdir(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let dir = std::env::temp_dir().join(format!("hierarchos-{name}-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// The bytes of a safetensors file from raw entries (name, dtype, shape, data), written by hand so that tests can
 /// make any dtype and any corruption.

@@ -6,6 +6,17 @@ pub mod smollm;
 
 use hierarchos::core::{Device, Tensor, default_device};
 
+/// A fresh empty folder under the system temp dir for the files a test writes.
+pub fn tmpdir(name: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!("hierarchos-{name}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// The default device (lavapipe in CI; `HIERARCHOS_DISABLE=subgroup,f16` exercises the fallback kernels).
 pub fn dev() -> Device {
     default_device().expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)")
