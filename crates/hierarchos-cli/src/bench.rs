@@ -248,6 +248,7 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     device.synchronize()?;
     let start = Instant::now();
     let launches = device.dispatch_count();
+    let mut host_secs = 0.0;
     for _ in 0..args.decode {
         let row = logits.to_vec::<f32>()?;
         let next = row
@@ -255,17 +256,21 @@ pub fn model(args: &ModelArgs) -> Result<()> {
             .enumerate()
             .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
             .0;
+        let recording = Instant::now();
         logits = lm.forward_last(&Tensor::from_slice(&[next as u32], &[1, 1], &device)?, Some(&mut cache))?;
+        host_secs += recording.elapsed().as_secs_f64();
     }
     logits.to_vec::<f32>()?;
     let decode_secs = start.elapsed().as_secs_f64();
     let per_token = (device.dispatch_count() - launches) as f64 / args.decode as f64;
+    // Time the host spends recording a token's launches (the GPU runs them meanwhile or after).
+    let host_us = host_secs * 1e6 / args.decode as f64;
 
     let prefill_tps = args.prefill as f64 / prefill_secs;
     let decode_tps = args.decode as f64 / decode_secs;
     if args.json {
         println!(
-            "{{\"params\":{params},\"prefill_tokens\":{},\"prefill_tok_s\":{prefill_tps:.1},\"decode_tokens\":{},\"decode_tok_s\":{decode_tps:.1},\"dispatches_per_token\":{per_token:.1}}}",
+            "{{\"params\":{params},\"prefill_tokens\":{},\"prefill_tok_s\":{prefill_tps:.1},\"decode_tokens\":{},\"decode_tok_s\":{decode_tps:.1},\"dispatches_per_token\":{per_token:.1},\"host_us_per_token\":{host_us:.0}}}",
             args.prefill, args.decode
         );
     } else {
@@ -281,7 +286,8 @@ pub fn model(args: &ModelArgs) -> Result<()> {
         );
         println!("prefill {} tokens: {prefill_tps:.0} tokens/s", args.prefill);
         println!(
-            "decode {} tokens: {decode_tps:.1} tokens/s, {per_token:.0} kernel launches per token",
+            "decode {} tokens: {decode_tps:.1} tokens/s, {per_token:.0} kernel launches per token, \
+             {host_us:.0} µs of host recording per token",
             args.decode
         );
     }
