@@ -13,6 +13,10 @@ const PARAM_ARENA_BYTES: u64 = 1 << 16;
 const MAX_DISPATCHES_PER_SUBMIT: usize = 48;
 /// Largest workgroup count per grid dimension that every WebGPU device accepts.
 const MAX_GRID_DIM: u32 = 65535;
+/// Buffers a launch may bind besides the parameters and still have its bind group cached.
+const MAX_CACHED_BINDINGS: usize = 12;
+/// Cached bind groups kept before the cache starts over (each pins its buffers, which the pool holds anyway).
+const MAX_CACHED_BIND_GROUPS: usize = 4096;
 
 /// What the opened device can do and what Hierarchos chose to use.
 #[derive(Clone, Debug)]
@@ -65,9 +69,14 @@ pub struct Gpu {
 
 #[derive(Default)]
 struct State {
-    free: HashMap<u64, Vec<wgpu::Buffer>>,
-    released_in_batch: Vec<(u64, wgpu::Buffer)>,
+    free: HashMap<u64, Vec<Pooled>>,
+    released_in_batch: Vec<(u64, Pooled)>,
     pipelines: HashMap<String, Arc<Kernel>>,
+    /// Bind groups by kernel and buffers: a decode step launches the same kernels on the same pooled buffers
+    /// token after token, and creating a bind group per launch cost more host time than the launch itself.
+    bind_groups: HashMap<BindKey, wgpu::BindGroup>,
+    next_id: u64,
+    staging: HashMap<u64, Vec<wgpu::Buffer>>,
     encoder: Option<wgpu::CommandEncoder>,
     /// The compute pass open on `encoder`: consecutive dispatches share it (a pass per dispatch costs CPU time
     /// in wgpu); copies and clears end it first.
@@ -81,11 +90,26 @@ struct State {
 struct Kernel {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    id: u64,
+}
+
+/// A buffer in the pool with the identity bind groups are cached under (never reused by another buffer).
+struct Pooled {
+    buffer: wgpu::Buffer,
+    id: u64,
+}
+
+/// What a cached bind group binds: the kernel's layout, the size of the parameter window, the buffers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct BindKey {
+    kernel: u64,
+    window: u64,
+    buffers: [u64; MAX_CACHED_BINDINGS],
 }
 
 /// A pooled storage buffer. Dropping it gives it back to the pool of its device.
 pub struct GpuBuffer {
-    buffer: Option<wgpu::Buffer>,
+    buffer: Option<Pooled>,
     class: u64,
     gpu: Arc<Gpu>,
 }
@@ -93,6 +117,10 @@ pub struct GpuBuffer {
 impl GpuBuffer {
     /// The wgpu buffer.
     pub fn raw(&self) -> &wgpu::Buffer {
+        &self.pooled().buffer
+    }
+
+    fn pooled(&self) -> &Pooled {
         self.buffer.as_ref().expect("buffer present until drop")
     }
 
@@ -390,6 +418,9 @@ impl Gpu {
         let mut st = self.lock();
         let freed: u64 = st.free.iter().map(|(class, list)| class * list.len() as u64).sum();
         st.free.clear();
+        st.staging.clear();
+        // Cached bind groups would keep the freed buffers alive.
+        st.bind_groups.clear();
         st.stats.pooled_bytes -= freed;
     }
 
@@ -467,9 +498,10 @@ impl Gpu {
             }
             None => {
                 drop(st);
-                let b = self.create_buffer(op, class)?;
+                let buffer = self.create_buffer(op, class)?;
                 st = self.lock();
-                b
+                st.next_id += 1;
+                Pooled { buffer, id: st.next_id }
             }
         };
         st.stats.live_bytes += class;
@@ -540,22 +572,38 @@ impl Gpu {
             return Ok(p.clone());
         }
         let source = (d.source)();
+        let what = || format!("{} (compiling kernel {})", d.op, d.key);
+        let entries = binding_layout(&source).map_err(|message| GpuError::Validation { op: what(), message })?;
+        let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(d.key),
+            entries: &entries,
+        });
+        let pipeline_layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(d.key),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(d.key),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         });
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(d.key),
-            layout: None,
+            layout: Some(&pipeline_layout),
             module: &module,
             entry_point: Some("main"),
             compilation_options: Default::default(),
             cache: None,
         });
-        self.check_errors(&format!("{} (compiling kernel {})", d.op, d.key))?;
-        let layout = pipeline.get_bind_group_layout(0);
-        let p = Arc::new(Kernel { pipeline, layout });
-        self.lock().pipelines.insert(d.key.to_string(), p.clone());
+        self.check_errors(&what())?;
+        let mut st = self.lock();
+        st.next_id += 1;
+        let p = Arc::new(Kernel {
+            pipeline,
+            layout,
+            id: st.next_id,
+        });
+        st.pipelines.insert(d.key.to_string(), p.clone());
         Ok(p)
     }
 
@@ -564,10 +612,12 @@ impl Gpu {
     pub fn dispatch(&self, d: Dispatch<'_>) -> Result<()> {
         let kernel = self.pipeline(&d)?;
         let align = self.limits.min_storage_buffer_offset_alignment as usize;
-        let param_bytes = (d.params.len().max(1) * 4) as u64;
+        // The parameters are bound as a window at a dynamic offset of the arena, so the bind group does not
+        // depend on where they land and can be reused.
+        let window = (d.params.len().max(1) * 4).next_multiple_of(16) as u64;
         let needs_flush = {
             let st = self.lock();
-            st.params.len().next_multiple_of(align) as u64 + param_bytes > PARAM_ARENA_BYTES
+            st.params.len().next_multiple_of(align) as u64 + window > PARAM_ARENA_BYTES
         };
         if needs_flush {
             self.flush()?;
@@ -575,32 +625,53 @@ impl Gpu {
         let mut st = self.lock();
         let offset = st.params.len().next_multiple_of(align);
         st.params.resize(offset, 0);
-        if d.params.is_empty() {
-            st.params.extend_from_slice(&[0; 4]);
-        } else {
-            for p in d.params {
-                st.params.extend_from_slice(&p.to_le_bytes());
+        for p in d.params {
+            st.params.extend_from_slice(&p.to_le_bytes());
+        }
+        st.params.resize(offset + window as usize, 0);
+        let key = (d.buffers.len() <= MAX_CACHED_BINDINGS).then(|| {
+            let mut buffers = [0; MAX_CACHED_BINDINGS];
+            for (slot, b) in buffers.iter_mut().zip(d.buffers) {
+                *slot = b.pooled().id;
             }
-        }
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.params_buffer,
-                offset: offset as u64,
-                size: std::num::NonZeroU64::new(param_bytes),
-            }),
-        }];
-        for (i, b) in d.buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.raw().as_entire_binding(),
-            });
-        }
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(d.op),
-            layout: &kernel.layout,
-            entries: &entries,
+            BindKey {
+                kernel: kernel.id,
+                window,
+                buffers,
+            }
         });
+        let cached = key.and_then(|k| st.bind_groups.get(&k).cloned());
+        let bind_group = match cached {
+            Some(bg) => bg,
+            None => {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &self.params_buffer,
+                        offset: 0,
+                        size: std::num::NonZeroU64::new(window),
+                    }),
+                }];
+                for (i, b) in d.buffers.iter().enumerate() {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: i as u32 + 1,
+                        resource: b.raw().as_entire_binding(),
+                    });
+                }
+                let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(d.op),
+                    layout: &kernel.layout,
+                    entries: &entries,
+                });
+                if let Some(k) = key {
+                    if st.bind_groups.len() >= MAX_CACHED_BIND_GROUPS {
+                        st.bind_groups.clear();
+                    }
+                    st.bind_groups.insert(k, bg.clone());
+                }
+                bg
+            }
+        };
         if st.pass.is_none() {
             let pass = self
                 .encoder(&mut st)
@@ -613,7 +684,7 @@ impl Gpu {
         }
         let pass = st.pass.as_mut().expect("pass opened above");
         pass.set_pipeline(&kernel.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
+        pass.set_bind_group(0, &bind_group, &[offset as u32]);
         pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
         st.dispatches += 1;
         self.dispatched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -672,11 +743,16 @@ impl Gpu {
         }
         let lo = start / 4 * 4;
         let hi = end.next_multiple_of(4).min(buf.size());
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("hierarchos readback"),
-            size: hi - lo,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
+        // Staging buffers are pooled too: generation reads a little every token.
+        let class = size_class(hi - lo);
+        let pooled = self.lock().staging.get_mut(&class).and_then(Vec::pop);
+        let staging = pooled.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("hierarchos readback"),
+                size: class,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
         });
         {
             let mut st = self.lock();
@@ -686,7 +762,7 @@ impl Gpu {
         }
         self.check_errors("readback")?;
         let (tx, rx) = futures_channel::oneshot::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        staging.map_async(wgpu::MapMode::Read, 0..hi - lo, move |r| {
             let _ = tx.send(r);
         });
         #[cfg(not(target_arch = "wasm32"))]
@@ -697,14 +773,58 @@ impl Gpu {
             .map_err(|_| GpuError::Readback("device dropped the mapping request".into()))?
             .map_err(|e| GpuError::Readback(e.to_string()))?;
         let view = staging
-            .get_mapped_range(..)
+            .get_mapped_range(0..hi - lo)
             .map_err(|e| GpuError::Readback(e.to_string()))?;
         let s = (start - lo) as usize;
         let out = view[s..s + (end - start) as usize].to_vec();
         drop(view);
         staging.unmap();
+        self.lock().staging.entry(class).or_default().push(staging);
         Ok(out)
     }
+}
+
+/// The bind group layout a kernel's WGSL declares (group 0): binding 0 is the parameter window, read-only storage
+/// at a dynamic offset; the others are storage buffers, read-only unless declared `read_write`. Explicit rather
+/// than derived by wgpu, because derived layouts cannot take dynamic offsets.
+fn binding_layout(source: &str) -> std::result::Result<Vec<wgpu::BindGroupLayoutEntry>, String> {
+    let mut entries: Vec<wgpu::BindGroupLayoutEntry> = Vec::new();
+    for (at, _) in source.match_indices("@binding(") {
+        let rest = &source[at + "@binding(".len()..];
+        let decl = &rest[..rest.find(';').ok_or("a @binding declaration without `;`")?];
+        let close = decl.find(')').ok_or("an unterminated @binding(")?;
+        let binding: u32 = decl[..close]
+            .trim()
+            .parse()
+            .map_err(|_| format!("@binding({}) is not a number", &decl[..close]))?;
+        let spec = decl
+            .find("var<")
+            .and_then(|s| decl[s + 4..].split_once('>').map(|(spec, _)| spec))
+            .ok_or_else(|| format!("binding {binding}: no var<...> declaration"))?;
+        let mut parts = spec.split(',').map(str::trim);
+        if parts.next() != Some("storage") {
+            return Err(format!(
+                "binding {binding}: only storage buffers are bound, got var<{spec}>"
+            ));
+        }
+        if entries.iter().any(|e| e.binding == binding) {
+            return Err(format!("binding {binding} is declared twice"));
+        }
+        entries.push(wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage {
+                    read_only: parts.next() != Some("read_write"),
+                },
+                has_dynamic_offset: binding == 0,
+                min_binding_size: None,
+            },
+            count: None,
+        });
+    }
+    entries.sort_by_key(|e| e.binding);
+    Ok(entries)
 }
 
 /// Pool size classes: powers of two and the midpoints between them, so at most a third is wasted.
@@ -730,6 +850,26 @@ mod tests {
             assert!(c >= b, "{b} -> {c}");
             assert!(c <= (b.next_multiple_of(256) * 3 / 2).max(256), "{b} -> {c}");
         }
+    }
+
+    #[test]
+    fn binding_layout_reads_access_modes() {
+        let src = "@group(0) @binding(0) var<storage, read> p: array<u32>;\n\
+                   @group(0) @binding(2) var<storage, read_write> out: array<f32>;\n\
+                   @group(0) @binding(1) var<storage> x: array<f32>;\nfn main() {}";
+        let e = binding_layout(src).unwrap();
+        let read_only = |i: usize| match e[i].ty {
+            wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage { read_only },
+                ..
+            } => read_only,
+            _ => panic!("not a storage buffer"),
+        };
+        assert_eq!(e.iter().map(|e| e.binding).collect::<Vec<_>>(), [0, 1, 2]);
+        assert!(read_only(0) && read_only(1) && !read_only(2));
+        assert!(e[0].ty.has_dynamic_offset() && !e[1].ty.has_dynamic_offset());
+        assert!(binding_layout("@group(0) @binding(0) var<uniform> u: vec4<f32>;").is_err());
+        assert!(binding_layout("@group(0) @binding(x) var<storage> u: array<u32>;").is_err());
     }
 
     #[test]
