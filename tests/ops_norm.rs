@@ -290,3 +290,250 @@ fn norm_rejects_bad_arguments() {
             .is_err()
     );
 }
+
+/// A `rows x c` tensor of `dtype` holding `vals` (row-major), viewed through `layout`: contiguous, transposed
+/// (column stride `rows`) or narrowed out of rows of `c + 5` elements (filled around with garbage).
+fn view(rng: &mut Rng, vals: &[f32], rows: usize, c: usize, dtype: DType, layout: &str) -> Tensor {
+    let d = dev();
+    let base = |host: &[f32], shape: &[usize]| Tensor::from_slice(host, shape, &d).unwrap().to_dtype(dtype).unwrap();
+    let t = match layout {
+        "transposed" => {
+            let host: Vec<f32> = (0..c * rows).map(|i| vals[(i % rows) * c + i / rows]).collect();
+            base(&host, &[c, rows]).t().unwrap()
+        }
+        "narrowed" => {
+            let mut host = rng.vec(rows * (c + 5), -9.0, 9.0);
+            for r in 0..rows {
+                host[r * (c + 5) + 2..r * (c + 5) + 2 + c].copy_from_slice(&vals[r * c..(r + 1) * c]);
+            }
+            base(&host, &[rows, c + 5]).narrow(-1, 2, c).unwrap()
+        }
+        _ => base(vals, &[rows, c]),
+    };
+    assert_eq!(t.is_contiguous(), layout == "contiguous", "{layout} view");
+    t
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+/// `add_rms_norm` of `rows x c` inputs laid out as `layouts` against `x.add(r)?.rms_norm(w, eps)` (bit for bit) and
+/// against the f64 reference.
+fn check_add(rng: &mut Rng, rows: usize, c: usize, with_w: bool, dtype: DType, layouts: [&str; 2]) {
+    let d = dev();
+    let x = rounded(&rng.vec(rows * c, -2.0, 2.0), dtype);
+    let r = rounded(&rng.vec(rows * c, -2.0, 2.0), dtype);
+    let w = rounded(&rng.vec(c, 0.5, 1.5), dtype);
+    let eps = 1e-5;
+    let (xt, rt) = (
+        view(rng, &x, rows, c, dtype, layouts[0]),
+        view(rng, &r, rows, c, dtype, layouts[1]),
+    );
+    let wt = Tensor::from_slice(&w, &[c], &d).unwrap().to_dtype(dtype).unwrap();
+    let wo = with_w.then_some(&wt);
+    let (sum, normed) = xt.add_rms_norm(&rt, wo, eps).unwrap();
+    let what = format!("add_rms_norm {rows}x{c} {dtype} {layouts:?} w={with_w}");
+    for t in [&sum, &normed] {
+        assert_eq!(t.shape(), &[rows, c], "{what}");
+        assert_eq!(t.dtype(), dtype, "{what}");
+        assert!(t.is_contiguous(), "{what}");
+    }
+    let want_sum = xt.add(&rt).unwrap();
+    let want_normed = want_sum.rms_norm(wo, eps).unwrap();
+    assert_eq!(bits(&sum), bits(&want_sum), "{what}: sum differs from add");
+    assert_eq!(
+        bits(&normed),
+        bits(&want_normed),
+        "{what}: normed differs from add + rms_norm"
+    );
+    let exact: Vec<f64> = x.iter().zip(&r).map(|(&a, &b)| a as f64 + b as f64).collect();
+    let rtol = if dtype == DType::F32 { 1e-6 } else { 1e-2 };
+    assert_close(&format!("{what}: sum"), &sum.to_f32_vec().unwrap(), &exact, rtol, 0.0);
+    let s = sum.to_f32_vec().unwrap();
+    let want = reference(&s, wo.map(|_| &w[..]), None, &vec![0.0; s.len()], c, false, eps);
+    let (rtol, atol) = if dtype == DType::F32 {
+        (1e-5, 1e-5)
+    } else {
+        (1e-2, 1e-2)
+    };
+    assert_close(
+        &format!("{what}: normed"),
+        &normed.to_f32_vec().unwrap(),
+        &want.y,
+        rtol,
+        atol,
+    );
+}
+
+#[test]
+fn add_rms_norm_matches_unfused_bitwise() {
+    let mut rng = Rng::new("add_rms_norm_matches_unfused_bitwise");
+    for c in [1, 3, 17, 257, 1000] {
+        check_add(&mut rng, 3, c, true, DType::F32, ["contiguous"; 2]);
+    }
+    check_add(&mut rng, 5, 17, false, DType::F32, ["contiguous"; 2]);
+    check_add(&mut rng, 150, 5, true, DType::F32, ["contiguous"; 2]);
+}
+
+#[test]
+fn add_rms_norm_in_16_bit() {
+    let mut rng = Rng::new("add_rms_norm_in_16_bit");
+    for dtype in [DType::F16, DType::BF16] {
+        // Even rows are written directly; odd rows share output words and go through f32.
+        check_add(&mut rng, 3, 16, true, dtype, ["contiguous"; 2]);
+        check_add(&mut rng, 3, 17, true, dtype, ["contiguous"; 2]);
+        check_add(&mut rng, 2, 1, false, dtype, ["contiguous"; 2]);
+        check_add(&mut rng, 2, 300, true, dtype, ["contiguous"; 2]);
+    }
+}
+
+#[test]
+fn add_rms_norm_reads_strided_rows() {
+    let mut rng = Rng::new("add_rms_norm_reads_strided_rows");
+    check_add(&mut rng, 4, 17, true, DType::F32, ["transposed", "contiguous"]);
+    check_add(&mut rng, 3, 300, true, DType::F32, ["contiguous", "narrowed"]);
+    check_add(&mut rng, 5, 9, false, DType::F32, ["narrowed", "transposed"]);
+    check_add(&mut rng, 3, 10, true, DType::BF16, ["transposed", "narrowed"]);
+    check_add(&mut rng, 3, 9, true, DType::F16, ["narrowed", "transposed"]);
+}
+
+#[test]
+fn add_rms_norm_of_empty_tensors() {
+    let d = dev();
+    for shape in [[0usize, 5], [4, 0]] {
+        let c = shape[1];
+        let x = Tensor::zeros(&shape, DType::F32, &d).unwrap().requires_grad_();
+        let r = Tensor::zeros(&shape, DType::F32, &d).unwrap().requires_grad_();
+        let w = Tensor::ones(&[c], DType::F32, &d).unwrap().requires_grad_();
+        let (sum, normed) = x.add_rms_norm(&r, Some(&w), 1e-5).unwrap();
+        assert_eq!(sum.shape(), &shape);
+        assert_eq!(normed.shape(), &shape);
+        let loss = sum.sum_all().unwrap().add(&normed.sum_all().unwrap()).unwrap();
+        loss.backward().unwrap();
+        assert_eq!(x.grad().unwrap().shape(), &shape);
+        assert_eq!(r.grad().unwrap().shape(), &shape);
+        assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![0.0; c]);
+    }
+}
+
+#[test]
+fn add_rms_norm_gradcheck() {
+    let mut rng = Rng::new("add_rms_norm_gradcheck");
+    let (x, r, w) = (rng.vec(10, -2.0, 2.0), rng.vec(10, -2.0, 2.0), rng.vec(5, 0.5, 1.5));
+    let inputs = [(x, vec![2, 5]), (r, vec![2, 5]), (w, vec![5])];
+    // Both outputs at once, with independent random weights on each.
+    gradcheck("add_rms_norm (sum, normed)", &mut rng, &inputs, |t| {
+        let (sum, normed) = t[0].add_rms_norm(&t[1], Some(&t[2]), 1e-5)?;
+        Tensor::cat(&[normed, sum], 0)
+    });
+    gradcheck("add_rms_norm normed only", &mut rng, &inputs, |t| {
+        Ok(t[0].add_rms_norm(&t[1], Some(&t[2]), 1e-5)?.1)
+    });
+    gradcheck("add_rms_norm sum only", &mut rng, &inputs, |t| {
+        Ok(t[0].add_rms_norm(&t[1], Some(&t[2]), 1e-5)?.0)
+    });
+    gradcheck("add_rms_norm without weight", &mut rng, &inputs[..2], |t| {
+        let (sum, normed) = t[0].add_rms_norm(&t[1], None, 1e-5)?;
+        Tensor::cat(&[normed, sum], 0)
+    });
+}
+
+#[test]
+fn add_rms_norm_gradients_match_unfused() {
+    let d = dev();
+    let mut rng = Rng::new("add_rms_norm_gradients_match_unfused");
+    let (rows, c) = (3, 33);
+    let leaf = |v: &[f32], shape: &[usize]| Tensor::from_slice(v, shape, &d).unwrap().requires_grad_();
+    let (x, r, w) = (
+        rng.vec(rows * c, -2.0, 2.0),
+        rng.vec(rows * c, -2.0, 2.0),
+        rng.vec(c, 0.5, 1.5),
+    );
+    let g1 = Tensor::from_slice(&rng.vec(rows * c, -1.0, 1.0), &[rows, c], &d).unwrap();
+    let g2 = Tensor::from_slice(&rng.vec(rows * c, -1.0, 1.0), &[rows, c], &d).unwrap();
+    // Only x requires a gradient on the fused side of the second case: the residual is a plain tensor.
+    for r_trains in [true, false] {
+        let grads = |fused: bool| -> Vec<Vec<u32>> {
+            let (xt, wt) = (leaf(&x, &[rows, c]), leaf(&w, &[c]));
+            let rt = Tensor::from_slice(&r, &[rows, c], &d).unwrap();
+            let rt = if r_trains { rt.requires_grad_() } else { rt };
+            let (sum, normed) = if fused {
+                xt.add_rms_norm(&rt, Some(&wt), 1e-5).unwrap()
+            } else {
+                let sum = xt.add(&rt).unwrap();
+                let normed = sum.rms_norm(Some(&wt), 1e-5).unwrap();
+                (sum, normed)
+            };
+            let loss = normed.mul(&g1).unwrap().sum_all().unwrap();
+            let loss = loss.add(&sum.mul(&g2).unwrap().sum_all().unwrap()).unwrap();
+            loss.backward().unwrap();
+            let mut out = vec![bits(&xt.grad().unwrap()), bits(&wt.grad().unwrap())];
+            out.extend(rt.grad().map(|g| bits(&g)));
+            out
+        };
+        let (fused, unfused) = (grads(true), grads(false));
+        assert_eq!(fused.len(), if r_trains { 3 } else { 2 });
+        for (k, (a, b)) in fused.iter().zip(&unfused).enumerate() {
+            assert_eq!(a, b, "gradient {k} (x, w, r) with r_trains={r_trains}");
+        }
+    }
+}
+
+#[test]
+fn add_rms_norm_rejects_bad_arguments() {
+    let d = dev();
+    let x = Tensor::zeros(&[2, 4], DType::F32, &d).unwrap();
+    let zeros = |shape: &[usize], dtype: DType| Tensor::zeros(shape, dtype, &d).unwrap();
+    // No broadcasting: the residual must have x's shape exactly.
+    for shape in [&[2, 3][..], &[4], &[1, 4], &[4, 2]] {
+        assert!(
+            x.add_rms_norm(&zeros(shape, DType::F32), None, 1e-5).is_err(),
+            "{shape:?}"
+        );
+    }
+    assert!(x.add_rms_norm(&zeros(&[2, 4], DType::BF16), None, 1e-5).is_err());
+    assert!(x.add_rms_norm(&x, Some(&zeros(&[3], DType::F32)), 1e-5).is_err());
+    assert!(x.add_rms_norm(&x, Some(&zeros(&[4], DType::I32)), 1e-5).is_err());
+    let xi = zeros(&[2, 4], DType::I32);
+    assert!(xi.add_rms_norm(&xi, None, 1e-5).is_err());
+    let s = zeros(&[], DType::F32);
+    assert!(s.add_rms_norm(&s, None, 1e-5).is_err());
+    assert!(x.add_rms_norm(&x, None, 1e-5).is_ok());
+}
+
+/// The add, the statistics and the normalization are one kernel launch, with or without autograd recording
+/// (counted on a private device, so that tests running in parallel do not interfere).
+#[test]
+fn add_rms_norm_is_one_launch() {
+    let d = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    for dtype in [DType::F32, DType::BF16] {
+        let x = Tensor::from_slice(&[0.5f32; 2 * 64], &[2, 64], &d)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let r = Tensor::from_slice(&[1.5f32; 64 * 2], &[64, 2], &d)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+            .t()
+            .unwrap();
+        let w = Tensor::from_slice(&[3.0f32; 64], &[64], &d)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        for x in [x.clone(), x.requires_grad_()] {
+            let before = d.dispatch_count();
+            let (sum, normed) = x.add_rms_norm(&r, Some(&w), 1e-5).unwrap();
+            assert_eq!(d.dispatch_count() - before, 1, "{dtype}");
+            assert_eq!(sum.to_f32_vec().unwrap(), vec![2.0; 2 * 64]);
+            assert_close(
+                &format!("{dtype} normed"),
+                &normed.to_f32_vec().unwrap(),
+                &[3.0; 2 * 64],
+                1e-5,
+                0.0,
+            );
+        }
+    }
+}
