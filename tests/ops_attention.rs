@@ -1,0 +1,323 @@
+//! cached_attention (fused decode attention over a key/value cache) against an f64 CPU reference.
+
+mod common;
+
+use common::*;
+use hierarchos::core::{DType, Error, Tensor, no_grad};
+
+/// One attention problem: batch, query heads, key/value heads, queries, keys, head size, positions, window.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    b: usize,
+    h: usize,
+    kvh: usize,
+    t: usize,
+    s: usize,
+    d: usize,
+    q_start: usize,
+    k_start: usize,
+    window: Option<usize>,
+}
+
+/// Inputs as the kernel sees them: `q` a permuted view of `[B, T, H, D]` data, `k` and `v` narrow views of
+/// `[B, KVH, S + 7, D]` caches starting at key 3, with the logical (row-major) values of each view.
+struct Inputs {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    qv: Vec<f32>,
+    kv: Vec<f32>,
+    vv: Vec<f32>,
+}
+
+/// The elements of view `t` of a tensor whose buffer holds `base`, in row-major order.
+fn logical(t: &Tensor, base: &[f32]) -> Vec<f32> {
+    let l = t.layout();
+    strided_indices(&l.shape, &l.strides, l.offset)
+        .into_iter()
+        .map(|o| base[o])
+        .collect()
+}
+
+fn inputs(rng: &mut Rng, c: Case) -> Inputs {
+    let d = dev();
+    let qdata = rng.vec(c.b * c.t * c.h * c.d, -1.0, 1.0);
+    let q = Tensor::from_slice(&qdata, &[c.b, c.t, c.h, c.d], &d)
+        .unwrap()
+        .permute(&[0, 2, 1, 3])
+        .unwrap();
+    let len = c.s + 7;
+    let cache = |rng: &mut Rng| {
+        let data = rng.vec(c.b * c.kvh * len * c.d, -1.0, 1.0);
+        let full = Tensor::from_slice(&data, &[c.b, c.kvh, len, c.d], &d).unwrap();
+        let view = full.narrow(2, 3, c.s).unwrap();
+        let vals = logical(&view, &data);
+        (view, vals)
+    };
+    let (k, kv) = cache(rng);
+    let (v, vv) = cache(rng);
+    let qv = logical(&q, &qdata);
+    Inputs { q, k, v, qv, kv, vv }
+}
+
+/// out[b, t, h, :] = Σ_j softmax_j(q·k_j) v_j over the visible keys, in f64, as a `[B, T, H, D]` array.
+fn reference(c: Case, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
+    let mut out = vec![0.0; c.b * c.t * c.h * c.d];
+    let group = c.h / c.kvh;
+    for b in 0..c.b {
+        for h in 0..c.h {
+            let kh = h / group;
+            for t in 0..c.t {
+                let qpos = c.q_start + t;
+                let qrow = &q[((b * c.h + h) * c.t + t) * c.d..][..c.d];
+                let krow = |j: usize| ((b * c.kvh + kh) * c.s + j) * c.d;
+                let scores: Vec<f64> = (0..c.s)
+                    .map(|j| {
+                        let kpos = c.k_start + j;
+                        let visible = kpos <= qpos && c.window.is_none_or(|w| kpos + w > qpos);
+                        if !visible {
+                            return f64::NEG_INFINITY;
+                        }
+                        (0..c.d).map(|e| qrow[e] as f64 * k[krow(j) + e] as f64).sum()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|&s| (s - m).exp()).collect();
+                let total: f64 = w.iter().sum();
+                for e in 0..c.d {
+                    out[((b * c.t + t) * c.h + h) * c.d + e] =
+                        (0..c.s).map(|j| w[j] * v[krow(j) + e] as f64).sum::<f64>() / total;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn check(rng: &mut Rng, c: Case) {
+    let x = inputs(rng, c);
+    assert!(x.k.layout().offset > 0, "{c:?}: k should be a view into the cache");
+    let got =
+        x.q.cached_attention(&x.k, &x.v, c.q_start, c.k_start, c.window)
+            .unwrap();
+    assert_eq!(got.shape(), [c.b, c.t, c.h, c.d], "{c:?}");
+    assert!(got.is_contiguous(), "{c:?}");
+    let want = reference(c, &x.qv, &x.kv, &x.vv);
+    assert_close(&format!("{c:?}"), &got.to_f32_vec().unwrap(), &want, 1e-5, 2e-6);
+}
+
+fn case(
+    (b, h, kvh): (usize, usize, usize),
+    (t, s, d): (usize, usize, usize),
+    (q_start, k_start, window): (usize, usize, Option<usize>),
+) -> Case {
+    Case {
+        b,
+        h,
+        kvh,
+        t,
+        s,
+        d,
+        q_start,
+        k_start,
+        window,
+    }
+}
+
+#[test]
+fn cached_attention_matches_reference() {
+    let mut rng = Rng::new("cached_attention_matches_reference");
+    for c in [
+        // One key, one query.
+        case((1, 1, 1), (1, 1, 3), (0, 0, None)),
+        case((1, 1, 1), (1, 1, 1), (5, 5, Some(1))),
+        // Decode: the last positions of the cache.
+        case((2, 3, 1), (3, 17, 8), (14, 0, None)),
+        case((1, 4, 2), (5, 17, 64), (12, 0, Some(4))),
+        case((2, 9, 3), (1, 17, 3), (20, 4, Some(6))),
+        case((2, 4, 2), (1, 17, 8), (20, 4, Some(100))),
+        // Prefill: the queries are the keys (square causal mask), with and without a window of 1 (only itself).
+        case((1, 4, 2), (17, 17, 8), (0, 0, None)),
+        case((2, 3, 1), (5, 5, 8), (9, 9, Some(1))),
+        case((1, 3, 3), (5, 17, 8), (6, 2, Some(3))),
+        // Head sizes filling 2, 3 and all 4 of each thread's output components.
+        case((1, 2, 1), (3, 17, 130), (14, 0, None)),
+        case((1, 2, 2), (1, 17, 256), (16, 0, Some(9))),
+        // More keys than one chunk (1024): the online softmax across chunks, and a window starting past the
+        // first chunk's start.
+        case((1, 4, 2), (3, 1100, 8), (1097, 0, None)),
+        case((1, 3, 1), (3, 1100, 64), (1105, 8, Some(1050))),
+        case((2, 1, 1), (1, 1100, 3), (1099, 0, Some(70))),
+    ] {
+        check(&mut rng, c);
+    }
+}
+
+/// Scores far apart: the max subtraction keeps exp finite, and far-below-max keys underflow to weight 0.
+#[test]
+fn cached_attention_large_scores() {
+    let mut rng = Rng::new("cached_attention_large_scores");
+    let d = dev();
+    let c = case((1, 2, 1), (3, 1100, 8), (1097, 0, None));
+    let q: Vec<f32> = rng.vec(c.h * c.t * c.d, -1.0, 1.0).iter().map(|x| x * 40.0).collect();
+    let k = rng.vec(c.s * c.d, -1.0, 1.0);
+    let v = rng.vec(c.s * c.d, -1.0, 1.0);
+    let t = |x: &[f32], shape: &[usize]| Tensor::from_slice(x, shape, &d).unwrap();
+    let got = t(&q, &[1, c.h, c.t, c.d])
+        .cached_attention(
+            &t(&k, &[1, 1, c.s, c.d]),
+            &t(&v, &[1, 1, c.s, c.d]),
+            c.q_start,
+            c.k_start,
+            None,
+        )
+        .unwrap();
+    let out = got.to_f32_vec().unwrap();
+    assert!(out.iter().all(|x| x.is_finite()), "{out:?}");
+    assert_close("large scores", &out, &reference(c, &q, &k, &v), 1e-4, 1e-5);
+}
+
+/// The whole step is one kernel launch, whatever the views (counted on a private device, so that tests running
+/// in parallel do not interfere).
+#[test]
+fn cached_attention_is_one_launch() {
+    let d = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    let q = Tensor::from_slice(&[0.5f32; 2 * 4 * 8], &[1, 2, 4, 8], &d)
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap();
+    let cache = Tensor::from_slice(&[0.25f32; 2 * 20 * 8], &[1, 2, 20, 8], &d).unwrap();
+    let kv = cache.narrow(2, 0, 9).unwrap();
+    let before = d.dispatch_count();
+    let out = q.cached_attention(&kv, &kv, 5, 0, None).unwrap();
+    assert_eq!(d.dispatch_count() - before, 1);
+    assert_eq!(out.to_f32_vec().unwrap(), vec![0.25; 4 * 2 * 8]);
+}
+
+#[test]
+fn cached_attention_empty() {
+    let d = dev();
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &d).unwrap();
+    for (q, kv, q_start, k_start, want) in [
+        // No queries: no key needed, even with none at all.
+        (vec![2, 3, 0, 8], vec![2, 3, 0, 8], 0, 0, vec![2, 0, 3, 8]),
+        (vec![2, 3, 0, 8], vec![2, 1, 5, 8], 9, 0, vec![2, 0, 3, 8]),
+        (vec![0, 2, 3, 8], vec![0, 1, 5, 8], 2, 0, vec![0, 3, 2, 8]),
+        (vec![1, 0, 3, 8], vec![1, 2, 5, 8], 2, 0, vec![1, 3, 0, 8]),
+        (vec![1, 0, 3, 8], vec![1, 0, 5, 8], 2, 0, vec![1, 3, 0, 8]),
+        (vec![1, 2, 3, 0], vec![1, 1, 5, 0], 2, 0, vec![1, 3, 2, 0]),
+    ] {
+        let out = z(&q)
+            .cached_attention(&z(&kv), &z(&kv), q_start, k_start, None)
+            .unwrap();
+        assert_eq!(out.shape(), want, "{q:?} {kv:?}");
+        assert!(out.to_f32_vec().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn cached_attention_errors() {
+    let d = dev();
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &d).unwrap();
+    let attend = |q: &[usize], k: &[usize], v: &[usize], q_start, k_start, window| {
+        z(q).cached_attention(&z(k), &z(v), q_start, k_start, window)
+            .unwrap_err()
+    };
+    let named = |e: Error| {
+        assert!(e.to_string().contains("cached_attention"), "{e}");
+        e
+    };
+    let (q, kv) = ([1, 4, 1, 8], [1, 2, 6, 8]);
+    // Ranks and shapes.
+    assert!(matches!(
+        named(attend(&[4, 1, 8], &kv, &kv, 5, 0, None)),
+        Error::RankMismatch { .. }
+    ));
+    assert!(matches!(
+        named(attend(&q, &[2, 6, 8], &[2, 6, 8], 5, 0, None)),
+        Error::RankMismatch { .. }
+    ));
+    assert!(matches!(
+        named(attend(&q, &kv, &[1, 2, 7, 8], 5, 0, None)),
+        Error::ShapeMismatch { .. }
+    ));
+    assert!(matches!(
+        named(attend(&q, &[2, 2, 6, 8], &[2, 2, 6, 8], 5, 0, None)),
+        Error::ShapeMismatch { .. }
+    ));
+    assert!(matches!(
+        named(attend(&q, &[1, 2, 6, 4], &[1, 2, 6, 4], 5, 0, None)),
+        Error::ShapeMismatch { .. }
+    ));
+    // Head ratio.
+    assert!(matches!(
+        named(attend(&[1, 3, 1, 8], &kv, &kv, 5, 0, None)),
+        Error::Invalid { .. }
+    ));
+    assert!(matches!(
+        named(attend(&[1, 2, 1, 8], &[1, 4, 6, 8], &[1, 4, 6, 8], 5, 0, None)),
+        Error::Invalid { .. }
+    ));
+    assert!(matches!(
+        named(attend(&q, &[1, 0, 6, 8], &[1, 0, 6, 8], 5, 0, None)),
+        Error::Invalid { .. }
+    ));
+    // Head size.
+    assert!(matches!(
+        named(attend(&[1, 2, 1, 257], &[1, 2, 6, 257], &[1, 2, 6, 257], 5, 0, None)),
+        Error::Invalid { .. }
+    ));
+    // Visibility: a key after the query's start, a query past the last key, a window of 0, no keys.
+    assert!(matches!(named(attend(&q, &kv, &kv, 5, 6, None)), Error::Invalid { .. }));
+    assert!(matches!(named(attend(&q, &kv, &kv, 6, 0, None)), Error::Invalid { .. }));
+    assert!(matches!(
+        named(attend(&[1, 4, 3, 8], &kv, &kv, 4, 0, None)),
+        Error::Invalid { .. }
+    ));
+    assert!(matches!(
+        named(attend(&q, &kv, &kv, 5, 0, Some(0))),
+        Error::Invalid { .. }
+    ));
+    assert!(matches!(
+        named(attend(&q, &[1, 2, 0, 8], &[1, 2, 0, 8], 0, 0, None)),
+        Error::Invalid { .. }
+    ));
+    let top = u32::MAX as usize;
+    assert!(matches!(
+        named(attend(&q, &kv, &kv, top, top - 2, None)),
+        Error::Invalid { .. }
+    ));
+    // The boundaries of the same checks pass.
+    z(&q).cached_attention(&z(&kv), &z(&kv), 5, 0, Some(1)).unwrap();
+    z(&[1, 4, 6, 8]).cached_attention(&z(&kv), &z(&kv), 3, 3, None).unwrap();
+    // Dtype of each input.
+    let h = |shape: &[usize]| z(shape).to_dtype(DType::F16).unwrap();
+    for (a, b, c) in [
+        (h(&q), z(&kv), z(&kv)),
+        (z(&q), h(&kv), z(&kv)),
+        (z(&q), z(&kv), h(&kv)),
+    ] {
+        let e = named(a.cached_attention(&b, &c, 5, 0, None).unwrap_err());
+        assert!(matches!(e, Error::DTypeMismatch { got: DType::F16, .. }), "{e}");
+    }
+}
+
+/// Inputs requiring grad are refused while grad is on (the kernel has no backward) and accepted under no_grad.
+#[test]
+fn cached_attention_refuses_grad() {
+    let d = dev();
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &d).unwrap();
+    let (q, kv) = (z(&[1, 2, 1, 4]), z(&[1, 1, 3, 4]));
+    for which in 0..3 {
+        let mut ts = [q.clone(), kv.clone(), kv.clone()];
+        ts[which] = ts[which].requires_grad_();
+        let e = ts[0].cached_attention(&ts[1], &ts[2], 2, 0, None).unwrap_err();
+        assert!(
+            matches!(&e, Error::Invalid { op: "cached_attention", message } if message.contains("inference")),
+            "{e}"
+        );
+        let out = no_grad(|| ts[0].cached_attention(&ts[1], &ts[2], 2, 0, None)).unwrap();
+        assert!(!out.requires_grad());
+        assert_eq!(out.to_f32_vec().unwrap(), vec![0.0; 8]);
+    }
+}
