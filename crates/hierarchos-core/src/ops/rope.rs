@@ -2,6 +2,10 @@
 //! half a head away, so applying RoPE costs one dispatch instead of the slices, products and concatenation of
 //! `x * cos + rotate_half(x) * sin`.
 
+use std::sync::Arc;
+
+use hierarchos_wgpu::{DType, Dispatch, Gpu};
+
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::map::Map;
@@ -90,5 +94,167 @@ impl Tensor {
             Box::new(move |g| Ok(vec![Some(g.rope(&cos, &sin.neg()?)?)])),
         );
         Ok(out.with_node(node))
+    }
+}
+
+const ROPE_CACHE_WGSL: &str = include_str!("../../../../wgsl/rope_cache.wgsl");
+
+/// The rotary tables of one attention step: cosines and sines `[T, D/2]` for queries (usually carrying the
+/// score scale) and for keys.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeTables<'a> {
+    /// Query cosines.
+    pub cos_q: &'a Tensor,
+    /// Query sines.
+    pub sin_q: &'a Tensor,
+    /// Key cosines.
+    pub cos_k: &'a Tensor,
+    /// Key sines.
+    pub sin_k: &'a Tensor,
+}
+
+impl Tensor {
+    /// One inference step's rotary and cache update in a single launch (decode is bound by launches): returns
+    /// the queries `self` (`[B, T, H, D]`, any layout) rotated by the query tables as a dense `[B, H, T, D]`
+    /// tensor, rotates the keys `k` (`[B, T, KVH, D]`) into `k_cache` and copies the values `v` into `v_cache`
+    /// (the cache regions of the new positions, `[B, KVH, T, D]` views). The same arithmetic as [`Tensor::rope`]
+    /// and [`Tensor::write_at`]. Everything is f32; not differentiable (a cache holds values, not history).
+    pub fn rope_into_cache(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        tables: RopeTables<'_>,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+    ) -> Result<Tensor> {
+        const OP: &str = "rope_into_cache";
+        let q = self;
+        let all = [
+            q,
+            k,
+            v,
+            tables.cos_q,
+            tables.sin_q,
+            tables.cos_k,
+            tables.sin_k,
+            k_cache,
+            v_cache,
+        ];
+        if let Some(t) = all.iter().find(|t| t.dtype() != DType::F32) {
+            return Err(Error::DTypeMismatch {
+                op: OP,
+                expected: "f32".into(),
+                got: t.dtype(),
+            });
+        }
+        if grad_enabled() && [q, k, v].iter().any(|t| t.requires_grad()) {
+            return Err(Error::Invalid {
+                op: OP,
+                message: "the fused rotary and cache update is for inference; use rope and write_at to train".into(),
+            });
+        }
+        let bad = || Error::Invalid {
+            op: OP,
+            message: format!(
+                "queries {:?}, keys {:?}, values {:?}, tables {:?}, caches {:?} / {:?} do not fit \
+                 ([B, T, H, D], [B, T, KVH, D] twice, [T, D/2] four times, [B, KVH, T, D] twice, D even)",
+                q.shape(),
+                k.shape(),
+                v.shape(),
+                tables.cos_q.shape(),
+                k_cache.shape(),
+                v_cache.shape()
+            ),
+        };
+        if q.rank() != 4 || k.rank() != 4 || v.shape() != k.shape() {
+            return Err(bad());
+        }
+        let [b, t, h, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
+        let kvh = k.shape()[2];
+        if k.shape()[0] != b || k.shape()[1] != t || k.shape()[3] != d || !d.is_multiple_of(2) {
+            return Err(bad());
+        }
+        let table = [t, d / 2];
+        let cache = [b, kvh, t, d];
+        let tabs = [tables.cos_q, tables.sin_q, tables.cos_k, tables.sin_k];
+        if tabs.iter().any(|x| x.shape() != table) || k_cache.shape() != cache || v_cache.shape() != cache {
+            return Err(bad());
+        }
+        if std::ptr::eq(k_cache.buffer(), v_cache.buffer()) {
+            return Err(Error::Invalid {
+                op: OP,
+                message: "keys and values must be cached in different buffers".into(),
+            });
+        }
+        let device = q.device().clone();
+        if all.iter().any(|x| !Arc::ptr_eq(x.device(), &device)) {
+            return Err(Error::Invalid {
+                op: OP,
+                message: "operands live on different devices".into(),
+            });
+        }
+        let n = b * t * (h + 2 * kvh) * d;
+        if n == 0 {
+            return Tensor::zeros(&[b, h, t, d], DType::F32, &device);
+        }
+        // Every element is written by the kernel: no clearing (which would also end the open compute pass).
+        let out = Tensor::from_buffer(
+            device.alloc(OP, Tensor::bytes_for(b * h * t * d, DType::F32))?,
+            &[b, h, t, d],
+            DType::F32,
+            None,
+        );
+        let mut params = vec![b as u32, t as u32, h as u32, kvh as u32, d as u32, n as u32];
+        for x in [q, k, v, k_cache, v_cache] {
+            params.push(x.layout().offset as u32);
+            params.extend(x.layout().strides.iter().map(|&s| s as u32));
+        }
+        for x in tabs {
+            params.push(x.layout().offset as u32);
+            params.extend(x.layout().strides.iter().map(|&s| s as u32));
+        }
+        let source = || {
+            let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
+            let names = [
+                ("out", "read_write"),
+                ("q", "read"),
+                ("k", "read"),
+                ("v", "read"),
+                ("kc", "read_write"),
+                ("vc", "read_write"),
+                ("cos_q", "read"),
+                ("sin_q", "read"),
+                ("cos_k", "read"),
+                ("sin_k", "read"),
+            ];
+            for (i, (name, access)) in names.iter().enumerate() {
+                s.push_str(&format!(
+                    "@group(0) @binding({}) var<storage, {access}> {name}: array<f32>;\n",
+                    i + 1
+                ));
+            }
+            s.push_str(ROPE_CACHE_WGSL);
+            s
+        };
+        device.dispatch(Dispatch {
+            op: OP,
+            key: OP,
+            source: &source,
+            buffers: &[
+                out.buffer(),
+                q.buffer(),
+                k.buffer(),
+                v.buffer(),
+                k_cache.buffer(),
+                v_cache.buffer(),
+                tables.cos_q.buffer(),
+                tables.sin_q.buffer(),
+                tables.cos_k.buffer(),
+                tables.sin_k.buffer(),
+            ],
+            params: &params,
+            workgroups: Gpu::grid((n as u32).div_ceil(256)),
+        })?;
+        Ok(out)
     }
 }
