@@ -1,7 +1,9 @@
 //! Causal self-attention with rotary positions: multi-head, grouped-query (GQA) and multi-query (MQA), optional
 //! q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3) and sliding windows (Mistral).
 
-use hierarchos_core::Tensor;
+use std::cell::OnceCell;
+
+use hierarchos_core::{Device, Tensor, grad_enabled};
 
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
@@ -33,49 +35,98 @@ pub struct Attention {
     pub head_dim: usize,
 }
 
-/// What every layer of one forward shares: the rotary tables of the new positions, the additive mask, and the
-/// first key position attended to.
-#[derive(Clone, Debug)]
+/// Queries of a cached step up to which attention runs as one fused kernel; longer prompts take the batched
+/// matmuls, which use the GPU better when there are many queries.
+pub const FUSED_ATTENTION_MAX_QUERIES: usize = 64;
+
+/// What every layer of one forward shares: the rotary tables of the new positions, where queries and keys
+/// start, the sliding window, and the additive mask (built on first use, once for all layers).
+#[derive(Debug)]
 pub struct AttentionContext {
-    /// Rotary tables of positions `start..start + T`.
+    /// Rotary tables of the new positions.
     pub tables: RopeTables,
-    /// `[T, S]` additive mask (0 or -inf) over the `S` keys from `key_start`, `None` when every key is visible.
-    pub mask: Option<Tensor>,
+    /// Position of the first query (0 without a cache).
+    pub query_start: usize,
     /// Position of the first key attended to (later than 0 when a sliding window lets older keys go).
     pub key_start: usize,
+    /// Mistral's sliding window, if any.
+    pub window: Option<usize>,
+    mask: OnceCell<Option<Tensor>>,
+}
+
+impl AttentionContext {
+    /// The context of queries from `query_start` over keys from `key_start`.
+    pub fn new(tables: RopeTables, query_start: usize, key_start: usize, window: Option<usize>) -> Self {
+        AttentionContext {
+            tables,
+            query_start,
+            key_start,
+            window,
+            mask: OnceCell::new(),
+        }
+    }
+
+    /// The `[T, S]` additive mask (0 or -inf) of `t` queries over `s` keys, `None` when every key is visible.
+    pub fn mask(&self, t: usize, s: usize, device: &Device) -> Result<Option<&Tensor>> {
+        if self.mask.get().is_none() {
+            let mask = attention_mask(self.query_start, t, self.key_start, s, self.window)
+                .map(|m| Tensor::from_slice(&m, &[t, s], device))
+                .transpose()?;
+            let _ = self.mask.set(mask);
+        }
+        Ok(self.mask.get().and_then(Option::as_ref))
+    }
 }
 
 impl Attention {
     /// Attention over `x` (`[B, T, hidden]`) at the positions `ctx` describes. With a cache, the new keys and
-    /// values are appended to layer `layer` of it and the queries attend over the cached prefix too.
+    /// values are appended to layer `layer` of it and the queries attend over the cached prefix too; when
+    /// nothing needs gradients, that step runs fused kernels (rotary and cache update in one launch, attention
+    /// in another).
     pub fn forward(&self, x: &Tensor, ctx: &AttentionContext, cache: Option<(&KvCache, usize)>) -> Result<Tensor> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |y: Tensor, n: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
             let y = y.reshape(&[b, t, n, d])?;
-            let y = match norm {
+            Ok(match norm {
                 Some(norm) => norm.forward(&y)?,
                 None => y,
-            };
-            Ok(y.permute(&[0, 2, 1, 3])?)
+            })
         };
         let q = heads(self.q_proj.forward(x)?, h, &self.q_norm)?;
         let k = heads(self.k_proj.forward(x)?, kvh, &self.k_norm)?;
         let v = heads(self.v_proj.forward(x)?, kvh, &None)?;
-        let q = q.rope(&ctx.tables.cos_q, &ctx.tables.sin_q)?;
-        let k = k.rope(&ctx.tables.cos_k, &ctx.tables.sin_k)?;
-        let (k, v) = match cache {
-            Some((cache, layer)) => cache.append(layer, &k, &v, ctx.key_start)?,
-            None if ctx.key_start == 0 => (k, v),
-            None => {
-                return Err(Error::Invalid(
-                    "attention: keys before the first new position need a cache".into(),
-                ));
+        let differentiable = grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad());
+        let y = match cache {
+            Some((cache, layer)) if !differentiable => {
+                let (k_new, v_new) = cache.new_positions(layer, t)?;
+                let q = q.rope_into_cache(&k, &v, ctx.tables.step(), &k_new, &v_new)?;
+                let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;
+                if t <= FUSED_ATTENTION_MAX_QUERIES {
+                    q.cached_attention(&keys, &values, ctx.query_start, ctx.key_start, ctx.window)?
+                } else {
+                    let mask = ctx.mask(t, keys.shape()[2], x.device())?;
+                    scaled_dot_product(&q, &keys, &values, mask)?.permute(&[0, 2, 1, 3])?
+                }
+            }
+            _ => {
+                let q = q.permute(&[0, 2, 1, 3])?.rope(&ctx.tables.cos_q, &ctx.tables.sin_q)?;
+                let k = k.permute(&[0, 2, 1, 3])?.rope(&ctx.tables.cos_k, &ctx.tables.sin_k)?;
+                let v = v.permute(&[0, 2, 1, 3])?;
+                let (k, v) = match cache {
+                    Some((cache, layer)) => cache.append(layer, &k, &v, ctx.key_start)?,
+                    None if ctx.key_start == 0 => (k, v),
+                    None => {
+                        return Err(Error::Invalid(
+                            "attention: keys before the first new position need a cache".into(),
+                        ));
+                    }
+                };
+                let mask = ctx.mask(t, k.shape()[2], x.device())?;
+                scaled_dot_product(&q, &k, &v, mask)?.permute(&[0, 2, 1, 3])?
             }
         };
-        let y = scaled_dot_product(&q, &k, &v, ctx.mask.as_ref())?;
-        let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, h * d])?;
-        Ok(self.o_proj.forward(&y)?)
+        Ok(self.o_proj.forward(&y.reshape(&[b, t, h * d])?)?)
     }
 
     /// The parameters with their Hugging Face names (`q_proj.weight`, ..., `q_norm.weight`).

@@ -4,7 +4,7 @@
 use hierarchos_core::quant::QTensor;
 use hierarchos_core::{Device, Tensor};
 
-use crate::attention::{Attention, AttentionContext, attention_mask};
+use crate::attention::{Attention, AttentionContext};
 use crate::config::ModelConfig;
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
@@ -29,10 +29,20 @@ pub struct DecoderLayer {
 }
 
 impl DecoderLayer {
-    /// The block applied to `x` (`[B, T, hidden]`).
-    pub fn forward(&self, x: &Tensor, ctx: &AttentionContext, cache: Option<(&KvCache, usize)>) -> Result<Tensor> {
-        let x = x.add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, ctx, cache)?)?;
-        Ok(x.add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)?)
+    /// The block on the residual stream `x` (`[B, T, hidden]`), given `normed = input_layernorm(x)`: returns
+    /// the new stream `x + attn + mlp` and `next_norm` of it. Each residual add is fused with the norm after it
+    /// (the next layer's input norm, or the model's final norm), bit for bit the unfused result.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        normed: &Tensor,
+        next_norm: &RmsNorm,
+        ctx: &AttentionContext,
+        cache: Option<(&KvCache, usize)>,
+    ) -> Result<(Tensor, Tensor)> {
+        let attn = self.self_attn.forward(normed, ctx, cache)?;
+        let (x, h) = self.post_attention_layernorm.add_forward(x, &attn)?;
+        Ok(next_norm.add_forward(&x, &self.mlp.forward(&h)?)?)
     }
 
     /// The parameters with their Hugging Face names relative to the layer.
@@ -275,25 +285,21 @@ impl CausalLm {
             (Some(_), Some(w)) => (start + 1).saturating_sub(w),
             _ => 0,
         };
-        let keys = start + t - key_start;
         let (q_start, k_start) = if cache.is_some() { (start, key_start) } else { (0, 0) };
-        let mask = attention_mask(q_start, t, k_start, if cache.is_some() { keys } else { t }, window)
-            .map(|m| Tensor::from_slice(&m, &[t, m.len() / t], self.device()))
-            .transpose()?;
         let scale = 1.0 / (self.config.head_dim as f64).sqrt();
-        let ctx = AttentionContext {
-            tables: self.rotary.device_tables(start, t, scale, self.device())?,
-            mask,
-            key_start: k_start,
-        };
+        let tables = self.rotary.device_tables(start, t, scale, self.device())?;
+        let ctx = AttentionContext::new(tables, q_start, k_start, window);
         let mut x = self.embed_tokens.forward(ids)?;
+        let first_norm = self.layers.first().map_or(&self.norm, |l| &l.input_layernorm);
+        let mut normed = first_norm.forward(&x)?;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(&x, &ctx, cache.as_deref().map(|c| (c, i)))?;
+            let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
+            (x, normed) = layer.forward(&x, &normed, next_norm, &ctx, cache.as_deref().map(|c| (c, i)))?;
         }
         if let Some(c) = cache {
             c.advance(t);
         }
-        Ok(self.norm.forward(&x)?)
+        Ok(normed)
     }
 
     /// Logits `[..., vocab]` of final hidden states: `lm_head`, or the embedding matrix when tied.

@@ -84,8 +84,19 @@ impl KvCache {
         let (kc, vc) = &self.layers[layer];
         kc.write_at(2, self.len, k)?;
         vc.write_at(2, self.len, v)?;
-        let end = self.len + k.shape()[2];
-        Ok((kc.narrow(2, from, end - from)?, vc.narrow(2, from, end - from)?))
+        self.cached(layer, from, self.len + k.shape()[2])
+    }
+
+    /// Views of the key and value buffers of `layer` over positions `len..len + t`, where a step's new keys and
+    /// values are to be written.
+    pub(crate) fn new_positions(&self, layer: usize, t: usize) -> Result<(Tensor, Tensor)> {
+        self.cached(layer, self.len, self.len + t)
+    }
+
+    /// Views of the keys and values of `layer` at positions `from..to`.
+    pub(crate) fn cached(&self, layer: usize, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
+        let (kc, vc) = &self.layers[layer];
+        Ok((kc.narrow(2, from, to - from)?, vc.narrow(2, from, to - from)?))
     }
 
     /// Marks `n` more positions as filled once every layer has appended them.

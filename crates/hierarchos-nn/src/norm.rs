@@ -17,6 +17,12 @@ impl RmsNorm {
         x.rms_norm(Some(&self.weight), self.eps)
     }
 
+    /// `(x + residual, norm(x + residual))` in one kernel: a residual add and the norm after it, bit for bit
+    /// what the two ops give.
+    pub fn add_forward(&self, x: &Tensor, residual: &Tensor) -> Result<(Tensor, Tensor)> {
+        x.add_rms_norm(residual, Some(&self.weight), self.eps)
+    }
+
     /// The parameters with their Hugging Face names.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
         vec![("weight".to_string(), self.weight.clone())]

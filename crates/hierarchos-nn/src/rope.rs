@@ -32,6 +32,18 @@ pub struct RopeTables {
     pub sin_q: Tensor,
 }
 
+impl RopeTables {
+    /// The tables as the fused rotary and cache update takes them.
+    pub fn step(&self) -> hierarchos_core::ops::rope::RopeTables<'_> {
+        hierarchos_core::ops::rope::RopeTables {
+            cos_q: &self.cos_q,
+            sin_q: &self.sin_q,
+            cos_k: &self.cos_k,
+            sin_k: &self.sin_k,
+        }
+    }
+}
+
 impl RotaryEmbedding {
     /// Frequencies for heads of `head_dim` (even) under `rope`.
     pub fn new(head_dim: usize, rope: &RopeConfig) -> Result<Self> {
