@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use hierarchos_core::quant::{GgmlType, QTensor};
 use hierarchos_core::{DType, Device, Tensor, default_device};
-use hierarchos_nn::{CausalLm, ModelConfig};
+use hierarchos_nn::{CausalLm, LinearWeight, Model, ModelConfig};
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -109,9 +109,16 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
     Ok(())
 }
 
-/// The model shape to time.
+/// The model to time: a real one (`-m`), or random weights of a given shape.
 #[derive(clap::Args)]
 pub struct ModelArgs {
+    /// A model to time instead of random weights: a `.gguf` file or a model folder / Hub id (the shape flags
+    /// are then ignored).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<String>,
+    /// With a `.gguf` model: dequantize its weights to f32 on load (the same model unquantized).
+    #[arg(long)]
+    pub dequantize: bool,
     /// Model width.
     #[arg(long, default_value_t = 768)]
     pub hidden: usize,
@@ -178,59 +185,14 @@ fn random_blocks(ty: GgmlType, n: usize, seed: u64) -> Vec<u8> {
 /// Prefill and decode tokens/s of a Llama-shaped model with random weights (f32, or quantized linear layers).
 pub fn model(args: &ModelArgs) -> Result<()> {
     let device = default_device().context("opening the default GPU")?;
-    let config_json = format!(
-        "{{\"model_type\": \"llama\", \"hidden_size\": {}, \"num_hidden_layers\": {}, \"num_attention_heads\": {}, \
-         \"num_key_value_heads\": {}, \"intermediate_size\": {}, \"vocab_size\": {}, \
-         \"max_position_embeddings\": {}, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \
-         \"tie_word_embeddings\": {}}}",
-        args.hidden,
-        args.layers,
-        args.heads,
-        args.kv_heads.unwrap_or(args.heads),
-        args.intermediate,
-        args.vocab,
-        (args.prefill + 16 + args.decode).next_power_of_two(),
-        args.tied
-    );
-    let config = ModelConfig::from_json(&config_json, std::path::Path::new("<bench config>"))?;
-    let quant = match args.quant.as_deref() {
-        None => None,
-        Some("q4_1") => Some(GgmlType::Q4_1),
-        Some("q8_0") => Some(GgmlType::Q8_0),
-        Some(other) => anyhow::bail!("--quant {other}: expected q4_1 or q8_0"),
+    let (lm, params, weights) = match &args.model {
+        Some(path) => real_model(path, args.dequantize, &device)?,
+        None => random_model(args, &device)?,
     };
-    let mut seed = 0;
-    let mut quant_seed = 1 << 32;
-    let mut quantized_params = 0;
-    let lm = CausalLm::build_with(
-        &config,
-        &mut |name, shape| {
-            seed += 1;
-            let t = if name.ends_with("norm.weight") {
-                Tensor::ones(shape, DType::F32, &device)?
-            } else {
-                Tensor::randn(shape, seed, 0, DType::F32, &device)?.mul_scalar(0.02)?
-            };
-            Ok(t)
-        },
-        &mut |_, shape| {
-            let Some(ty) = quant else { return Ok(None) };
-            quant_seed += 1;
-            quantized_params += shape[0] * shape[1];
-            Ok(Some(QTensor::from_ggml(
-                ty,
-                &random_blocks(ty, shape[0] * shape[1], quant_seed),
-                shape,
-                &device,
-            )?))
-        },
-    )?;
-    let params: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum::<usize>() + quantized_params;
+    let vocab = lm.config().vocab_size;
     let ids = |n: usize| {
         Tensor::from_slice(
-            &(0..n as u32)
-                .map(|i| (i * 7919) % args.vocab as u32)
-                .collect::<Vec<_>>(),
+            &(0..n as u32).map(|i| (i * 7919) % vocab as u32).collect::<Vec<_>>(),
             &[1, n],
             &device,
         )
@@ -279,11 +241,7 @@ pub fn model(args: &ModelArgs) -> Result<()> {
             device.adapter_info().name,
             device.adapter_info().backend
         );
-        let weights = args.quant.as_deref().unwrap_or("f32");
-        println!(
-            "model: {:.1}M parameters (linear layers {weights})",
-            params as f64 / 1e6
-        );
+        println!("model: {:.1}M parameters ({weights})", params as f64 / 1e6);
         println!("prefill {} tokens: {prefill_tps:.0} tokens/s", args.prefill);
         println!(
             "decode {} tokens: {decode_tps:.1} tokens/s, {per_token:.0} kernel launches per token, \
@@ -292,4 +250,97 @@ pub fn model(args: &ModelArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A model loaded from `path`, its parameter count and a description of its weights.
+fn real_model(path: &str, dequantize: bool, device: &Device) -> Result<(CausalLm, usize, String)> {
+    let p = std::path::Path::new(path);
+    let model = if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        Model::from_gguf(p, device, dequantize)
+    } else {
+        Model::load(path, None, device)
+    }
+    .with_context(|| format!("loading {path}"))?;
+    let lm = model.lm;
+    let mut params: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum();
+    let mut types = std::collections::BTreeSet::new();
+    for layer in &lm.layers {
+        let a = &layer.self_attn;
+        let m = &layer.mlp;
+        for l in [
+            &a.q_proj,
+            &a.k_proj,
+            &a.v_proj,
+            &a.o_proj,
+            &m.gate_proj,
+            &m.up_proj,
+            &m.down_proj,
+        ] {
+            if let LinearWeight::Quantized(q) = &l.weight {
+                params += q.shape()[0] * q.shape()[1];
+                types.insert(q.ggml_type().to_string());
+            }
+        }
+    }
+    let weights = if types.is_empty() {
+        format!("{path}, f32")
+    } else {
+        format!("{path}, {}", types.into_iter().collect::<Vec<_>>().join("+"))
+    };
+    Ok((lm, params, weights))
+}
+
+/// A Llama-shaped model of the flags' shape with random weights (f32, or quantized linear layers).
+fn random_model(args: &ModelArgs, device: &Device) -> Result<(CausalLm, usize, String)> {
+    let device = device.clone();
+    let config_json = format!(
+        "{{\"model_type\": \"llama\", \"hidden_size\": {}, \"num_hidden_layers\": {}, \"num_attention_heads\": {}, \
+         \"num_key_value_heads\": {}, \"intermediate_size\": {}, \"vocab_size\": {}, \
+         \"max_position_embeddings\": {}, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \
+         \"tie_word_embeddings\": {}}}",
+        args.hidden,
+        args.layers,
+        args.heads,
+        args.kv_heads.unwrap_or(args.heads),
+        args.intermediate,
+        args.vocab,
+        (args.prefill + 16 + args.decode).next_power_of_two(),
+        args.tied
+    );
+    let config = ModelConfig::from_json(&config_json, std::path::Path::new("<bench config>"))?;
+    let quant = match args.quant.as_deref() {
+        None => None,
+        Some("q4_1") => Some(GgmlType::Q4_1),
+        Some("q8_0") => Some(GgmlType::Q8_0),
+        Some(other) => anyhow::bail!("--quant {other}: expected q4_1 or q8_0"),
+    };
+    let mut seed = 0;
+    let mut quant_seed = 1 << 32;
+    let mut quantized_params = 0;
+    let lm = CausalLm::build_with(
+        &config,
+        &mut |name, shape| {
+            seed += 1;
+            let t = if name.ends_with("norm.weight") {
+                Tensor::ones(shape, DType::F32, &device)?
+            } else {
+                Tensor::randn(shape, seed, 0, DType::F32, &device)?.mul_scalar(0.02)?
+            };
+            Ok(t)
+        },
+        &mut |_, shape| {
+            let Some(ty) = quant else { return Ok(None) };
+            quant_seed += 1;
+            quantized_params += shape[0] * shape[1];
+            Ok(Some(QTensor::from_ggml(
+                ty,
+                &random_blocks(ty, shape[0] * shape[1], quant_seed),
+                shape,
+                &device,
+            )?))
+        },
+    )?;
+    let params: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum::<usize>() + quantized_params;
+    let weights = format!("random, linear layers {}", args.quant.as_deref().unwrap_or("f32"));
+    Ok((lm, params, weights))
 }
