@@ -339,3 +339,97 @@ fn refused_inputs() {
     let ints = Tensor::from_slice(&[1u32; 64], &[1, 64], &d).unwrap();
     assert!(ints.matmul_q(&q).is_err());
 }
+
+#[test]
+fn stacked_rows_and_row_views() {
+    let mut rng = Rng::new("stacked_rows_and_row_views");
+    let d = dev();
+    for ty in TYPES {
+        let k = 2 * ty.block_size();
+        let sizes = [3, 1, 5];
+        let parts: Vec<(Vec<u8>, QTensor)> = sizes
+            .iter()
+            .map(|&n| {
+                let bytes = random_blocks(&mut rng, ty, n * 2, &mut small_half);
+                let q = QTensor::from_ggml(ty, &bytes, [n, k], &d).unwrap();
+                (bytes, q)
+            })
+            .collect();
+        let refs: Vec<&QTensor> = parts.iter().map(|(_, q)| q).collect();
+        let stacked = QTensor::cat_rows(&refs).unwrap();
+        assert_eq!(stacked.shape(), [9, k]);
+        let all: Vec<u8> = parts.iter().flat_map(|(b, _)| b.clone()).collect();
+        let want = dequantize(ty, &all, 9 * k).unwrap();
+        assert_bits(
+            &format!("{ty} cat_rows"),
+            &stacked.dequantize().unwrap().to_vec().unwrap(),
+            &want,
+        );
+        // Each row view dequantizes and multiplies (matrix-vector and tiled kernels) as its own matrix does.
+        let mut start = 0;
+        for (n, (bytes, own)) in sizes.iter().zip(&parts) {
+            let view = stacked.narrow_rows(start, *n).unwrap();
+            let want = dequantize(ty, bytes, n * k).unwrap();
+            assert_bits(
+                &format!("{ty} view at {start}"),
+                &view.dequantize().unwrap().to_vec().unwrap(),
+                &want,
+            );
+            for m in [1, 9] {
+                let x = Tensor::from_slice(&rng.vec(m * k, -1.0, 1.0), &[m, k], &d).unwrap();
+                let got = x.matmul_q(&view).unwrap().to_vec::<f32>().unwrap();
+                let expect = x.matmul_q(own).unwrap().to_vec::<f32>().unwrap();
+                assert_bits(&format!("{ty} view at {start} m={m}"), &got, &expect);
+            }
+            start += n;
+        }
+        assert!(stacked.narrow_rows(7, 3).is_err());
+    }
+    let a = QTensor::from_ggml(GgmlType::Q8_0, &[0; 34], [1, 32], &d).unwrap();
+    let b = QTensor::from_ggml(GgmlType::Q4_0, &[0; 18], [1, 32], &d).unwrap();
+    assert!(QTensor::cat_rows(&[&a, &b]).is_err(), "formats differ");
+    assert!(QTensor::cat_rows(&[]).is_err());
+}
+
+#[test]
+fn gated_matvec_equals_matmul_then_gated() {
+    use hierarchos::core::UnaryOp;
+    let mut rng = Rng::new("gated_matvec_equals_matmul_then_gated");
+    let d = dev();
+    for ty in TYPES {
+        let k = 2 * ty.block_size();
+        for n in [1, 3, 17] {
+            let gate = random_blocks(&mut rng, ty, n * 2, &mut small_half);
+            let up = random_blocks(&mut rng, ty, n * 2, &mut small_half);
+            let wg = QTensor::from_ggml(ty, &gate, [n, k], &d).unwrap();
+            let wu = QTensor::from_ggml(ty, &up, [n, k], &d).unwrap();
+            let stacked = QTensor::cat_rows(&[&wg, &wu]).unwrap();
+            for (m, op) in [
+                (1, UnaryOp::Silu),
+                (3, UnaryOp::Gelu),
+                (8, UnaryOp::GeluTanh),
+                (9, UnaryOp::Silu),
+            ] {
+                let x = Tensor::from_slice(&rng.vec(m * k, -1.0, 1.0), &[m, k], &d).unwrap();
+                let got = x.matmul_q_gated(&stacked, op).unwrap();
+                assert_eq!(got.shape(), [m, n]);
+                let want = x.matmul_q(&wg).unwrap().gated(&x.matmul_q(&wu).unwrap(), op).unwrap();
+                assert_bits(
+                    &format!("{ty} m={m} n={n} {op:?}"),
+                    &got.to_vec::<f32>().unwrap(),
+                    &want.to_vec::<f32>().unwrap(),
+                );
+            }
+        }
+    }
+    let odd = QTensor::from_ggml(GgmlType::Q8_0, &[0; 3 * 34], [3, 32], &d).unwrap();
+    let x = Tensor::zeros(&[1, 32], DType::F32, &d).unwrap();
+    assert!(x.matmul_q_gated(&odd, UnaryOp::Silu).is_err(), "odd number of rows");
+    // One launch for decode rows (on a device of its own, so other tests' launches do not count).
+    let own = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    let w = QTensor::from_ggml(GgmlType::Q8_0, &[0; 2 * 34], [2, 32], &own).unwrap();
+    let x = Tensor::zeros(&[1, 32], DType::F32, &own).unwrap();
+    let before = own.dispatch_count();
+    x.matmul_q_gated(&w, UnaryOp::Silu).unwrap();
+    assert_eq!(own.dispatch_count() - before, 1);
+}

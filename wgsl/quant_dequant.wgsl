@@ -1,6 +1,6 @@
 // Dequantizes a whole QTensor to f32, one element per thread through the format's deq(). The Rust side prepends
 // the bindings (out: f32, w: the blocks), quant_formats.wgsl, and QK, BW and deq() for the format.
-// Parameters: [elements].
+// Parameters: [elements, word where the blocks start].
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -9,5 +9,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i >= p[0]) {
         return;
     }
-    out[i] = deq((i / QK) * BW, i % QK);
+    out[i] = deq(p[1] + (i / QK) * BW, i % QK);
 }

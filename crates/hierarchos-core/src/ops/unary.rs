@@ -66,7 +66,7 @@ impl UnaryOp {
     }
 
     /// WGSL for the value at `x`.
-    fn forward(self) -> &'static str {
+    pub(crate) fn forward(self) -> &'static str {
         match self {
             UnaryOp::Neg => "-x",
             UnaryOp::Abs => "abs(x)",

@@ -9,9 +9,11 @@ use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu, GpuBuffer};
 use super::{GgmlType, check_bytes};
 use crate::autograd::{Node, grad_enabled, no_grad};
 use crate::error::{Error, Result};
+use crate::ops::math::MATH_WGSL;
 use crate::ops::matmul::{
     BIG_TILE_MIN_TILES, MATMUL_BATCH_WGSL, MATMUL_WGSL, MAX_BATCH_DIMS, SKINNY_MAX_ROWS, along_k, unrolled,
 };
+use crate::ops::unary::UnaryOp;
 use crate::tensor::{Device, Tensor};
 
 const FORMATS_WGSL: &str = include_str!("../../../../wgsl/quant_formats.wgsl");
@@ -25,39 +27,22 @@ struct Reduce {
     groups: usize,
     builtins: &'static str,
     lane: &'static str,
-    reduce: &'static str,
+    /// Replaces `LANE_SUM(`: a call that adds one value over the group's lanes.
+    lane_sum: &'static str,
 }
 
 const REDUCE_SUBGROUP: Reduce = Reduce {
     groups: 1,
     builtins: ", @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32",
     lane: "let lane = sg_lane;\n    let group = sg_id;",
-    reduce: "for (var r = 0u; r < ROWS; r = r + 1u) {
-        let s = subgroupAdd(acc[r]);
-        if (lane == 0u && n < N) {
-            out[r * N + n] = s;
-        }
-    }",
+    lane_sum: "subgroupAdd(",
 };
 
 const REDUCE_TREE: Reduce = Reduce {
     groups: 2,
     builtins: "",
     lane: "let lane = local % LANES;\n    let group = local / LANES;",
-    reduce: "for (var r = 0u; r < ROWS; r = r + 1u) {
-        partial[local] = acc[r];
-        workgroupBarrier();
-        for (var s = LANES / 2u; s > 0u; s = s >> 1u) {
-            if (lane < s) {
-                partial[local] = partial[local] + partial[local + s];
-            }
-            workgroupBarrier();
-        }
-        if (lane == 0u && n < N) {
-            out[r * N + n] = partial[local];
-        }
-        workgroupBarrier();
-    }",
+    lane_sum: "tree_sum(local, lane, ",
 };
 
 /// A matrix `[rows, cols]` of quantized weights (a linear layer's `W`, `cols` = in-features) kept as ggml
@@ -69,6 +54,8 @@ pub struct QTensor {
     rows: usize,
     cols: usize,
     blocks: Arc<GpuBuffer>,
+    /// Word where row 0 starts in `blocks` (a view of some rows of a larger matrix).
+    offset: usize,
     device: Device,
 }
 
@@ -196,8 +183,63 @@ impl QTensor {
             rows,
             cols,
             blocks: Arc::new(blocks),
+            offset: 0,
             device: device.clone(),
         })
+    }
+
+    /// Rows `start..start + len` as a view sharing the blocks.
+    pub fn narrow_rows(&self, start: usize, len: usize) -> Result<QTensor> {
+        if start + len > self.rows {
+            return Err(Error::Invalid {
+                op: "QTensor::narrow_rows",
+                message: format!("rows {start}..{} of {} rows", start + len, self.rows),
+            });
+        }
+        Ok(QTensor {
+            rows: len,
+            offset: self.offset + start * self.row_words(),
+            ..self.clone()
+        })
+    }
+
+    /// The matrices `parts` (same format, device and columns) stacked along rows into new blocks: how linear
+    /// layers that read the same input (Q, K and V) become one matmul.
+    pub fn cat_rows(parts: &[&QTensor]) -> Result<QTensor> {
+        const OP: &str = "QTensor::cat_rows";
+        let Some(first) = parts.first() else {
+            return Err(Error::Invalid {
+                op: OP,
+                message: "nothing to concatenate".into(),
+            });
+        };
+        let fits = |q: &&&QTensor| q.ty == first.ty && q.cols == first.cols && Arc::ptr_eq(&q.device, &first.device);
+        if !parts.iter().all(|q| fits(&q)) {
+            return Err(Error::Invalid {
+                op: OP,
+                message: format!("the parts {parts:?} differ in format, columns or device"),
+            });
+        }
+        let rows: usize = parts.iter().map(|q| q.rows).sum();
+        let words = rows * first.row_words();
+        let blocks = first.device.alloc(OP, (words.max(1) * 4) as u64)?;
+        let mut at = 0;
+        for q in parts {
+            let n = (q.rows * q.row_words()) as u64 * 4;
+            first.device.copy(&q.blocks, q.offset as u64 * 4, &blocks, at, n)?;
+            at += n;
+        }
+        Ok(QTensor {
+            rows,
+            blocks: Arc::new(blocks),
+            offset: 0,
+            ..(*first).clone()
+        })
+    }
+
+    /// Words of one row of blocks.
+    fn row_words(&self) -> usize {
+        self.cols / self.ty.block_size() * gpu_block_bytes(self.ty) / 4
     }
 
     /// The block format.
@@ -235,7 +277,7 @@ impl QTensor {
             key: &format!("dequantize:{ty}"),
             source: &source,
             buffers: &[&out, &self.blocks],
-            params: &[n as u32],
+            params: &[n as u32, self.offset as u32],
             workgroups: Gpu::grid(n.div_ceil(256) as u32),
         })?;
         Ok(Tensor::from_buffer(out, &[self.rows, self.cols], DType::F32, None))
@@ -280,7 +322,7 @@ impl Tensor {
             }
             let x = self.reshape(&[m, k])?;
             let y = if m <= SKINNY_MAX_ROWS {
-                matvec(&x, w)?
+                matvec(&x, w, None)?
             } else {
                 tiled(&x, w)?
             };
@@ -299,14 +341,47 @@ impl Tensor {
     }
 }
 
-/// `x @ w^T` for `x` `[M, K]` with M <= 8, as f32 `[M, N]`.
-fn matvec(x: &Tensor, w: &QTensor) -> Result<Tensor> {
+impl Tensor {
+    /// The gated MLP's first half, `op(self Wgᵀ) * (self Wuᵀ)`, for quantized gate and up projections stacked
+    /// in one matrix `gate_up` `[2N, K]` (gate rows first, see [`QTensor::cat_rows`]): for up to 8 rows one
+    /// launch computes both products and the activation, bit for bit what [`Tensor::matmul_q`] and
+    /// [`Tensor::gated`] give; more rows, or gradients wanted, take those two ops.
+    pub fn matmul_q_gated(&self, gate_up: &QTensor, op: UnaryOp) -> Result<Tensor> {
+        let [rows, k] = gate_up.shape();
+        if !rows.is_multiple_of(2) {
+            return Err(Error::Invalid {
+                op: "matmul_q_gated",
+                message: format!("{gate_up:?}: gate and up projections stacked have an even number of rows"),
+            });
+        }
+        let n = rows / 2;
+        let m = self.numel() / k.max(1);
+        let fused = self.rank() > 0
+            && self.shape()[self.rank() - 1] == k
+            && self.dtype() == DType::F32
+            && (1..=SKINNY_MAX_ROWS).contains(&m)
+            && n > 0
+            && !(grad_enabled() && self.requires_grad())
+            && Arc::ptr_eq(self.device(), gate_up.device());
+        if !fused {
+            let y = self.matmul_q(gate_up)?;
+            return y.narrow(-1, 0, n)?.gated(&y.narrow(-1, n, n)?, op);
+        }
+        let mut out_shape = self.shape().to_vec();
+        *out_shape.last_mut().expect("rank >= 1") = n;
+        matvec(&self.reshape(&[m, k])?, gate_up, Some(op))?.reshape(&out_shape)
+    }
+}
+
+/// `x @ w^T` for `x` `[M, K]` with M <= 8, as f32 `[M, N]`; with `gate`, `w` holds a gate projection with the
+/// up projection stacked under it (`[2N, K]`) and the result is `gate(x Wgᵀ) * (x Wuᵀ)`, `[M, N]`.
+fn matvec(x: &Tensor, w: &QTensor, gate: Option<UnaryOp>) -> Result<Tensor> {
     let mut x = x.to_dtype(DType::F32)?.contiguous()?;
     if !x.layout().offset.is_multiple_of(4) {
         x = x.copy()?;
     }
     let (m, k) = (x.shape()[0], x.shape()[1]);
-    let n = w.rows;
+    let n = if gate.is_some() { w.rows / 2 } else { w.rows };
     let device = x.device().clone();
     let caps = device.caps();
     let subgroup = caps.subgroups && caps.subgroup_size == (32, 32);
@@ -317,21 +392,39 @@ fn matvec(x: &Tensor, w: &QTensor) -> Result<Tensor> {
     let source = || {
         let mut s = bindings(Some(("x", "vec4<f32>")));
         s.push_str(&format_wgsl(ty));
-        let _ = writeln!(s, "const ROWS: u32 = {m}u;\nconst GROUPS: u32 = {groups}u;");
+        let epilogue = match gate {
+            Some(op) => format!("let x = g; return ({}) * u;", op.forward()),
+            None => "return g;".into(),
+        };
+        let _ = writeln!(
+            s,
+            "const ROWS: u32 = {m}u;\nconst GROUPS: u32 = {groups}u;\nconst GATED: bool = {};\n\
+             fn epilogue(g: f32, u: f32) -> f32 {{ {epilogue} }}",
+            gate.is_some()
+        );
+        s.push_str(COMMON_WGSL);
+        s.push_str(MATH_WGSL);
         s.push_str(
             &MATVEC_WGSL
                 .replace("/*@LANE_BUILTINS*/", plan.builtins)
                 .replace("//@LANE", plan.lane)
-                .replace("//@REDUCE", plan.reduce),
+                .replace("LANE_SUM(", plan.lane_sum),
         );
         s
     };
+    let gate_key = gate.map_or("", |op| op.forward());
     device.dispatch(Dispatch {
         op: "matmul_q",
-        key: &format!("matmul_q:vec:{ty}:{m}:{subgroup}"),
+        key: &format!("matmul_q:vec:{ty}:{m}:{subgroup}:{gate_key}"),
         source: &source,
         buffers: &[&out, x.buffer(), &w.blocks],
-        params: &[m as u32, n as u32, k as u32, (x.layout().offset / 4) as u32],
+        params: &[
+            m as u32,
+            n as u32,
+            k as u32,
+            (x.layout().offset / 4) as u32,
+            w.offset as u32,
+        ],
         workgroups: Gpu::grid(n.div_ceil(groups) as u32),
     })?;
     Ok(Tensor::from_buffer(out, &[m, n], DType::F32, None))
@@ -364,6 +457,8 @@ fn tiled(x: &Tensor, w: &QTensor) -> Result<Tensor> {
         k as u32,
     ];
     params.extend((0..3 * MAX_BATCH_DIMS).map(|i| u32::from(i < MAX_BATCH_DIMS)));
+    let w_offset_at = params.len();
+    params.push(w.offset as u32);
     let out = device.alloc("matmul_q", Tensor::bytes_for(m * n, DType::F32))?;
     let ty = w.ty;
     let source = || {
@@ -378,7 +473,7 @@ fn tiled(x: &Tensor, w: &QTensor) -> Result<Tensor> {
         s.push_str(&format_wgsl(ty));
         let _ = writeln!(
             s,
-            "fn load_rhs(i: u32) -> f32 {{ return deq((i / QK) * BW, i % QK); }}\n\
+            "fn load_rhs(i: u32) -> f32 {{ return deq(p[{w_offset_at}u] + (i / QK) * BW, i % QK); }}\n\
              const BM: u32 = {bm}u;\nconst BN: u32 = {bn}u;\nconst A_ALONG_K: bool = {a_k};\n\
              const B_ALONG_K: bool = true;\nconst PACKED_OUT: bool = false;"
         );
