@@ -112,6 +112,34 @@ fn assign_overwrites_in_place() {
 }
 
 #[test]
+fn assign_into_rows_of_a_larger_tensor() {
+    let d = dev();
+    for dtype in [DType::F32, DType::BF16] {
+        let base = Tensor::arange(0.0, 12.0, 1.0, DType::F32, &d)
+            .unwrap()
+            .reshape(&[4, 3])
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let ones = Tensor::ones(&[3], dtype, &d).unwrap();
+        // Rows 2..4 start on element 6: a whole word even for packed 16-bit storage.
+        base.narrow(0, 2, 2).unwrap().assign(&ones).unwrap();
+        let got = base.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(
+            got,
+            [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+            "{dtype}"
+        );
+        let inside_a_word = base.narrow(0, 1, 1).unwrap().assign(&ones);
+        assert_eq!(
+            inside_a_word.is_err(),
+            dtype == DType::BF16,
+            "{dtype} at element 3: packed storage"
+        );
+    }
+}
+
+#[test]
 fn async_readback_matches_blocking_readback() {
     let d = dev();
     let t = Tensor::arange(0.0, 10.0, 1.0, DType::F32, &d)

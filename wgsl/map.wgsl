@@ -1,7 +1,8 @@
 // Elementwise "map" kernel template: each thread computes one output word (one element, or two for packed
 // 16-bit outputs) from strided inputs. The Rust side prepends bindings, load/store functions and `compute`.
 //
-// Parameters (binding 0, u32 words): [numel, rank, shape[8], then per input: offset, strides[8], then extras].
+// Parameters (binding 0, u32 words): [numel, rank, shape[8], then per input: offset, strides[8], then the word
+// where the output starts (OUT_AT), then extras].
 
 fn out_coord(i: u32, d: u32) -> u32 {
     var rem = i;
@@ -38,5 +39,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (EPW == 2u && i0 + 1u < n) {
         v1 = compute(i0 + 1u);
     }
-    store_out(w, v0, v1);
+    store_out(p[OUT_AT] + w, v0, v1);
 }

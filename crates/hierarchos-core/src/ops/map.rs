@@ -74,7 +74,7 @@ impl Map<'_> {
         Ok(out)
     }
 
-    /// Runs the kernel writing into `out`, which must be dense from the start of its buffer, have the map's
+    /// Runs the kernel writing into `out`, which must be dense (from a word boundary of its buffer), have the map's
     /// shape and dtype, and not be read by the kernel (wgpu cannot bind one buffer for reading and writing).
     pub(crate) fn run_into(self, out: &Tensor) -> Result<()> {
         let l = out.layout();
@@ -85,7 +85,7 @@ impl Map<'_> {
                 rhs: self.shape.clone(),
             });
         }
-        if !l.is_contiguous() || l.offset != 0 {
+        if !l.is_contiguous() {
             return Err(Error::Invalid {
                 op: self.op,
                 message: "the destination must be a dense tensor".into(),
@@ -97,6 +97,7 @@ impl Map<'_> {
                 message: "the destination is also a source".into(),
             });
         }
+        out.forget_id_range();
         self.launch(out)
     }
 
@@ -158,6 +159,17 @@ impl Map<'_> {
                 if is_fast { "c" } else { "s" }
             );
         }
+        // A destination may start inside its buffer (a parameter that is a view of stacked weights), on a word.
+        let epw = out_access.elems_per_word() as usize;
+        let out_offset = out.layout().offset;
+        if !out_offset.is_multiple_of(epw) {
+            return Err(Error::Invalid {
+                op: self.op,
+                message: format!("the destination starts at element {out_offset}, inside a packed word"),
+            });
+        }
+        let out_at = params.len();
+        params.push((out_offset / epw) as u32);
         let extra_base = params.len();
         params.extend(&self.extras);
         let _ = write!(key, ":{}:{}", self.preload, self.body);
@@ -185,7 +197,7 @@ impl Map<'_> {
             s.push_str(COMMON_WGSL);
             let _ = writeln!(
                 s,
-                "const EPW: u32 = {}u;\nconst EXTRA: u32 = {extra_base}u;",
+                "const EPW: u32 = {}u;\nconst OUT_AT: u32 = {out_at}u;\nconst EXTRA: u32 = {extra_base}u;",
                 out_access.elems_per_word()
             );
             let _ = writeln!(s, "fn compute(i: u32) -> {} {{", self.dtype.compute_type());
