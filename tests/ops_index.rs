@@ -467,3 +467,36 @@ fn triu_tril_match_reference() {
     gradcheck("triu", &mut rng, &[(a, vec![3, 4])], |t| t[0].triu(1));
     gradcheck("tril", &mut rng, &[(b, vec![2, 2, 3])], |t| t[0].tril(-1));
 }
+
+#[test]
+fn host_ids_known_in_range_skip_the_gpu_check() {
+    // A device of its own, so that launch counts are not mixed with other tests'.
+    let d = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    let table = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], &d).unwrap();
+    let launches = |f: &dyn Fn() -> Tensor| {
+        let before = d.dispatch_count();
+        let out = f();
+        (d.dispatch_count() - before, out.to_vec::<f32>().unwrap())
+    };
+    // Uploaded ids in range: the lookup alone, no check kernel (and no wait for the GPU).
+    let ids = Tensor::from_slice(&[2u32, 0], &[2], &d).unwrap();
+    let (n, v) = launches(&|| Tensor::embedding(&table, &ids).unwrap());
+    assert_eq!((n, v), (1, vec![5.0, 6.0, 1.0, 2.0]));
+    // A view that leaves the bad id out is still fine; the whole tensor is not.
+    let with_bad = Tensor::from_slice(&[1u32, 7], &[2], &d).unwrap();
+    let (_, v) = launches(&|| Tensor::embedding(&table, &with_bad.narrow(0, 0, 1).unwrap()).unwrap());
+    assert_eq!(v, vec![3.0, 4.0]);
+    assert!(matches!(
+        Tensor::embedding(&table, &with_bad),
+        Err(Error::IndexOutOfRange { index: 7, .. })
+    ));
+    // Ids written by a kernel are checked on the GPU, including after an in-place write.
+    ids.narrow(0, 1, 1)
+        .unwrap()
+        .assign(&Tensor::from_slice(&[9u32], &[1], &d).unwrap())
+        .unwrap();
+    assert!(matches!(
+        Tensor::embedding(&table, &ids),
+        Err(Error::IndexOutOfRange { index: 9, .. })
+    ));
+}

@@ -21,6 +21,10 @@ pub fn default_device() -> Result<Device> {
 pub trait Element: bytemuck::Pod + Copy + Send + Sync + 'static {
     /// The matching dtype.
     const DTYPE: DType;
+    /// The value as an index (integer types only).
+    fn as_id(self) -> Option<i64> {
+        None
+    }
 }
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
@@ -33,9 +37,15 @@ impl Element for half::bf16 {
 }
 impl Element for u32 {
     const DTYPE: DType = DType::U32;
+    fn as_id(self) -> Option<i64> {
+        Some(self as i64)
+    }
 }
 impl Element for i32 {
     const DTYPE: DType = DType::I32;
+    fn as_id(self) -> Option<i64> {
+        Some(self as i64)
+    }
 }
 
 /// An n-dimensional array on the GPU. Cloning is cheap (shared storage); views share the buffer too.
@@ -46,10 +56,21 @@ pub struct Tensor {
 
 struct Inner {
     buffer: Arc<GpuBuffer>,
+    /// The smallest and largest value of integer data uploaded from the host, shared by every view of the
+    /// buffer and forgotten when a kernel writes into it: index ops use it instead of a range check that waits
+    /// for the GPU (decoding would otherwise sync on every token's embedding lookup).
+    id_range: Option<Arc<IdRange>>,
     layout: Layout,
     dtype: DType,
     grad_fn: Option<Arc<Node>>,
     grad_cell: Option<Arc<GradCell>>,
+}
+
+/// See `Inner::id_range`.
+struct IdRange {
+    lo: i64,
+    hi: i64,
+    valid: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -70,11 +91,42 @@ impl Tensor {
         Tensor {
             inner: Arc::new(Inner {
                 buffer,
+                id_range: None,
                 layout,
                 dtype,
                 grad_fn: node,
                 grad_cell: None,
             }),
+        }
+    }
+
+    /// Another tensor over the same storage (and what is known of its values).
+    fn derive(&self, layout: Layout, node: Option<Arc<Node>>, grad_cell: Option<Arc<GradCell>>) -> Tensor {
+        Tensor {
+            inner: Arc::new(Inner {
+                buffer: self.inner.buffer.clone(),
+                id_range: self.inner.id_range.clone(),
+                layout,
+                dtype: self.inner.dtype,
+                grad_fn: node,
+                grad_cell,
+            }),
+        }
+    }
+
+    /// The smallest and largest id of an integer tensor whose values the host uploaded and no kernel has
+    /// overwritten since (bounds of the whole buffer, so valid for any view of it).
+    pub(crate) fn known_id_range(&self) -> Option<(i64, i64)> {
+        let r = self.inner.id_range.as_ref()?;
+        r.valid
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then_some((r.lo, r.hi))
+    }
+
+    /// Called by ops that write into an existing tensor: what the host knew of its values no longer holds.
+    pub(crate) fn forget_id_range(&self) {
+        if let Some(r) = &self.inner.id_range {
+            r.valid.store(false, std::sync::atomic::Ordering::Release);
         }
     }
 
@@ -87,19 +139,14 @@ impl Tensor {
     pub(crate) fn with_node(self, node: Option<Arc<Node>>) -> Tensor {
         match node {
             None => self,
-            Some(n) => Tensor::from_parts(
-                self.inner.buffer.clone(),
-                self.inner.layout.clone(),
-                self.dtype(),
-                Some(n),
-            ),
+            Some(n) => self.derive(self.inner.layout.clone(), Some(n), None),
         }
     }
 
     /// A view of the same storage with another layout, recorded with `backward` for autograd.
     pub(crate) fn view(&self, name: &'static str, layout: Layout, backward: autograd::BackwardFn) -> Tensor {
         let node = Node::record(name, &[self], backward);
-        Tensor::from_parts(self.inner.buffer.clone(), layout, self.dtype(), node)
+        self.derive(layout, node, None)
     }
 
     fn check_shape(op: &'static str, shape: &[usize]) -> Result<()> {
@@ -128,7 +175,18 @@ impl Tensor {
             });
         }
         let buf = device.upload("from_slice", bytemuck::cast_slice(data))?;
-        Ok(Tensor::from_buffer(buf, shape, T::DTYPE, None))
+        let mut t = Tensor::from_buffer(buf, shape, T::DTYPE, None);
+        let ids = data.iter().filter_map(|&v| v.as_id());
+        if let Some((lo, hi)) = ids.fold(None, |r: Option<(i64, i64)>, v| {
+            Some(r.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))))
+        }) {
+            Arc::get_mut(&mut t.inner).expect("just made").id_range = Some(Arc::new(IdRange {
+                lo,
+                hi,
+                valid: true.into(),
+            }));
+        }
+        Ok(t)
     }
 
     /// A tensor of zeros.
@@ -195,20 +253,12 @@ impl Tensor {
 
     /// A leaf tensor sharing this data that collects gradients in [`Tensor::grad`] (a trainable parameter).
     pub fn requires_grad_(&self) -> Tensor {
-        Tensor {
-            inner: Arc::new(Inner {
-                buffer: self.inner.buffer.clone(),
-                layout: self.inner.layout.clone(),
-                dtype: self.inner.dtype,
-                grad_fn: None,
-                grad_cell: Some(Arc::new(GradCell::default())),
-            }),
-        }
+        self.derive(self.inner.layout.clone(), None, Some(Arc::new(GradCell::default())))
     }
 
     /// The same data cut off from the tape: no gradient flows through the result.
     pub fn detach(&self) -> Tensor {
-        Tensor::from_parts(self.inner.buffer.clone(), self.inner.layout.clone(), self.dtype(), None)
+        self.derive(self.inner.layout.clone(), None, None)
     }
 
     /// The gradient accumulated in a leaf by [`Tensor::backward`] calls.
@@ -333,14 +383,14 @@ impl Tensor {
         let mut shape = shape.to_vec();
         let holes = shape.iter().filter(|&&d| d == usize::MAX).count();
         let known: usize = shape.iter().filter(|&&d| d != usize::MAX).product();
-        let message = format!(
-            "cannot view {} elements of {:?} as {shape:?}",
-            self.numel(),
-            self.shape()
-        );
+        let requested = shape.clone();
         let bad = || Error::Invalid {
             op: "reshape",
-            message: message.clone(),
+            message: format!(
+                "cannot view {} elements of {:?} as {requested:?}",
+                self.numel(),
+                self.shape()
+            ),
         };
         match holes {
             0 => {}
