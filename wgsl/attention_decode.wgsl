@@ -1,8 +1,12 @@
 // Fused attention over a key/value cache (ops/attention.rs): one workgroup of WG threads per output row (b, t, h)
 // computes softmax(q · k_j) over the keys the query sees and the weighted sum of the values, in one launch. The
 // keys run in chunks of CH with an online softmax: each chunk's scores sit in workgroup memory, the running max M
-// rescales the per-thread partial sums and the output accumulators when it grows. Thread `lid` owns output
-// components lid, lid + WG, lid + 2 WG, lid + 3 WG (so D <= 4 WG), which makes the value reads coalesced.
+// rescales the per-thread partial sums and the output accumulators when it grows.
+//
+// Decode is latency-bound (a handful of workgroups, each walking the cache), so both phases keep many loads in
+// flight: a score is a dot product over D with four independent accumulators, and the value sum splits the
+// threads into DL lanes along D (the power of two >= D) times WG / DL slices of the keys, each slice summing its
+// keys four at a time; the slices are added at the end. Each thread's output component is `lid % DL`.
 //
 // Visibility: key j (absolute position k_start + j) is seen by query t (position q_start + t) iff
 // kpos <= qpos and, with a window w > 0, kpos + w > qpos. The visible keys are one contiguous range, so the
@@ -17,7 +21,7 @@
 @group(0) @binding(3) var<storage, read> k: array<f32>;
 @group(0) @binding(4) var<storage, read> v: array<f32>;
 
-const WG: u32 = 64u;
+const WG: u32 = 256u;
 const CH: u32 = 1024u;
 const MAX_D: u32 = 256u;
 const Q_AT: u32 = 9u;
@@ -63,7 +67,7 @@ fn base_of(at: u32, b: u32, head: u32, pos: u32) -> u32 {
     return p[at] + b * p[at + 1u] + head * p[at + 2u] + pos * p[at + 3u];
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let row = wid.x + wid.y * nwg.x;
@@ -101,18 +105,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let vs = p[V_AT + 3u];
     let vd = p[V_AT + 4u];
 
+    // Value-sum lanes: DL along D, WG / DL slices of the keys.
+    var dl = 1u;
+    while (dl < d_len) {
+        dl = dl << 1u;
+    }
+    let slices = WG / dl;
+    let dlane = lid % dl;
+    let slice = lid / dl;
+    let owns_d = dlane < d_len;
+    let vcol = vb + dlane * vd;
+
     var m_run = neg_inf();
     var l_part = 0.0;
-    var acc = vec4<f32>(0.0);
+    var acc = 0.0;
     for (var c0 = lo; c0 < hi; c0 = c0 + CH) {
         let n = min(CH, hi - c0);
         var local_max = neg_inf();
         for (var i = lid; i < n; i = i + WG) {
             let kr = kb + (c0 + i) * ks;
-            var s = 0.0;
-            for (var d = 0u; d < d_len; d = d + 1u) {
-                s = s + q_row[d] * k[kr + d * kd];
+            var s0 = 0.0;
+            var s1 = 0.0;
+            var s2 = 0.0;
+            var s3 = 0.0;
+            var d = 0u;
+            for (; d + 4u <= d_len; d = d + 4u) {
+                s0 = s0 + q_row[d] * k[kr + d * kd];
+                s1 = s1 + q_row[d + 1u] * k[kr + (d + 1u) * kd];
+                s2 = s2 + q_row[d + 2u] * k[kr + (d + 2u) * kd];
+                s3 = s3 + q_row[d + 3u] * k[kr + (d + 3u) * kd];
             }
+            for (; d < d_len; d = d + 1u) {
+                s0 = s0 + q_row[d] * k[kr + d * kd];
+            }
+            let s = (s0 + s1) + (s2 + s3);
             scores[i] = s;
             local_max = max(local_max, s);
         }
@@ -130,38 +156,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             l_part = l_part + e;
         }
         workgroupBarrier();
-        for (var i = 0u; i < n; i = i + 1u) {
-            let e = scores[i];
-            let vr = vb + (c0 + i) * vs;
-            if (lid < d_len) {
-                acc.x = acc.x + e * v[vr + lid * vd];
+        if (owns_d) {
+            var a0 = 0.0;
+            var a1 = 0.0;
+            var a2 = 0.0;
+            var a3 = 0.0;
+            var i = slice;
+            for (; i + 3u * slices < n; i = i + 4u * slices) {
+                a0 = a0 + scores[i] * v[vcol + (c0 + i) * vs];
+                a1 = a1 + scores[i + slices] * v[vcol + (c0 + i + slices) * vs];
+                a2 = a2 + scores[i + 2u * slices] * v[vcol + (c0 + i + 2u * slices) * vs];
+                a3 = a3 + scores[i + 3u * slices] * v[vcol + (c0 + i + 3u * slices) * vs];
             }
-            if (lid + WG < d_len) {
-                acc.y = acc.y + e * v[vr + (lid + WG) * vd];
+            for (; i < n; i = i + slices) {
+                a0 = a0 + scores[i] * v[vcol + (c0 + i) * vs];
             }
-            if (lid + 2u * WG < d_len) {
-                acc.z = acc.z + e * v[vr + (lid + 2u * WG) * vd];
-            }
-            if (lid + 3u * WG < d_len) {
-                acc.w = acc.w + e * v[vr + (lid + 3u * WG) * vd];
-            }
+            acc = acc + ((a0 + a1) + (a2 + a3));
         }
         // The next chunk overwrites `scores`.
         workgroupBarrier();
     }
 
     let total = reduce_sum(lid, l_part);
-    let ob = row * d_len;
-    if (lid < d_len) {
-        out[ob + lid] = acc.x / total;
-    }
-    if (lid + WG < d_len) {
-        out[ob + lid + WG] = acc.y / total;
-    }
-    if (lid + 2u * WG < d_len) {
-        out[ob + lid + 2u * WG] = acc.z / total;
-    }
-    if (lid + 3u * WG < d_len) {
-        out[ob + lid + 3u * WG] = acc.w / total;
+    red[lid] = acc;
+    workgroupBarrier();
+    if (slice == 0u && owns_d) {
+        var sum = 0.0;
+        for (var sl = 0u; sl < slices; sl = sl + 1u) {
+            sum = sum + red[sl * dl + dlane];
+        }
+        out[row * d_len + dlane] = sum / total;
     }
 }
