@@ -564,7 +564,7 @@ fn hf_weights(config: &ModelConfig, rng: &mut Rng) -> Vec<(String, Vec<usize>, V
             rng.vec(shape.iter().product(), -0.5, 0.5),
         ));
         Ok(hierarchos::core::Tensor::zeros(
-            &[1],
+            shape,
             hierarchos::core::DType::F32,
             &dev(),
         )?)

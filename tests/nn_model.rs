@@ -806,3 +806,57 @@ fn bad_inputs_are_errors() {
         other => panic!("expected the source's error, got {other:?}"),
     }
 }
+
+#[test]
+fn stacked_projections_share_the_trainable_weights() {
+    use hierarchos::core::no_grad;
+    use hierarchos::nn::optim::Sgd;
+    let mut rng = Rng::new("stacked_projections");
+    for family in ["llama", "qwen2"] {
+        let c = tiny_config(family);
+        let dv = dev();
+        let lm = CausalLm::build(&c, &mut |_, shape| {
+            let n: usize = shape.iter().product();
+            Ok(Tensor::from_slice(&rng.vec(n, -0.3, 0.3), shape, &dv)?.requires_grad_())
+        })
+        .unwrap();
+        let attn = &lm.layers[0].self_attn;
+        assert!(
+            attn.qkv.is_some() && lm.layers[0].mlp.gate_up.is_some(),
+            "{family}: stacked"
+        );
+        let ids = ids_tensor(&[vec![1, 5, 2, 7]]);
+        // With gradients the layers run one by one; without, through the stacked weights.
+        let stacked = |lm: &CausalLm| no_grad(|| lm.forward(&ids, None)).unwrap().to_vec::<f32>().unwrap();
+        let logits = lm.forward(&ids, None).unwrap();
+        let separate: Vec<f64> = logits.to_vec::<f32>().unwrap().iter().map(|&v| v as f64).collect();
+        assert_close(&format!("{family} stacked"), &stacked(&lm), &separate, 1e-5, 1e-6);
+        logits.sum(&[0, 1, 2], false).unwrap().backward().unwrap();
+        for (name, p) in lm.parameters() {
+            let g = p.grad().unwrap_or_else(|| panic!("{family}: no gradient for {name}"));
+            assert_eq!(g.shape(), p.shape(), "{family} {name}");
+        }
+        // An in-place update of the layers' weights is what the stacked weights see.
+        let params: Vec<Tensor> = lm.parameters().into_iter().map(|(_, p)| p).collect();
+        Sgd::new(0.1).step(&params).unwrap();
+        let after: Vec<f64> = lm
+            .forward(&ids, None)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f64)
+            .collect();
+        assert!(
+            after.iter().zip(&separate).any(|(a, b)| (a - b).abs() > 1e-3),
+            "{family}: the step changed nothing"
+        );
+        assert_close(
+            &format!("{family} stacked after a step"),
+            &stacked(&lm),
+            &after,
+            1e-5,
+            1e-6,
+        );
+    }
+}

@@ -33,6 +33,9 @@ pub struct Attention {
     pub num_kv_heads: usize,
     /// Size of one head.
     pub head_dim: usize,
+    /// `q_proj`, `k_proj` and `v_proj` stacked (their weights are views of it): one matmul when nothing needs
+    /// gradients. `None` when they cannot be stacked (see [`Linear::stack`]).
+    pub qkv: Option<Linear>,
 }
 
 /// Queries of a cached step up to which attention runs as one fused kernel; longer prompts take the batched
@@ -93,10 +96,27 @@ impl Attention {
                 None => y,
             })
         };
-        let q = heads(self.q_proj.forward(x)?, h, &self.q_norm)?;
-        let k = heads(self.k_proj.forward(x)?, kvh, &self.k_norm)?;
-        let v = heads(self.v_proj.forward(x)?, kvh, &None)?;
-        let differentiable = grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad());
+        let projections = [&self.q_proj, &self.k_proj, &self.v_proj];
+        let differentiable = grad_enabled() && (x.requires_grad() || projections.iter().any(|l| l.requires_grad()));
+        let (q, k, v) = match &self.qkv {
+            Some(qkv) if !differentiable => {
+                let y = qkv.forward(x)?;
+                (
+                    y.narrow(-1, 0, h * d)?,
+                    y.narrow(-1, h * d, kvh * d)?,
+                    y.narrow(-1, (h + kvh) * d, kvh * d)?,
+                )
+            }
+            _ => (
+                self.q_proj.forward(x)?,
+                self.k_proj.forward(x)?,
+                self.v_proj.forward(x)?,
+            ),
+        };
+        let q = heads(q, h, &self.q_norm)?;
+        let k = heads(k, kvh, &self.k_norm)?;
+        let v = heads(v, kvh, &None)?;
+        let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
         let y = match cache {
             Some((cache, layer)) if !differentiable => {
                 let (k_new, v_new) = cache.new_positions(layer, t)?;

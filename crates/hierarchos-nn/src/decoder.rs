@@ -155,6 +155,10 @@ impl CausalLm {
                 c.intermediate_size,
                 c.mlp_bias,
             )?;
+            let (mut q_proj, mut k_proj, mut v_proj) = (q_proj, k_proj, v_proj);
+            let qkv = Linear::stack(&mut [&mut q_proj, &mut k_proj, &mut v_proj])?;
+            let (mut gate_proj, mut up_proj) = (gate_proj, up_proj);
+            let gate_up = Linear::stack(&mut [&mut gate_proj, &mut up_proj])?;
             let (q_norm, k_norm) = if c.qk_norm {
                 (
                     Some(rms_norm(tensor, format!("{a}.q_norm.weight"), d, c.rms_norm_eps)?),
@@ -175,6 +179,7 @@ impl CausalLm {
                     num_heads: h,
                     num_kv_heads: kvh,
                     head_dim: d,
+                    qkv,
                 },
                 post_attention_layernorm: rms_norm(
                     tensor,
@@ -187,6 +192,7 @@ impl CausalLm {
                     up_proj,
                     down_proj,
                     act: c.hidden_act,
+                    gate_up,
                 },
             });
         }
@@ -342,8 +348,15 @@ fn linear(
 ) -> Result<Linear> {
     let weight_name = format!("{name}.weight");
     let weight = match quantized(&weight_name, [out, inp])? {
-        Some(q) => LinearWeight::Quantized(q),
-        None => LinearWeight::Dense(tensor(&weight_name, &[out, inp])?),
+        Some(q) if q.shape() == [out, inp] => LinearWeight::Quantized(q),
+        Some(q) => return Err(wrong_shape(&weight_name, &q.shape(), &[out, inp])),
+        None => {
+            let w = tensor(&weight_name, &[out, inp])?;
+            if w.shape() != [out, inp] {
+                return Err(wrong_shape(&weight_name, w.shape(), &[out, inp]));
+            }
+            LinearWeight::Dense(w)
+        }
     };
     Ok(Linear {
         weight,
@@ -353,6 +366,11 @@ fn linear(
             None
         },
     })
+}
+
+/// The error for a parameter whose source gave another shape than the config implies.
+fn wrong_shape(name: &str, got: &[usize], want: &[usize]) -> Error {
+    Error::Invalid(format!("{name}: shape {got:?}, but the config implies {want:?}"))
 }
 
 /// The RMSNorm whose weight is `name`, over `dim` features.

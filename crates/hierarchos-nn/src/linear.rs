@@ -1,7 +1,7 @@
 //! The affine layer `y = x Wᵀ + b`, stored as Hugging Face / PyTorch store it (`weight` is `[out, in]`).
 
 use hierarchos_core::quant::QTensor;
-use hierarchos_core::{Device, Result, Tensor};
+use hierarchos_core::{Device, Result, Tensor, no_grad};
 
 use crate::init::ParamRng;
 
@@ -58,6 +58,103 @@ impl Linear {
             Some(b) => y.add(b),
             None => Ok(y),
         }
+    }
+
+    /// Puts the weights (and biases) of `layers`, which read the same input, back to back in one buffer and
+    /// returns the layer computing all their outputs side by side, so that inference runs them as one matmul
+    /// (Q/K/V, gate/up): a decode step is bound by launches. Each layer's weight becomes a view of the stacked
+    /// one (no second copy is kept; a trainable weight stays a trainable leaf). `None` when they cannot share
+    /// one matmul: dense and quantized mixed, different dtypes, block formats or input sizes, biases on some only.
+    pub fn stack(layers: &mut [&mut Linear]) -> Result<Option<Linear>> {
+        let Some(first) = layers.first() else {
+            return Ok(None);
+        };
+        let with_bias = first.bias.is_some();
+        if layers.iter().any(|l| l.bias.is_some() != with_bias) {
+            return Ok(None);
+        }
+        let dense: Vec<Tensor> = layers
+            .iter()
+            .filter_map(|l| match &l.weight {
+                LinearWeight::Dense(w) => Some(w.clone()),
+                LinearWeight::Quantized(_) => None,
+            })
+            .collect();
+        let quantized: Vec<QTensor> = layers
+            .iter()
+            .filter_map(|l| match &l.weight {
+                LinearWeight::Quantized(q) => Some(q.clone()),
+                LinearWeight::Dense(_) => None,
+            })
+            .collect();
+        let rows: Vec<usize> = layers.iter().map(|l| l.weight_shape()[0]).collect();
+        let cols = first.weight_shape()[1];
+        if layers.iter().any(|l| l.weight_shape()[1] != cols) {
+            return Ok(None);
+        }
+        let weight = if quantized.is_empty() {
+            if dense.iter().any(|w| w.dtype() != dense[0].dtype()) {
+                return Ok(None);
+            }
+            let stacked = no_grad(|| Tensor::cat(&dense, 0))?.detach();
+            let mut at = 0;
+            for (layer, n) in layers.iter_mut().zip(&rows) {
+                let trainable = layer.weight_requires_grad();
+                let view = stacked.narrow(0, at, *n)?;
+                layer.weight = LinearWeight::Dense(if trainable { view.requires_grad_() } else { view });
+                at += n;
+            }
+            LinearWeight::Dense(stacked)
+        } else if dense.is_empty() {
+            let parts: Vec<&QTensor> = quantized.iter().collect();
+            if parts.iter().any(|q| q.ggml_type() != parts[0].ggml_type()) {
+                return Ok(None);
+            }
+            let stacked = QTensor::cat_rows(&parts)?;
+            let mut at = 0;
+            for (layer, n) in layers.iter_mut().zip(&rows) {
+                layer.weight = LinearWeight::Quantized(stacked.narrow_rows(at, *n)?);
+                at += n;
+            }
+            LinearWeight::Quantized(stacked)
+        } else {
+            return Ok(None);
+        };
+        let bias = if with_bias {
+            let biases: Vec<Tensor> = layers.iter().filter_map(|l| l.bias.clone()).collect();
+            if biases.iter().any(|b| b.dtype() != biases[0].dtype()) {
+                return Ok(None);
+            }
+            let stacked = no_grad(|| Tensor::cat(&biases, 0))?.detach();
+            let mut at = 0;
+            for (layer, n) in layers.iter_mut().zip(&rows) {
+                let trainable = layer.bias.as_ref().is_some_and(Tensor::requires_grad);
+                let view = stacked.narrow(0, at, *n)?;
+                layer.bias = Some(if trainable { view.requires_grad_() } else { view });
+                at += n;
+            }
+            Some(stacked)
+        } else {
+            None
+        };
+        Ok(Some(Linear { weight, bias }))
+    }
+
+    /// `[out_features, in_features]`.
+    pub fn weight_shape(&self) -> [usize; 2] {
+        match &self.weight {
+            LinearWeight::Dense(w) => [w.shape()[0], w.shape()[1]],
+            LinearWeight::Quantized(q) => q.shape(),
+        }
+    }
+
+    fn weight_requires_grad(&self) -> bool {
+        matches!(&self.weight, LinearWeight::Dense(w) if w.requires_grad())
+    }
+
+    /// Whether a gradient may flow into this layer's parameters.
+    pub fn requires_grad(&self) -> bool {
+        self.weight_requires_grad() || self.bias.as_ref().is_some_and(Tensor::requires_grad)
     }
 
     /// The parameters with their Hugging Face names (`weight`, `bias`); a quantized weight is frozen and not

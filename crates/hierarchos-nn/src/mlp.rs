@@ -1,9 +1,9 @@
 //! The gated MLP of Llama-style decoders: `down(act(gate(x)) * up(x))`.
 
-use hierarchos_core::{Result, Tensor, UnaryOp};
+use hierarchos_core::{Result, Tensor, UnaryOp, grad_enabled};
 
 use crate::config::Activation;
-use crate::linear::{Linear, prefixed};
+use crate::linear::{Linear, LinearWeight, prefixed};
 
 /// A gated feed-forward block.
 #[derive(Clone, Debug)]
@@ -16,6 +16,9 @@ pub struct Mlp {
     pub down_proj: Linear,
     /// The activation of the gate.
     pub act: Activation,
+    /// `gate_proj` and `up_proj` stacked (their weights are views of it): one matmul when nothing needs
+    /// gradients. `None` when they cannot be stacked (see [`Linear::stack`]).
+    pub gate_up: Option<Linear>,
 }
 
 impl Mlp {
@@ -26,7 +29,20 @@ impl Mlp {
             Activation::Gelu => UnaryOp::Gelu,
             Activation::GeluTanh => UnaryOp::GeluTanh,
         };
-        let hidden = self.gate_proj.forward(x)?.gated(&self.up_proj.forward(x)?, act)?;
+        let differentiable =
+            grad_enabled() && (x.requires_grad() || self.gate_proj.requires_grad() || self.up_proj.requires_grad());
+        let hidden = match &self.gate_up {
+            Some(Linear {
+                weight: LinearWeight::Quantized(q),
+                bias: None,
+            }) if !differentiable => x.matmul_q_gated(q, act)?,
+            Some(gate_up) if !differentiable => {
+                let y = gate_up.forward(x)?;
+                let n = self.gate_proj.weight_shape()[0];
+                y.narrow(-1, 0, n)?.gated(&y.narrow(-1, n, n)?, act)?
+            }
+            _ => self.gate_proj.forward(x)?.gated(&self.up_proj.forward(x)?, act)?,
+        };
         self.down_proj.forward(&hidden)
     }
 
