@@ -1,6 +1,6 @@
 //! The device: adapter choice, feature detection, buffer pool, pipeline cache and batched dispatch.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::error::{GpuError, Result};
@@ -11,6 +11,10 @@ const PARAM_ARENA_BYTES: u64 = 1 << 16;
 /// Dispatches recorded before the batch is submitted even if nobody waits for it, so the GPU starts while the
 /// host records the rest (at decode time the GPU would otherwise idle until the host asks for the logits).
 const MAX_DISPATCHES_PER_SUBMIT: usize = 48;
+/// The first batch after the host waited for the GPU (which is then idle) is this small, and each following one
+/// twice as large up to [`MAX_DISPATCHES_PER_SUBMIT`]: the GPU starts on a decode step's first kernels while the
+/// host is still recording the rest.
+const FIRST_BATCH_AFTER_IDLE: usize = 4;
 /// Largest workgroup count per grid dimension that every WebGPU device accepts.
 const MAX_GRID_DIM: u32 = 65535;
 /// Buffers a launch may bind besides the parameters and still have its bind group cached.
@@ -67,22 +71,26 @@ pub struct Gpu {
     dispatched: std::sync::atomic::AtomicU64,
 }
 
+/// The maps looked up on every launch hash with FxHash: the kernel keys are long strings, and SipHash over them
+/// showed in host profiles of decoding.
 #[derive(Default)]
 struct State {
-    free: HashMap<u64, Vec<Pooled>>,
+    free: FxHashMap<u64, Vec<Pooled>>,
     released_in_batch: Vec<(u64, Pooled)>,
-    pipelines: HashMap<String, Arc<Kernel>>,
+    pipelines: FxHashMap<String, Arc<Kernel>>,
     /// Bind groups by kernel and buffers: a decode step launches the same kernels on the same pooled buffers
     /// token after token, and creating a bind group per launch cost more host time than the launch itself.
-    bind_groups: HashMap<BindKey, wgpu::BindGroup>,
+    bind_groups: FxHashMap<BindKey, wgpu::BindGroup>,
     next_id: u64,
-    staging: HashMap<u64, Vec<wgpu::Buffer>>,
+    staging: FxHashMap<u64, Vec<wgpu::Buffer>>,
     encoder: Option<wgpu::CommandEncoder>,
     /// The compute pass open on `encoder`: consecutive dispatches share it (a pass per dispatch costs CPU time
     /// in wgpu); copies and clears end it first.
     pass: Option<wgpu::ComputePass<'static>>,
     params: Vec<u8>,
     dispatches: usize,
+    /// Dispatches the open batch may take before it is submitted (see [`FIRST_BATCH_AFTER_IDLE`]).
+    batch_limit: usize,
     stats: MemoryStats,
 }
 
@@ -688,7 +696,7 @@ impl Gpu {
         pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
         st.dispatches += 1;
         self.dispatched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let full = st.dispatches >= MAX_DISPATCHES_PER_SUBMIT;
+        let full = st.dispatches >= st.batch_limit.clamp(1, MAX_DISPATCHES_PER_SUBMIT);
         drop(st);
         self.check_errors(d.op)?;
         if full {
@@ -714,10 +722,24 @@ impl Gpu {
         }
         let index = self.queue.submit([encoder.finish()]);
         st.dispatches = 0;
+        st.batch_limit = (st.batch_limit * 2).clamp(FIRST_BATCH_AFTER_IDLE, MAX_DISPATCHES_PER_SUBMIT);
         for (class, b) in std::mem::take(&mut st.released_in_batch) {
             st.free.entry(class).or_default().push(b);
         }
         Some(index)
+    }
+
+    /// Copies `bytes` bytes (a multiple of 4) from `src` at `src_offset` to `dst` at `dst_offset`, in order with
+    /// the launches recorded before it.
+    pub fn copy(&self, src: &GpuBuffer, src_offset: u64, dst: &GpuBuffer, dst_offset: u64, bytes: u64) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        self.encoder(&mut st)
+            .copy_buffer_to_buffer(src.raw(), src_offset, dst.raw(), dst_offset, bytes);
+        drop(st);
+        self.check_errors("copy")
     }
 
     /// Waits until the GPU has finished all submitted work.
@@ -727,6 +749,7 @@ impl Gpu {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| GpuError::Readback(e.to_string()))?;
+        self.lock().batch_limit = FIRST_BATCH_AFTER_IDLE;
         Ok(())
     }
 
@@ -772,6 +795,8 @@ impl Gpu {
         rx.await
             .map_err(|_| GpuError::Readback("device dropped the mapping request".into()))?
             .map_err(|e| GpuError::Readback(e.to_string()))?;
+        // Everything submitted before the copy is done: the GPU idles until the next batch arrives.
+        self.lock().batch_limit = FIRST_BATCH_AFTER_IDLE;
         let view = staging
             .get_mapped_range(0..hi - lo)
             .map_err(|e| GpuError::Readback(e.to_string()))?;
