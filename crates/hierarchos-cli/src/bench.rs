@@ -151,7 +151,7 @@ pub struct ModelArgs {
     /// Tokens decoded one at a time through the KV cache (after a 16-token prompt).
     #[arg(long, default_value_t = 128)]
     pub decode: usize,
-    /// Timed prefill repetitions.
+    /// Timed repetitions: prefill reports the mean, decode the best run.
     #[arg(long, default_value_t = 5)]
     pub iters: usize,
     /// Print one JSON object instead of text.
@@ -204,27 +204,35 @@ pub fn model(args: &ModelArgs) -> Result<()> {
         Ok(lm.forward_last(&prompt, Some(&mut cache))?)
     })?;
 
+    // Decode: the best of `iters` runs (the first also warms the pool and pipeline caches).
     let short = ids(16)?;
-    let mut cache = lm.new_cache(1, 16 + args.decode)?;
-    let mut logits = lm.forward_last(&short, Some(&mut cache))?;
-    device.synchronize()?;
-    let start = Instant::now();
-    let launches = device.dispatch_count();
-    let mut host_secs = 0.0;
-    for _ in 0..args.decode {
-        let row = logits.to_vec::<f32>()?;
-        let next = row
-            .iter()
-            .enumerate()
-            .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
-            .0;
-        let recording = Instant::now();
-        logits = lm.forward_last(&Tensor::from_slice(&[next as u32], &[1, 1], &device)?, Some(&mut cache))?;
-        host_secs += recording.elapsed().as_secs_f64();
+    let (mut decode_secs, mut host_secs, mut per_token) = (f64::INFINITY, 0.0, 0.0);
+    for _ in 0..args.iters.max(1) {
+        let mut cache = lm.new_cache(1, 16 + args.decode)?;
+        let mut logits = lm.forward_last(&short, Some(&mut cache))?;
+        device.synchronize()?;
+        let start = Instant::now();
+        let launches = device.dispatch_count();
+        let mut host = 0.0;
+        for _ in 0..args.decode {
+            let row = logits.to_vec::<f32>()?;
+            let next = row
+                .iter()
+                .enumerate()
+                .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
+                .0;
+            let recording = Instant::now();
+            logits = lm.forward_last(&Tensor::from_slice(&[next as u32], &[1, 1], &device)?, Some(&mut cache))?;
+            host += recording.elapsed().as_secs_f64();
+        }
+        logits.to_vec::<f32>()?;
+        let secs = start.elapsed().as_secs_f64();
+        if secs < decode_secs {
+            decode_secs = secs;
+            host_secs = host;
+            per_token = (device.dispatch_count() - launches) as f64 / args.decode as f64;
+        }
     }
-    logits.to_vec::<f32>()?;
-    let decode_secs = start.elapsed().as_secs_f64();
-    let per_token = (device.dispatch_count() - launches) as f64 / args.decode as f64;
     // Time the host spends recording a token's launches (the GPU runs them meanwhile or after).
     let host_us = host_secs * 1e6 / args.decode as f64;
 
