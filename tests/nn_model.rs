@@ -860,3 +860,64 @@ fn stacked_projections_share_the_trainable_weights() {
         );
     }
 }
+
+#[test]
+fn fused_quantized_decoding_equals_the_full_forward() {
+    use hierarchos::core::quant::{GgmlType, QTensor};
+    let mut rng = Rng::new("fused_quantized_decoding");
+    let dv = dev();
+    for family in ["llama", "mistral", "qwen3", "qwen2"] {
+        let mut c = tiny_config(family);
+        c.intermediate_size = 64;
+        let mut blocks = |n: usize| -> Vec<u8> {
+            (0..n / 32)
+                .flat_map(|_| {
+                    let scale = half::f16::from_f32(rng.uniform(0.002, 0.01)).to_le_bytes();
+                    let quants: Vec<u8> = (0..32).map(|_| rng.next_u64() as u8).collect();
+                    [scale.to_vec(), quants].concat()
+                })
+                .collect()
+        };
+        let dense = |shape: &[usize]| -> Vec<f32> {
+            (0..shape.iter().product::<usize>())
+                .map(|i| 0.5 + (i % 7) as f32 * 0.1)
+                .collect()
+        };
+        let lm = CausalLm::build_with(
+            &c,
+            &mut |_, shape| Ok(Tensor::from_slice(&dense(shape), shape, &dv)?),
+            &mut |_, [rows, cols]| {
+                Ok(Some(QTensor::from_ggml(
+                    GgmlType::Q8_0,
+                    &blocks(rows * cols),
+                    [rows, cols],
+                    &dv,
+                )?))
+            },
+        )
+        .unwrap();
+        // Qwen2's projection biases keep it on the unfused path; the others decode fused.
+        assert_eq!(lm.layers.iter().all(|l| l.fuses()), family != "qwen2", "{family}");
+        let (b, t, prefill) = (2, 9, 4);
+        let ids: Vec<Vec<u32>> = (0..b)
+            .map(|_| (0..t).map(|_| rng.below(c.vocab_size) as u32).collect())
+            .collect();
+        let full = lm.forward(&ids_tensor(&ids), None).unwrap().to_vec::<f32>().unwrap();
+        let mut cache = lm.new_cache(b, t).unwrap();
+        let mut steps = vec![
+            lm.forward(
+                &ids_tensor(&ids.iter().map(|s| s[..prefill].to_vec()).collect::<Vec<_>>()),
+                Some(&mut cache),
+            )
+            .unwrap(),
+        ];
+        for i in prefill..t {
+            let step: Vec<Vec<u32>> = ids.iter().map(|s| vec![s[i]]).collect();
+            steps.push(lm.forward(&ids_tensor(&step), Some(&mut cache)).unwrap());
+        }
+        let stepped = Tensor::cat(&steps, 1).unwrap().to_vec::<f32>().unwrap();
+        let want: Vec<f64> = full.iter().map(|&x| x as f64).collect();
+        // The fused norm rounds differently from the separate one: a few f32 ulps of the logits.
+        assert_close(&format!("{family} fused decode"), &stepped, &want, 1e-5, 1e-5);
+    }
+}

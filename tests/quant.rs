@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use half::f16;
-use hierarchos::core::quant::{GgmlType, QTensor, dequantize};
+use hierarchos::core::quant::{Fusion, GgmlType, QTensor, dequantize};
 use hierarchos::core::{DType, Tensor};
 
 const TYPES: [GgmlType; 8] = [
@@ -391,6 +391,13 @@ fn stacked_rows_and_row_views() {
     assert!(QTensor::cat_rows(&[]).is_err());
 }
 
+fn gated(op: hierarchos::core::UnaryOp) -> Fusion<'static> {
+    Fusion {
+        gate: Some(op),
+        ..Fusion::default()
+    }
+}
+
 #[test]
 fn gated_matvec_equals_matmul_then_gated() {
     use hierarchos::core::UnaryOp;
@@ -411,7 +418,7 @@ fn gated_matvec_equals_matmul_then_gated() {
                 (9, UnaryOp::Silu),
             ] {
                 let x = Tensor::from_slice(&rng.vec(m * k, -1.0, 1.0), &[m, k], &d).unwrap();
-                let got = x.matmul_q_gated(&stacked, op).unwrap();
+                let got = x.matmul_q_fused(&stacked, gated(op)).unwrap();
                 assert_eq!(got.shape(), [m, n]);
                 let want = x.matmul_q(&wg).unwrap().gated(&x.matmul_q(&wu).unwrap(), op).unwrap();
                 assert_bits(
@@ -424,12 +431,109 @@ fn gated_matvec_equals_matmul_then_gated() {
     }
     let odd = QTensor::from_ggml(GgmlType::Q8_0, &[0; 3 * 34], [3, 32], &d).unwrap();
     let x = Tensor::zeros(&[1, 32], DType::F32, &d).unwrap();
-    assert!(x.matmul_q_gated(&odd, UnaryOp::Silu).is_err(), "odd number of rows");
+    assert!(
+        x.matmul_q_fused(&odd, gated(UnaryOp::Silu)).is_err(),
+        "odd number of rows"
+    );
     // One launch for decode rows (on a device of its own, so other tests' launches do not count).
     let own = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
     let w = QTensor::from_ggml(GgmlType::Q8_0, &[0; 2 * 34], [2, 32], &own).unwrap();
     let x = Tensor::zeros(&[1, 32], DType::F32, &own).unwrap();
     let before = own.dispatch_count();
-    x.matmul_q_gated(&w, UnaryOp::Silu).unwrap();
+    x.matmul_q_fused(&w, gated(UnaryOp::Silu)).unwrap();
     assert_eq!(own.dispatch_count() - before, 1);
+}
+
+#[test]
+fn fused_norm_and_residual_match_the_separate_ops() {
+    use hierarchos::core::UnaryOp;
+    let mut rng = Rng::new("fused_norm_and_residual_match_the_separate_ops");
+    let d = dev();
+    let host = |t: &Tensor| t.to_vec::<f32>().unwrap();
+    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q6_K] {
+        let k = 2 * ty.block_size();
+        let n = 5;
+        let w = QTensor::from_ggml(
+            ty,
+            &random_blocks(&mut rng, ty, 2 * n * 2, &mut small_half),
+            [2 * n, k],
+            &d,
+        )
+        .unwrap();
+        let w_abs = w.dequantize().unwrap().abs().unwrap();
+        let g = Tensor::from_slice(&rng.vec(k, 0.5, 1.5), &[k], &d).unwrap();
+        for m in [1, 3, 8, 11] {
+            // Rows of x far from unit scale, so that a missing or wrong norm shows.
+            let x = Tensor::from_slice(&rng.vec(m * k, -4.0, 4.0), &[m, k], &d).unwrap();
+            let res = Tensor::from_slice(&rng.vec(m * n, -1.0, 1.0), &[m, n], &d).unwrap();
+            let res2 = Tensor::from_slice(&rng.vec(m * 2 * n, -1.0, 1.0), &[m, 2 * n], &d).unwrap();
+            let normed = x.rms_norm(Some(&g), 1e-5).unwrap();
+            // Per output, the sum of |input| |weight| that bounds the rounding of a K-term dot product.
+            let mag = host(&normed.abs().unwrap().matmul(&w_abs.t().unwrap()).unwrap());
+            let y = normed.matmul_q(&w).unwrap();
+            let yv = host(&y);
+
+            let norm = Fusion {
+                norm: Some((&g, 1e-5)),
+                ..Fusion::default()
+            };
+            let got = host(&x.matmul_q_fused(&w, norm).unwrap());
+            let want: Vec<f64> = yv.iter().map(|&v| v as f64).collect();
+            check_matmul(
+                &format!("{ty} norm m={m}"),
+                &got,
+                &want,
+                &mag.iter().map(|&v| v as f64).collect::<Vec<_>>(),
+                1e-5,
+            );
+
+            let residual = Fusion {
+                residual: Some(&res2),
+                ..Fusion::default()
+            };
+            let got = host(&x.matmul_q_fused(&w, residual).unwrap());
+            assert_bits(
+                &format!("{ty} residual m={m}"),
+                &got,
+                &host(&res2.add(&x.matmul_q(&w).unwrap()).unwrap()),
+            );
+
+            let all = Fusion {
+                norm: Some((&g, 1e-5)),
+                gate: Some(UnaryOp::Silu),
+                residual: Some(&res),
+            };
+            let got = x.matmul_q_fused(&w, all).unwrap();
+            assert_eq!(got.shape(), [m, n]);
+            let got = host(&got);
+            let rv = host(&res);
+            let silu = |v: f64| v / (1.0 + (-v).exp());
+            for r in 0..m {
+                for j in 0..n {
+                    let (gate, up) = (yv[r * 2 * n + j] as f64, yv[r * 2 * n + n + j] as f64);
+                    let (mg, mu) = (mag[r * 2 * n + j] as f64, mag[r * 2 * n + n + j] as f64);
+                    let want = rv[r * n + j] as f64 + silu(gate) * up;
+                    // Each projection is off by up to 1e-5 of its magnitude; silu' is at most 1.1.
+                    let tol = 1e-5 * (1.1 * mg * up.abs() + silu(gate).abs() * mu + mg * mu) + 1e-6;
+                    let g = got[r * n + j] as f64;
+                    assert!(
+                        (g - want).abs() <= tol,
+                        "{ty} all m={m} [{r}, {j}]: got {g}, want {want} ({tol:e})"
+                    );
+                }
+            }
+        }
+        let x = Tensor::zeros(&[1, k], DType::F32, &d).unwrap();
+        let bad = Tensor::zeros(&[1, 3], DType::F32, &d).unwrap();
+        let residual = Fusion {
+            residual: Some(&bad),
+            ..Fusion::default()
+        };
+        assert!(x.matmul_q_fused(&w, residual).is_err(), "residual of the wrong shape");
+        let norm = Fusion {
+            norm: Some((&bad, 1e-5)),
+            ..Fusion::default()
+        };
+        assert!(x.matmul_q_fused(&w, norm).is_err(), "norm weight of the wrong shape");
+    }
 }

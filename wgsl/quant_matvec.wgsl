@@ -3,11 +3,17 @@
 // the row's tasks (8 values of one block each, see quant_formats.wgsl), so that consecutive lanes read
 // consecutive words of the blocks, decode them once and multiply them with every row of x (vec4 loads, f32
 // accumulation). The lanes then add up through subgroupAdd (a group is a 32-wide subgroup) or through workgroup
-// memory. With GATED, the group also owns row n + N (the up projection stacked under the gate) and writes
-// epilogue(gate, up) = act(gate) * up: the gated MLP's two projections and activation in one launch.
-// The Rust side prepends bindings (out: f32, x: vec4<f32>, w), quant_formats.wgsl, the format's QK, BW, TD,
-// task(), task_off(), ROWS, GROUPS, GATED, epilogue(), and replaces the LANE_BUILTINS, LANE and LANE_SUM markers.
-// Parameters: [M, N, K, x offset in vec4s, word where the blocks start].
+// memory. Fused around the product, so that a decode step needs fewer launches:
+// - NORM: the input rows are RMS-normalized first (weight `g`, eps): the group sums the squares of its row and
+//   multiplies x by g as it loads it; lane 0 scales the dot product by 1 / sqrt(mean(x²) + eps) at the end.
+// - GATED: the group also owns row n + N (the up projection stacked under the gate) and the result is
+//   act(gate) * up: the gated MLP's two projections and activation.
+// - RESIDUAL: `res` (dense [M, N]) is added to the result: the residual stream.
+// The Rust side prepends bindings (out: f32, x: vec4<f32>, w, g: vec4<f32> with NORM, res: f32 with RESIDUAL),
+// quant_formats.wgsl, the format's QK, BW, TD, task(), task_off(), ROWS, GROUPS, NORM, GATED, RESIDUAL,
+// epilogue(), load_g(), load_res(), and replaces the LANE_BUILTINS, LANE and LANE_SUM markers.
+// Parameters: [M, N, K, x offset in vec4s, word where the blocks start, eps (f32 bits), g offset in vec4s,
+// res offset].
 
 const LANES: u32 = 32u;
 const TPB: u32 = QK / 8u;
@@ -39,6 +45,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let K4 = K / 4u;
     var acc: array<f32, ROWS>;
     var acc2: array<f32, ROWS>;
+    var squares: array<f32, ROWS>;
+    if (NORM) {
+        for (var r = 0u; r < ROWS; r = r + 1u) {
+            for (var i = lane; i < K4; i = i + LANES) {
+                let v = x[p[3] + r * K4 + i];
+                squares[r] = squares[r] + dot(v, v);
+            }
+        }
+    }
     if (n < N) {
         let blocks = K / QK;
         let tasks = blocks * TPB;
@@ -48,28 +63,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let blk = j / TPB;
             let t = j % TPB;
             let v = task(row + blk * BW, t);
-            let o = p[3] + (blk * QK + task_off(t)) / 4u;
+            let e = (blk * QK + task_off(t)) / 4u;
+            let o = p[3] + e;
+            var v2 = v;
+            if (GATED) {
+                v2 = task(row2 + blk * BW, t);
+            }
+            let g0 = load_g(e);
+            let g1 = load_g(e + TD / 4u);
             for (var r = 0u; r < ROWS; r = r + 1u) {
                 let xo = o + r * K4;
-                acc[r] = acc[r] + dot(x[xo], v[0]) + dot(x[xo + TD / 4u], v[1]);
-            }
-            if (GATED) {
-                let v2 = task(row2 + blk * BW, t);
-                for (var r = 0u; r < ROWS; r = r + 1u) {
-                    let xo = o + r * K4;
-                    acc2[r] = acc2[r] + dot(x[xo], v2[0]) + dot(x[xo + TD / 4u], v2[1]);
+                let x0 = x[xo] * g0;
+                let x1 = x[xo + TD / 4u] * g1;
+                acc[r] = acc[r] + dot(x0, v[0]) + dot(x1, v[1]);
+                if (GATED) {
+                    acc2[r] = acc2[r] + dot(x0, v2[0]) + dot(x1, v2[1]);
                 }
             }
         }
     }
     for (var r = 0u; r < ROWS; r = r + 1u) {
-        let s = LANE_SUM(acc[r]);
+        var s = LANE_SUM(acc[r]);
         var s2 = 0.0;
         if (GATED) {
             s2 = LANE_SUM(acc2[r]);
         }
+        if (NORM) {
+            let rstd = 1.0 / sqrt(LANE_SUM(squares[r]) / f32(K) + bitcast<f32>(p[5]));
+            s = s * rstd;
+            s2 = s2 * rstd;
+        }
         if (lane == 0u && n < N) {
-            out[r * N + n] = epilogue(s, s2);
+            var y = epilogue(s, s2);
+            if (RESIDUAL) {
+                y = load_res(r * N + n) + y;
+            }
+            out[r * N + n] = y;
         }
     }
 }

@@ -82,11 +82,19 @@ impl AttentionContext {
 }
 
 impl Attention {
-    /// Attention over `x` (`[B, T, hidden]`) at the positions `ctx` describes. With a cache, the new keys and
-    /// values are appended to layer `layer` of it and the queries attend over the cached prefix too; when
-    /// nothing needs gradients, that step runs fused kernels (rotary and cache update in one launch, attention
-    /// in another).
-    pub fn forward(&self, x: &Tensor, ctx: &AttentionContext, cache: Option<(&KvCache, usize)>) -> Result<Tensor> {
+    /// `residual + attention(norm(x))` for `x` `[B, T, hidden]` at the positions `ctx` describes (the norm and
+    /// the residual are optional: with quantized projections at decode they run inside the projections'
+    /// launches). With a cache, the new keys and values are appended to layer `layer` of it and the queries
+    /// attend over the cached prefix too; when nothing needs gradients, that step runs fused kernels (rotary and
+    /// cache update in one launch, attention in another).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        norm: Option<&RmsNorm>,
+        residual: Option<&Tensor>,
+        ctx: &AttentionContext,
+        cache: Option<(&KvCache, usize)>,
+    ) -> Result<Tensor> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let heads = |y: Tensor, n: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
@@ -100,18 +108,22 @@ impl Attention {
         let differentiable = grad_enabled() && (x.requires_grad() || projections.iter().any(|l| l.requires_grad()));
         let (q, k, v) = match &self.qkv {
             Some(qkv) if !differentiable => {
-                let y = qkv.forward(x)?;
+                let y = qkv.forward_fused(x, norm, None, None)?;
                 (
                     y.narrow(-1, 0, h * d)?,
                     y.narrow(-1, h * d, kvh * d)?,
                     y.narrow(-1, (h + kvh) * d, kvh * d)?,
                 )
             }
-            _ => (
-                self.q_proj.forward(x)?,
-                self.k_proj.forward(x)?,
-                self.v_proj.forward(x)?,
-            ),
+            _ => {
+                let normed = norm.map(|n| n.forward(x)).transpose()?;
+                let x = normed.as_ref().unwrap_or(x);
+                (
+                    self.q_proj.forward(x)?,
+                    self.k_proj.forward(x)?,
+                    self.v_proj.forward(x)?,
+                )
+            }
         };
         let q = heads(q, h, &self.q_norm)?;
         let k = heads(k, kvh, &self.k_norm)?;
@@ -146,7 +158,14 @@ impl Attention {
                 scaled_dot_product(&q, &k, &v, mask)?.permute(&[0, 2, 1, 3])?
             }
         };
-        Ok(self.o_proj.forward(&y.reshape(&[b, t, h * d])?)?)
+        Ok(self
+            .o_proj
+            .forward_fused(&y.reshape(&[b, t, h * d])?, None, None, residual)?)
+    }
+
+    /// Whether every projection runs fused at decode (see [`Linear::fuses`]).
+    pub fn fuses(&self) -> bool {
+        self.qkv.as_ref().is_some_and(Linear::fuses) && self.o_proj.fuses()
     }
 
     /// The parameters with their Hugging Face names (`q_proj.weight`, ..., `q_norm.weight`).

@@ -40,9 +40,29 @@ impl DecoderLayer {
         ctx: &AttentionContext,
         cache: Option<(&KvCache, usize)>,
     ) -> Result<(Tensor, Tensor)> {
-        let attn = self.self_attn.forward(normed, ctx, cache)?;
+        let attn = self.self_attn.forward(normed, None, None, ctx, cache)?;
         let (x, h) = self.post_attention_layernorm.add_forward(x, &attn)?;
-        Ok(next_norm.add_forward(&x, &self.mlp.forward(&h)?)?)
+        Ok(next_norm.add_forward(&x, &self.mlp.forward(&h, None, None)?)?)
+    }
+
+    /// The same block with each norm run by the projection after it and each residual add by the projection
+    /// before it: how quantized layers decode, in six launches (Q/K/V with the input norm, rotary and cache
+    /// update, attention, O with the residual, gate/up with the norm and activation, down with the residual).
+    pub fn forward_fused(
+        &self,
+        x: &Tensor,
+        ctx: &AttentionContext,
+        cache: Option<(&KvCache, usize)>,
+    ) -> Result<Tensor> {
+        let x = self
+            .self_attn
+            .forward(x, Some(&self.input_layernorm), Some(x), ctx, cache)?;
+        Ok(self.mlp.forward(&x, Some(&self.post_attention_layernorm), Some(&x))?)
+    }
+
+    /// Whether [`DecoderLayer::forward_fused`] is the faster way: every projection quantized, without bias.
+    pub fn fuses(&self) -> bool {
+        self.self_attn.fuses() && self.mlp.fuses()
     }
 
     /// The parameters with their Hugging Face names relative to the layer.
@@ -296,12 +316,20 @@ impl CausalLm {
         let tables = self.rotary.device_tables(start, t, scale, self.device())?;
         let ctx = AttentionContext::new(tables, q_start, k_start, window);
         let mut x = self.embed_tokens.forward(ids)?;
-        let first_norm = self.layers.first().map_or(&self.norm, |l| &l.input_layernorm);
-        let mut normed = first_norm.forward(&x)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
-            (x, normed) = layer.forward(&x, &normed, next_norm, &ctx, cache.as_deref().map(|c| (c, i)))?;
-        }
+        let normed = if !self.layers.is_empty() && self.layers.iter().all(DecoderLayer::fuses) {
+            for (i, layer) in self.layers.iter().enumerate() {
+                x = layer.forward_fused(&x, &ctx, cache.as_deref().map(|c| (c, i)))?;
+            }
+            self.norm.forward(&x)?
+        } else {
+            let first_norm = self.layers.first().map_or(&self.norm, |l| &l.input_layernorm);
+            let mut normed = first_norm.forward(&x)?;
+            for (i, layer) in self.layers.iter().enumerate() {
+                let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
+                (x, normed) = layer.forward(&x, &normed, next_norm, &ctx, cache.as_deref().map(|c| (c, i)))?;
+            }
+            normed
+        };
         if let Some(c) = cache {
             c.advance(t);
         }

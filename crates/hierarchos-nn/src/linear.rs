@@ -1,9 +1,10 @@
 //! The affine layer `y = x Wᵀ + b`, stored as Hugging Face / PyTorch store it (`weight` is `[out, in]`).
 
-use hierarchos_core::quant::QTensor;
-use hierarchos_core::{Device, Result, Tensor, no_grad};
+use hierarchos_core::quant::{Fusion, QTensor};
+use hierarchos_core::{Device, Result, Tensor, UnaryOp, no_grad};
 
 use crate::init::ParamRng;
+use crate::norm::RmsNorm;
 
 /// The weight matrix of a layer: dense (trainable), or ggml blocks kept quantized on the GPU (frozen, read by
 /// the dequantizing matmul).
@@ -58,6 +59,46 @@ impl Linear {
             Some(b) => y.add(b),
             None => Ok(y),
         }
+    }
+
+    /// `residual + gate(norm(x) Wᵀ + b)`, each part optional (`gate` splits the output in halves: `op(first) *
+    /// second`, for a stacked gate/up layer). Quantized weights without bias run it as one launch at decode
+    /// ([`Tensor::matmul_q_fused`]); anything else runs the separate ops.
+    pub fn forward_fused(
+        &self,
+        x: &Tensor,
+        norm: Option<&RmsNorm>,
+        gate: Option<UnaryOp>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        if let (LinearWeight::Quantized(q), None) = (&self.weight, &self.bias) {
+            let fusion = Fusion {
+                norm: norm.map(|n| (&n.weight, n.eps)),
+                gate,
+                residual,
+            };
+            return x.matmul_q_fused(q, fusion);
+        }
+        let y = match norm {
+            Some(norm) => self.forward(&norm.forward(x)?)?,
+            None => self.forward(x)?,
+        };
+        let y = match gate {
+            Some(op) => {
+                let n = self.weight_shape()[0] / 2;
+                y.narrow(-1, 0, n)?.gated(&y.narrow(-1, n, n)?, op)?
+            }
+            None => y,
+        };
+        match residual {
+            Some(r) => r.add(&y),
+            None => Ok(y),
+        }
+    }
+
+    /// Whether [`Linear::forward_fused`] runs as one launch at decode: quantized weights, no bias.
+    pub fn fuses(&self) -> bool {
+        matches!((&self.weight, &self.bias), (LinearWeight::Quantized(_), None))
     }
 
     /// Puts the weights (and biases) of `layers`, which read the same input, back to back in one buffer and

@@ -3,7 +3,8 @@
 use hierarchos_core::{Result, Tensor, UnaryOp, grad_enabled};
 
 use crate::config::Activation;
-use crate::linear::{Linear, LinearWeight, prefixed};
+use crate::linear::{Linear, prefixed};
+use crate::norm::RmsNorm;
 
 /// A gated feed-forward block.
 #[derive(Clone, Debug)]
@@ -22,8 +23,9 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// `down(act(gate(x)) * up(x))`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `residual + down(act(gate(norm(x))) * up(norm(x)))`, the norm and the residual optional (with quantized
+    /// projections at decode they run inside the projections' launches, as does the activation).
+    pub fn forward(&self, x: &Tensor, norm: Option<&RmsNorm>, residual: Option<&Tensor>) -> Result<Tensor> {
         let act = match self.act {
             Activation::Silu => UnaryOp::Silu,
             Activation::Gelu => UnaryOp::Gelu,
@@ -32,18 +34,19 @@ impl Mlp {
         let differentiable =
             grad_enabled() && (x.requires_grad() || self.gate_proj.requires_grad() || self.up_proj.requires_grad());
         let hidden = match &self.gate_up {
-            Some(Linear {
-                weight: LinearWeight::Quantized(q),
-                bias: None,
-            }) if !differentiable => x.matmul_q_gated(q, act)?,
-            Some(gate_up) if !differentiable => {
-                let y = gate_up.forward(x)?;
-                let n = self.gate_proj.weight_shape()[0];
-                y.narrow(-1, 0, n)?.gated(&y.narrow(-1, n, n)?, act)?
+            Some(gate_up) if !differentiable => gate_up.forward_fused(x, norm, Some(act), None)?,
+            _ => {
+                let normed = norm.map(|n| n.forward(x)).transpose()?;
+                let x = normed.as_ref().unwrap_or(x);
+                self.gate_proj.forward(x)?.gated(&self.up_proj.forward(x)?, act)?
             }
-            _ => self.gate_proj.forward(x)?.gated(&self.up_proj.forward(x)?, act)?,
         };
-        self.down_proj.forward(&hidden)
+        self.down_proj.forward_fused(&hidden, None, None, residual)
+    }
+
+    /// Whether every projection runs fused at decode (see [`Linear::fuses`]).
+    pub fn fuses(&self) -> bool {
+        self.gate_up.as_ref().is_some_and(Linear::fuses) && self.down_proj.fuses()
     }
 
     /// The parameters with their Hugging Face names (`gate_proj.weight`, ...).

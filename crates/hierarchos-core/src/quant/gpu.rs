@@ -322,7 +322,7 @@ impl Tensor {
             }
             let x = self.reshape(&[m, k])?;
             let y = if m <= SKINNY_MAX_ROWS {
-                matvec(&x, w, None)?
+                matvec(&x, w, Fusion::default())?
             } else {
                 tiled(&x, w)?
             };
@@ -341,47 +341,111 @@ impl Tensor {
     }
 }
 
+/// Work fused into a quantized projection of decode rows (see [`Tensor::matmul_q_fused`]): a decode step is
+/// bound by launches, and the norm before a projection, the gate after it and the residual add fit in its
+/// launch.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Fusion<'a> {
+    /// RMSNorm of the input rows first: its weight (`[K]`) and eps.
+    pub norm: Option<(&'a Tensor, f64)>,
+    /// The weights stack a gate projection over an up projection (`[2N, K]`, gate rows first, see
+    /// [`QTensor::cat_rows`]); the result is `op(gate) * up`.
+    pub gate: Option<UnaryOp>,
+    /// Added to the result (shape of the result): the residual stream.
+    pub residual: Option<&'a Tensor>,
+}
+
 impl Tensor {
-    /// The gated MLP's first half, `op(self Wgᵀ) * (self Wuᵀ)`, for quantized gate and up projections stacked
-    /// in one matrix `gate_up` `[2N, K]` (gate rows first, see [`QTensor::cat_rows`]): for up to 8 rows one
-    /// launch computes both products and the activation, bit for bit what [`Tensor::matmul_q`] and
-    /// [`Tensor::gated`] give; more rows, or gradients wanted, take those two ops.
-    pub fn matmul_q_gated(&self, gate_up: &QTensor, op: UnaryOp) -> Result<Tensor> {
-        let [rows, k] = gate_up.shape();
-        if !rows.is_multiple_of(2) {
+    /// `residual + gate(norm(self) Wᵀ)` with each part optional (see [`Fusion`]): one launch for up to 8 f32
+    /// rows without gradients, else the same computation from separate ops ([`Tensor::rms_norm`],
+    /// [`Tensor::matmul_q`], [`Tensor::gated`], [`Tensor::add`]). The gate and the residual add are bit for bit
+    /// the separate ops; the fused norm scales the dot product instead of each input, which moves results by a
+    /// few f32 roundings.
+    pub fn matmul_q_fused(&self, w: &QTensor, fusion: Fusion<'_>) -> Result<Tensor> {
+        const OP: &str = "matmul_q_fused";
+        let [rows, k] = w.shape();
+        if fusion.gate.is_some() && !rows.is_multiple_of(2) {
             return Err(Error::Invalid {
-                op: "matmul_q_gated",
-                message: format!("{gate_up:?}: gate and up projections stacked have an even number of rows"),
+                op: OP,
+                message: format!("{w:?}: gate and up projections stacked have an even number of rows"),
             });
         }
-        let n = rows / 2;
+        let n = if fusion.gate.is_some() { rows / 2 } else { rows };
         let m = self.numel() / k.max(1);
+        let mut out_shape = self.shape().to_vec();
+        if let Some(last) = out_shape.last_mut() {
+            *last = n;
+        }
+        if let Some(r) = fusion.residual
+            && (r.shape() != out_shape.as_slice() || r.dtype() != DType::F32)
+        {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: out_shape,
+                rhs: r.shape().to_vec(),
+            });
+        }
+        if let Some((g, _)) = fusion.norm
+            && (g.shape() != [k] || g.dtype() != DType::F32)
+        {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: vec![k],
+                rhs: g.shape().to_vec(),
+            });
+        }
+        let needs_grad = grad_enabled()
+            && (self.requires_grad()
+                || fusion.norm.is_some_and(|(g, _)| g.requires_grad())
+                || fusion.residual.is_some_and(Tensor::requires_grad));
         let fused = self.rank() > 0
             && self.shape()[self.rank() - 1] == k
             && self.dtype() == DType::F32
             && (1..=SKINNY_MAX_ROWS).contains(&m)
             && n > 0
-            && !(grad_enabled() && self.requires_grad())
-            && Arc::ptr_eq(self.device(), gate_up.device());
+            && !needs_grad
+            && Arc::ptr_eq(self.device(), w.device());
         if !fused {
-            let y = self.matmul_q(gate_up)?;
-            return y.narrow(-1, 0, n)?.gated(&y.narrow(-1, n, n)?, op);
+            let x = match fusion.norm {
+                Some((g, eps)) => self.rms_norm(Some(g), eps)?,
+                None => self.clone(),
+            };
+            let y = x.matmul_q(w)?;
+            let y = match fusion.gate {
+                Some(op) => y.narrow(-1, 0, n)?.gated(&y.narrow(-1, n, n)?, op)?,
+                None => y,
+            };
+            return match fusion.residual {
+                Some(r) => r.add(&y),
+                None => Ok(y),
+            };
         }
-        let mut out_shape = self.shape().to_vec();
-        *out_shape.last_mut().expect("rank >= 1") = n;
-        matvec(&self.reshape(&[m, k])?, gate_up, Some(op))?.reshape(&out_shape)
+        matvec(&self.reshape(&[m, k])?, w, fusion)?.reshape(&out_shape)
     }
 }
 
-/// `x @ w^T` for `x` `[M, K]` with M <= 8, as f32 `[M, N]`; with `gate`, `w` holds a gate projection with the
-/// up projection stacked under it (`[2N, K]`) and the result is `gate(x Wgᵀ) * (x Wuᵀ)`, `[M, N]`.
-fn matvec(x: &Tensor, w: &QTensor, gate: Option<UnaryOp>) -> Result<Tensor> {
+/// `x @ w^T` for `x` `[M, K]` with M <= 8, as f32 `[M, N]`, with the work of `fusion` around it (the caller
+/// checked its shapes).
+fn matvec(x: &Tensor, w: &QTensor, fusion: Fusion<'_>) -> Result<Tensor> {
     let mut x = x.to_dtype(DType::F32)?.contiguous()?;
     if !x.layout().offset.is_multiple_of(4) {
         x = x.copy()?;
     }
     let (m, k) = (x.shape()[0], x.shape()[1]);
-    let n = if gate.is_some() { w.rows / 2 } else { w.rows };
+    let n = if fusion.gate.is_some() { w.rows / 2 } else { w.rows };
+    let norm = match fusion.norm {
+        Some((g, eps)) => {
+            let g = g.contiguous()?;
+            let g = if g.layout().offset.is_multiple_of(4) {
+                g
+            } else {
+                g.copy()?
+            };
+            Some((g, eps))
+        }
+        None => None,
+    };
+    let residual = fusion.residual.map(|r| r.contiguous()).transpose()?;
     let device = x.device().clone();
     let caps = device.caps();
     let subgroup = caps.subgroups && caps.subgroup_size == (32, 32);
@@ -389,18 +453,38 @@ fn matvec(x: &Tensor, w: &QTensor, gate: Option<UnaryOp>) -> Result<Tensor> {
     let groups = plan.groups;
     let out = device.alloc("matmul_q", Tensor::bytes_for(m * n, DType::F32))?;
     let ty = w.ty;
+    let gate = fusion.gate;
     let source = || {
         let mut s = bindings(Some(("x", "vec4<f32>")));
+        let mut next = 4;
+        if norm.is_some() {
+            let _ = writeln!(s, "@group(0) @binding({next}) var<storage, read> g: array<vec4<f32>>;");
+            next += 1;
+        }
+        if residual.is_some() {
+            let _ = writeln!(s, "@group(0) @binding({next}) var<storage, read> res: array<f32>;");
+        }
         s.push_str(&format_wgsl(ty));
         let epilogue = match gate {
             Some(op) => format!("let x = g; return ({}) * u;", op.forward()),
             None => "return g;".into(),
         };
+        let load_g = if norm.is_some() {
+            "g[p[6] + i]"
+        } else {
+            "vec4<f32>(1.0)"
+        };
+        let load_res = if residual.is_some() { "res[p[7] + i]" } else { "0.0" };
         let _ = writeln!(
             s,
-            "const ROWS: u32 = {m}u;\nconst GROUPS: u32 = {groups}u;\nconst GATED: bool = {};\n\
-             fn epilogue(g: f32, u: f32) -> f32 {{ {epilogue} }}",
-            gate.is_some()
+            "const ROWS: u32 = {m}u;\nconst GROUPS: u32 = {groups}u;\nconst NORM: bool = {};\n\
+             const GATED: bool = {};\nconst RESIDUAL: bool = {};\n\
+             fn epilogue(g: f32, u: f32) -> f32 {{ {epilogue} }}\n\
+             fn load_g(i: u32) -> vec4<f32> {{ return {load_g}; }}\n\
+             fn load_res(i: u32) -> f32 {{ return {load_res}; }}",
+            norm.is_some(),
+            gate.is_some(),
+            residual.is_some(),
         );
         s.push_str(COMMON_WGSL);
         s.push_str(MATH_WGSL);
@@ -413,18 +497,35 @@ fn matvec(x: &Tensor, w: &QTensor, gate: Option<UnaryOp>) -> Result<Tensor> {
         s
     };
     let gate_key = gate.map_or("", |op| op.forward());
+    let key = format!(
+        "matmul_q:vec:{ty}:{m}:{subgroup}:{gate_key}:{}:{}",
+        norm.is_some(),
+        residual.is_some()
+    );
+    let eps = norm.as_ref().map_or(0.0, |(_, eps)| *eps as f32);
+    let params = [
+        m as u32,
+        n as u32,
+        k as u32,
+        (x.layout().offset / 4) as u32,
+        w.offset as u32,
+        eps.to_bits(),
+        norm.as_ref().map_or(0, |(g, _)| (g.layout().offset / 4) as u32),
+        residual.as_ref().map_or(0, |r| r.layout().offset as u32),
+    ];
+    let mut buffers = vec![&out, x.buffer(), &*w.blocks];
+    if let Some((g, _)) = &norm {
+        buffers.push(g.buffer());
+    }
+    if let Some(r) = &residual {
+        buffers.push(r.buffer());
+    }
     device.dispatch(Dispatch {
         op: "matmul_q",
-        key: &format!("matmul_q:vec:{ty}:{m}:{subgroup}:{gate_key}"),
+        key: &key,
         source: &source,
-        buffers: &[&out, x.buffer(), &w.blocks],
-        params: &[
-            m as u32,
-            n as u32,
-            k as u32,
-            (x.layout().offset / 4) as u32,
-            w.offset as u32,
-        ],
+        buffers: &buffers,
+        params: &params,
         workgroups: Gpu::grid(n.div_ceil(groups) as u32),
     })?;
     Ok(Tensor::from_buffer(out, &[m, n], DType::F32, None))

@@ -11,7 +11,7 @@ mod gpu;
 
 use crate::error::{Error, Result};
 
-pub use gpu::QTensor;
+pub use gpu::{Fusion, QTensor};
 
 /// A ggml tensor type, as GGUF files number them. Sizes are known for all of them; [`dequantize`] and
 /// [`QTensor`] take the float types and the formats listed in [`GgmlType::is_supported`].
