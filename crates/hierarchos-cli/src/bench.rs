@@ -336,8 +336,11 @@ fn random_model(args: &ModelArgs, device: &Device) -> Result<(CausalLm, usize, S
             };
             Ok(t)
         },
-        &mut |_, shape| {
-            let Some(ty) = quant else { return Ok(None) };
+        &mut |name, shape| {
+            // Only the projections: a random quantized head would not be the embedding matrix it is tied to.
+            let Some(ty) = quant.filter(|_| name.ends_with("_proj.weight")) else {
+                return Ok(None);
+            };
             quant_seed += 1;
             quantized_params += shape[0] * shape[1];
             Ok(Some(QTensor::from_ggml(

@@ -221,7 +221,12 @@ impl CausalLm {
         };
         let final_norm = rms_norm(tensor, "model.norm.weight".into(), hidden, c.rms_norm_eps)?;
         let lm_head = if c.tie_word_embeddings {
-            None
+            // A tied head may still be held quantized (a GGUF file keeps the embedding matrix in a block format,
+            // dequantized for lookups): the logits then read a quarter of the bytes.
+            quantized("model.embed_tokens.weight", [c.vocab_size, hidden])?.map(|q| Linear {
+                weight: LinearWeight::Quantized(q),
+                bias: None,
+            })
         } else {
             Some(linear(tensor, quantized, "lm_head", c.vocab_size, hidden, false)?)
         };
@@ -273,13 +278,28 @@ impl CausalLm {
     /// Logits `[B, vocab]` of the last position only: what generation needs, without the output projection of
     /// every prompt position.
     pub fn forward_last(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
-        let h = self.hidden_states(ids, cache)?;
-        let t = h.shape()[1];
-        self.logits(&h.narrow(1, t - 1, 1)?.squeeze(1)?)
+        let (x, normed) = self.final_stream(ids, cache)?;
+        let t = x.shape()[1];
+        let last = |h: &Tensor| -> Result<Tensor> { Ok(h.narrow(1, t - 1, 1)?.squeeze(1)?) };
+        match (&self.lm_head, normed) {
+            // The final norm runs inside the head's launch.
+            (Some(head), None) => Ok(head.forward_fused(&last(&x)?, Some(&self.norm), None, None)?),
+            (_, Some(normed)) => self.logits(&last(&normed)?),
+            (None, None) => self.logits(&last(&self.norm.forward(&x)?)?),
+        }
     }
 
     /// The final-norm hidden states `[B, T, hidden]`.
     pub fn hidden_states(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        match self.final_stream(ids, cache)? {
+            (_, Some(normed)) => Ok(normed),
+            (x, None) => Ok(self.norm.forward(&x)?),
+        }
+    }
+
+    /// The residual stream after the last layer, with its final norm when the layers already computed it (the
+    /// unfused path adds the last residual and norms in one kernel; the fused path leaves the norm to the head).
+    fn final_stream(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<(Tensor, Option<Tensor>)> {
         if ids.rank() != 2 || ids.shape()[1] == 0 {
             return Err(Error::Invalid(format!(
                 "forward: ids must be [batch, tokens] with at least one token, got {:?}",
@@ -320,7 +340,7 @@ impl CausalLm {
             for (i, layer) in self.layers.iter().enumerate() {
                 x = layer.forward_fused(&x, &ctx, cache.as_deref().map(|c| (c, i)))?;
             }
-            self.norm.forward(&x)?
+            None
         } else {
             let first_norm = self.layers.first().map_or(&self.norm, |l| &l.input_layernorm);
             let mut normed = first_norm.forward(&x)?;
@@ -328,12 +348,12 @@ impl CausalLm {
                 let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
                 (x, normed) = layer.forward(&x, &normed, next_norm, &ctx, cache.as_deref().map(|c| (c, i)))?;
             }
-            normed
+            Some(normed)
         };
         if let Some(c) = cache {
             c.advance(t);
         }
-        Ok(normed)
+        Ok((x, normed))
     }
 
     /// Logits `[..., vocab]` of final hidden states: `lm_head`, or the embedding matrix when tied.
