@@ -211,6 +211,8 @@ pub fn model(args: &ModelArgs) -> Result<()> {
         let mut cache = lm.new_cache(1, 16 + args.decode)?;
         let mut logits = lm.forward_last(&short, Some(&mut cache))?;
         device.synchronize()?;
+        // The kernel profile (if on) covers the last run's decoded tokens.
+        device.reset_profile();
         let start = Instant::now();
         let launches = device.dispatch_count();
         let mut host = 0.0;
@@ -235,6 +237,29 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     }
     // Time the host spends recording a token's launches (the GPU runs them meanwhile or after).
     let host_us = host_secs * 1e6 / args.decode as f64;
+    let profile = device.profile();
+    if !profile.is_empty() {
+        let tokens = args.decode as f64;
+        let total: f64 = profile.iter().map(|k| k.total_ns).sum();
+        println!(
+            "GPU time per decoded token (HIERARCHOS_PROFILE=1): {:.1} µs in kernels",
+            total / 1e3 / tokens
+        );
+        for k in &profile {
+            println!(
+                "  {:>8.1} µs  {:>5.1} launches  {}",
+                k.total_ns / 1e3 / tokens,
+                k.launches as f64 / tokens,
+                k.kernel
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(90)
+                    .collect::<String>()
+            );
+        }
+    }
 
     let prefill_tps = args.prefill as f64 / prefill_secs;
     let decode_tps = args.decode as f64 / decode_secs;

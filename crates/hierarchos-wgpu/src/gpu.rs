@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::error::{GpuError, Result};
 use crate::options::GpuOptions;
+use crate::profiler::{KernelTime, Profiler};
 
 /// Size in bytes of the per-batch parameter arena; a batch is submitted when it fills.
 const PARAM_ARENA_BYTES: u64 = 1 << 16;
@@ -91,6 +92,7 @@ struct State {
     dispatches: usize,
     /// Dispatches the open batch may take before it is submitted (see [`FIRST_BATCH_AFTER_IDLE`]).
     batch_limit: usize,
+    profiler: Option<Profiler>,
     stats: MemoryStats,
 }
 
@@ -287,12 +289,15 @@ impl Gpu {
         let subgroups = options.subgroups && available.contains(wgpu::Features::SUBGROUP);
         let f16 = options.f16 && available.contains(wgpu::Features::SHADER_F16);
         let timestamps = available.contains(wgpu::Features::TIMESTAMP_QUERY);
+        let profile =
+            options.profile && timestamps && available.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
         let coop = options.cooperative_matrix && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         for (on, f) in [
             (subgroups, wgpu::Features::SUBGROUP),
             (f16, wgpu::Features::SHADER_F16),
             (timestamps, wgpu::Features::TIMESTAMP_QUERY),
             (coop, wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            (profile, wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
         ] {
             if on {
                 wanted |= f;
@@ -338,6 +343,11 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let profiler = if profile {
+            Profiler::new(&device, &queue, MAX_DISPATCHES_PER_SUBMIT)
+        } else {
+            None
+        };
         Ok(Arc::new(Gpu {
             device,
             queue,
@@ -346,7 +356,10 @@ impl Gpu {
             features: wanted,
             caps,
             errors,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                profiler,
+                ..State::default()
+            }),
             params_buffer,
             dispatched: Default::default(),
         }))
@@ -413,6 +426,19 @@ impl Gpu {
     /// Kernel launches recorded since the device opened: per-step counts show where launch overhead goes.
     pub fn dispatch_count(&self) -> u64 {
         self.dispatched.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// GPU time per kernel since the device opened or [`Gpu::reset_profile`], longest first; empty unless the
+    /// device was opened with [`GpuOptions::profile`] on an adapter with timestamps inside passes.
+    pub fn profile(&self) -> Vec<KernelTime> {
+        self.lock().profiler.as_ref().map_or_else(Vec::new, Profiler::report)
+    }
+
+    /// Clears the kernel times of [`Gpu::profile`].
+    pub fn reset_profile(&self) {
+        if let Some(p) = &mut self.lock().profiler {
+            p.reset();
+        }
     }
 
     /// Starts a new peak measurement from the current live bytes.
@@ -626,6 +652,7 @@ impl Gpu {
         let needs_flush = {
             let st = self.lock();
             st.params.len().next_multiple_of(align) as u64 + window > PARAM_ARENA_BYTES
+                || st.profiler.as_ref().is_some_and(|p| !p.has_room())
         };
         if needs_flush {
             self.flush()?;
@@ -690,10 +717,18 @@ impl Gpu {
                 .forget_lifetime();
             st.pass = Some(pass);
         }
-        let pass = st.pass.as_mut().expect("pass opened above");
+        let State { pass, profiler, .. } = &mut *st;
+        let pass = pass.as_mut().expect("pass opened above");
+        let timestamp = profiler.as_mut().map(|p| (p.begin(d.key), p.queries()));
+        if let Some((at, queries)) = timestamp {
+            pass.write_timestamp(queries, at);
+        }
         pass.set_pipeline(&kernel.pipeline);
         pass.set_bind_group(0, &bind_group, &[offset as u32]);
         pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
+        if let Some((at, queries)) = timestamp {
+            pass.write_timestamp(queries, at + 1);
+        }
         st.dispatches += 1;
         self.dispatched.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let full = st.dispatches >= st.batch_limit.clamp(1, MAX_DISPATCHES_PER_SUBMIT);
@@ -715,12 +750,18 @@ impl Gpu {
 
     fn submit_locked(&self, st: &mut State) -> Option<wgpu::SubmissionIndex> {
         st.pass = None;
-        let encoder = st.encoder.take()?;
+        let mut encoder = st.encoder.take()?;
+        if let Some(p) = &st.profiler {
+            p.resolve(&mut encoder);
+        }
         if !st.params.is_empty() {
             self.queue.write_buffer(&self.params_buffer, 0, &st.params);
             st.params.clear();
         }
         let index = self.queue.submit([encoder.finish()]);
+        if let Some(p) = &mut st.profiler {
+            p.collect(&self.device);
+        }
         st.dispatches = 0;
         st.batch_limit = (st.batch_limit * 2).clamp(FIRST_BATCH_AFTER_IDLE, MAX_DISPATCHES_PER_SUBMIT);
         for (class, b) in std::mem::take(&mut st.released_in_batch) {

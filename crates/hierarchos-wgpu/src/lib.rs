@@ -11,6 +11,7 @@ mod dtype;
 mod error;
 mod gpu;
 mod options;
+mod profiler;
 
 pub use dtype::{Access, COMMON_WGSL, DType};
 pub use error::{GpuError, Result};
@@ -18,4 +19,5 @@ pub use error::{GpuError, Result};
 pub use gpu::list_adapters;
 pub use gpu::{AdapterSummary, Caps, Dispatch, Gpu, GpuBuffer, MemoryStats};
 pub use options::GpuOptions;
+pub use profiler::KernelTime;
 pub use wgpu;

@@ -13,6 +13,9 @@ pub struct GpuOptions {
     pub f16: bool,
     /// Use cooperative-matrix (tensor core) kernels where the adapter has them.
     pub cooperative_matrix: bool,
+    /// Time every kernel on the GPU with timestamp queries ([`crate::Gpu::profile`]); each batch then waits
+    /// for its timings, so wall-clock throughput drops while the per-kernel times stay right.
+    pub profile: bool,
 }
 
 impl Default for GpuOptions {
@@ -22,16 +25,19 @@ impl Default for GpuOptions {
             subgroups: true,
             f16: true,
             cooperative_matrix: true,
+            profile: false,
         }
     }
 }
 
 impl GpuOptions {
-    /// Options from `HIERARCHOS_ADAPTER` (name part or index) and `HIERARCHOS_DISABLE`, a comma-separated list of
-    /// `subgroup`, `f16`, `coopmat` to turn off (so the portable fallback kernels can be exercised).
+    /// Options from `HIERARCHOS_ADAPTER` (name part or index), `HIERARCHOS_PROFILE=1` and `HIERARCHOS_DISABLE`, a
+    /// comma-separated list of `subgroup`, `f16`, `coopmat` to turn off (so the portable fallback kernels can be
+    /// exercised).
     pub fn from_env() -> Self {
         let mut o = GpuOptions {
             adapter: std::env::var("HIERARCHOS_ADAPTER").ok(),
+            profile: std::env::var("HIERARCHOS_PROFILE").is_ok_and(|v| v == "1"),
             ..GpuOptions::default()
         };
         if let Ok(list) = std::env::var("HIERARCHOS_DISABLE") {
