@@ -321,3 +321,103 @@ fn cached_attention_refuses_grad() {
         assert_eq!(out.to_f32_vec().unwrap(), vec![0.0; 8]);
     }
 }
+
+#[test]
+fn attention_step_equals_rope_into_cache_then_cached_attention() {
+    use hierarchos::core::ops::attention::NewKeys;
+    use hierarchos::core::ops::rope::RopeTables;
+    let mut rng = Rng::new("attention_step");
+    let dev = dev();
+    for &(b, t, h, kvh, d, position, len, window, shared) in &[
+        (1, 1, 9, 3, 64, 5, 8, None, true),
+        (2, 3, 4, 2, 6, 1, 5, Some(2), false),
+        (1, 5, 2, 1, 130, 0, 6, None, true),
+        (1, 2, 4, 4, 8, 3, 9, Some(3), false),
+        (1, 1, 3, 1, 16, 0, 1, None, true),
+    ] {
+        let width = (h + 2 * kvh) * d;
+        let qkv = Tensor::from_slice(&rng.vec(b * t * width, -1.0, 1.0), &[b, t, width], &dev).unwrap();
+        let part = |start: usize, heads: usize| {
+            qkv.narrow(2, start * d, heads * d)
+                .unwrap()
+                .reshape(&[b, t, heads, d])
+                .unwrap()
+        };
+        let (q, k, v) = (part(0, h), part(h, kvh), part(h + kvh, kvh));
+        let half = d / 2;
+        let all = Tensor::from_slice(&rng.vec(4 * t * half, -1.0, 1.0), &[4, t, half], &dev).unwrap();
+        let own: Vec<Tensor> = (0..4)
+            .map(|i| {
+                Tensor::from_slice(&all.narrow(0, i, 1).unwrap().to_vec::<f32>().unwrap(), &[t, half], &dev).unwrap()
+            })
+            .collect();
+        let tab = |i: usize| {
+            if shared {
+                all.narrow(0, i, 1).unwrap().squeeze(0).unwrap()
+            } else {
+                own[i].clone()
+            }
+        };
+        let tabs: Vec<Tensor> = (0..4).map(tab).collect();
+        let tables = RopeTables {
+            cos_q: &tabs[0],
+            sin_q: &tabs[1],
+            cos_k: &tabs[2],
+            sin_k: &tabs[3],
+        };
+        let history = rng.vec(b * kvh * len * d, -1.0, 1.0);
+        let cache = || Tensor::from_slice(&history, &[b, kvh, len, d], &dev).unwrap();
+        let (kc, vc, kc2, vc2) = (cache(), cache(), cache(), cache());
+
+        let got = no_grad(|| q.attention_step(NewKeys { k: &k, v: &v, tables }, &kc, &vc, position, window)).unwrap();
+        let region = |c: &Tensor| c.narrow(2, position, t).unwrap();
+        let want = no_grad(|| {
+            let q_rot = q.rope_into_cache(&k, &v, tables, &region(&kc2), &region(&vc2))?;
+            let keys = kc2.narrow(2, 0, position + t)?;
+            let values = vc2.narrow(2, 0, position + t)?;
+            q_rot.cached_attention(&keys, &values, position, 0, window)
+        })
+        .unwrap();
+        let bits = |x: &Tensor| {
+            x.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        let case = format!("b{b} t{t} h{h} kvh{kvh} d{d} at {position} window {window:?} shared {shared}");
+        assert_eq!(got.shape(), [b, t, h, d], "{case}");
+        assert_eq!(bits(&got), bits(&want), "{case}: output");
+        assert_eq!(bits(&kc), bits(&kc2), "{case}: key cache");
+        assert_eq!(bits(&vc), bits(&vc2), "{case}: value cache");
+    }
+    // Errors: the step past the cache, caches sharing a buffer, tables of the wrong length.
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &dev).unwrap();
+    let (q, k) = (z(&[1, 2, 2, 4]), z(&[1, 2, 1, 4]));
+    let tab = z(&[2, 2]);
+    let tables = RopeTables {
+        cos_q: &tab,
+        sin_q: &tab,
+        cos_k: &tab,
+        sin_k: &tab,
+    };
+    let new = NewKeys { k: &k, v: &k, tables };
+    let (kc, vc) = (z(&[1, 1, 4, 4]), z(&[1, 1, 4, 4]));
+    assert!(no_grad(|| q.attention_step(new, &kc, &vc, 2, None)).is_ok());
+    assert!(
+        no_grad(|| q.attention_step(new, &kc, &vc, 3, None)).is_err(),
+        "past the cache"
+    );
+    assert!(
+        no_grad(|| q.attention_step(new, &kc, &kc, 0, None)).is_err(),
+        "one buffer for both caches"
+    );
+    let short = z(&[1, 2]);
+    let tables = RopeTables {
+        cos_q: &short,
+        sin_q: &short,
+        cos_k: &short,
+        sin_k: &short,
+    };
+    assert!(no_grad(|| q.attention_step(NewKeys { k: &k, v: &k, tables }, &kc, &vc, 0, None)).is_err());
+}

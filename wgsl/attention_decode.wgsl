@@ -4,9 +4,13 @@
 // rescales the per-thread partial sums and the output accumulators when it grows.
 //
 // Decode is latency-bound (a handful of workgroups, each walking the cache), so both phases keep many loads in
-// flight: a score is a dot product over D with four independent accumulators, and the value sum splits the
-// threads into DL lanes along D (the power of two >= D) times WG / DL slices of the keys, each slice summing its
-// keys four at a time; the slices are added at the end. Each thread's output component is `lid % DL`.
+// flight and read four elements at a time: a score is a dot product over the D/4 quads of the head with four
+// independent accumulators, and the value sum splits the threads into DL lanes along the quads (the power of two
+// >= D/4) times WG / DL slices of the keys, each slice summing its keys four at a time; the slices are added at
+// the end. Each thread's output quad is `lid % DL`. The Rust side binds k and v as vec4 arrays when rows are
+// dense and 16-byte aligned, else as f32 arrays read through their strides: it declares the bindings and defines
+// load_k(base, d4) / load_v(base, d4), quad d4 of the row at element offset `base` (zeros past D). With STEP
+// (attention_step.wgsl) queries and the step's new keys are rotated here and the new keys and values cached.
 //
 // Visibility: key j (absolute position k_start + j) is seen by query t (position q_start + t) iff
 // kpos <= qpos and, with a window w > 0, kpos + w > qpos. The visible keys are one contiguous range, so the
@@ -15,22 +19,17 @@
 // Parameters (u32 words): [rows, H, T, D, S, group (H / KVH), q_start, k_start, window (0: none),
 // q offset, q strides (b, h, t, d), k offset, k strides (b, kvh, s, d), v offset, v strides (b, kvh, s, d)].
 
-@group(0) @binding(0) var<storage, read> p: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
-@group(0) @binding(2) var<storage, read> q: array<f32>;
-@group(0) @binding(3) var<storage, read> k: array<f32>;
-@group(0) @binding(4) var<storage, read> v: array<f32>;
-
 const WG: u32 = 256u;
 const CH: u32 = 1024u;
-const MAX_D: u32 = 256u;
+const MAX_D4: u32 = 64u;
 const Q_AT: u32 = 9u;
 const K_AT: u32 = 14u;
 const V_AT: u32 = 19u;
 
-var<workgroup> q_row: array<f32, MAX_D>;
+var<workgroup> q_row: array<vec4<f32>, MAX_D4>;
 var<workgroup> scores: array<f32, CH>;
 var<workgroup> red: array<f32, WG>;
+var<workgroup> red4: array<vec4<f32>, WG>;
 
 // Max over the workgroup's values (a shared-memory tree); every thread gets it.
 fn reduce_max(lid: u32, x: f32) -> f32 {
@@ -67,6 +66,22 @@ fn base_of(at: u32, b: u32, head: u32, pos: u32) -> u32 {
     return p[at] + b * p[at + 1u] + head * p[at + 2u] + pos * p[at + 3u];
 }
 
+// Quad d4 of key j: from the cache row at `kr`, or (a key of this step) rotated from the projection.
+fn key_at(fresh: bool, kr: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> {
+    if (fresh) {
+        return new_quad(0u, b, kvh, j - p[24], d4);
+    }
+    return load_k(kr, d4);
+}
+
+// Quad d4 of value j: from the cache (rows from `vb`, `vs` apart), or from the projection for this step's.
+fn value_at(vb: u32, vs: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> {
+    if (STEP && j >= p[24]) {
+        return new_quad(1u, b, kvh, j - p[24], d4);
+    }
+    return load_v(vb + j * vs, d4);
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -77,6 +92,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let heads = p[1];
     let d_len = p[3];
+    let d4_len = (d_len + 3u) / 4u;
     let h = row % heads;
     let t = (row / heads) % p[2];
     let b = row / (heads * p[2]);
@@ -86,8 +102,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let window = p[8];
 
     let qb = base_of(Q_AT, b, h, t);
-    for (var d = lid; d < d_len; d = d + WG) {
-        q_row[d] = q[qb + d * p[Q_AT + 4u]];
+    for (var d4 = lid; d4 < d4_len; d4 = d4 + WG) {
+        var r = vec4<f32>(0.0);
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            let d = 4u * d4 + c;
+            if (d < d_len) {
+                if (STEP) {
+                    r[c] = rotated_q(qb, t, d);
+                } else {
+                    r[c] = q[qb + d * p[Q_AT + 4u]];
+                }
+            }
+        }
+        q_row[d4] = r;
+    }
+    // The first query head of each key/value group caches the step's key and value of its position. No
+    // workgroup reads those cache rows in this launch: new keys are read from the projections.
+    if (STEP && (h % p[5]) == 0u) {
+        let pos = p[24] + t;
+        for (var d4 = lid; d4 < d4_len; d4 = d4 + WG) {
+            store_k(base_of(K_AT, b, kvh, pos), d4, new_quad(0u, b, kvh, t, d4));
+            store_v(base_of(V_AT, b, kvh, pos), d4, new_quad(1u, b, kvh, t, d4));
+        }
     }
     workgroupBarrier();
 
@@ -100,43 +136,42 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
     let kb = base_of(K_AT, b, kvh, 0u);
     let ks = p[K_AT + 3u];
-    let kd = p[K_AT + 4u];
     let vb = base_of(V_AT, b, kvh, 0u);
     let vs = p[V_AT + 3u];
-    let vd = p[V_AT + 4u];
 
-    // Value-sum lanes: DL along D, WG / DL slices of the keys.
+    // Value-sum lanes: DL along the quads of D, WG / DL slices of the keys.
     var dl = 1u;
-    while (dl < d_len) {
+    while (dl < d4_len) {
         dl = dl << 1u;
     }
     let slices = WG / dl;
     let dlane = lid % dl;
     let slice = lid / dl;
-    let owns_d = dlane < d_len;
-    let vcol = vb + dlane * vd;
+    let owns_d = dlane < d4_len;
 
     var m_run = neg_inf();
     var l_part = 0.0;
-    var acc = 0.0;
+    var acc = vec4<f32>(0.0);
     for (var c0 = lo; c0 < hi; c0 = c0 + CH) {
         let n = min(CH, hi - c0);
         var local_max = neg_inf();
         for (var i = lid; i < n; i = i + WG) {
-            let kr = kb + (c0 + i) * ks;
+            let j = c0 + i;
+            let kr = kb + j * ks;
+            let fresh = STEP && j >= p[24];
             var s0 = 0.0;
             var s1 = 0.0;
             var s2 = 0.0;
             var s3 = 0.0;
-            var d = 0u;
-            for (; d + 4u <= d_len; d = d + 4u) {
-                s0 = s0 + q_row[d] * k[kr + d * kd];
-                s1 = s1 + q_row[d + 1u] * k[kr + (d + 1u) * kd];
-                s2 = s2 + q_row[d + 2u] * k[kr + (d + 2u) * kd];
-                s3 = s3 + q_row[d + 3u] * k[kr + (d + 3u) * kd];
+            var d4 = 0u;
+            for (; d4 + 4u <= d4_len; d4 = d4 + 4u) {
+                s0 = s0 + dot(q_row[d4], key_at(fresh, kr, b, kvh, j, d4));
+                s1 = s1 + dot(q_row[d4 + 1u], key_at(fresh, kr, b, kvh, j, d4 + 1u));
+                s2 = s2 + dot(q_row[d4 + 2u], key_at(fresh, kr, b, kvh, j, d4 + 2u));
+                s3 = s3 + dot(q_row[d4 + 3u], key_at(fresh, kr, b, kvh, j, d4 + 3u));
             }
-            for (; d < d_len; d = d + 1u) {
-                s0 = s0 + q_row[d] * k[kr + d * kd];
+            for (; d4 < d4_len; d4 = d4 + 1u) {
+                s0 = s0 + dot(q_row[d4], key_at(fresh, kr, b, kvh, j, d4));
             }
             let s = (s0 + s1) + (s2 + s3);
             scores[i] = s;
@@ -157,19 +192,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
         if (owns_d) {
-            var a0 = 0.0;
-            var a1 = 0.0;
-            var a2 = 0.0;
-            var a3 = 0.0;
+            var a0 = vec4<f32>(0.0);
+            var a1 = vec4<f32>(0.0);
+            var a2 = vec4<f32>(0.0);
+            var a3 = vec4<f32>(0.0);
             var i = slice;
             for (; i + 3u * slices < n; i = i + 4u * slices) {
-                a0 = a0 + scores[i] * v[vcol + (c0 + i) * vs];
-                a1 = a1 + scores[i + slices] * v[vcol + (c0 + i + slices) * vs];
-                a2 = a2 + scores[i + 2u * slices] * v[vcol + (c0 + i + 2u * slices) * vs];
-                a3 = a3 + scores[i + 3u * slices] * v[vcol + (c0 + i + 3u * slices) * vs];
+                a0 = a0 + scores[i] * value_at(vb, vs, b, kvh, c0 + i, dlane);
+                a1 = a1 + scores[i + slices] * value_at(vb, vs, b, kvh, c0 + i + slices, dlane);
+                a2 = a2 + scores[i + 2u * slices] * value_at(vb, vs, b, kvh, c0 + i + 2u * slices, dlane);
+                a3 = a3 + scores[i + 3u * slices] * value_at(vb, vs, b, kvh, c0 + i + 3u * slices, dlane);
             }
             for (; i < n; i = i + slices) {
-                a0 = a0 + scores[i] * v[vcol + (c0 + i) * vs];
+                a0 = a0 + scores[i] * value_at(vb, vs, b, kvh, c0 + i, dlane);
             }
             acc = acc + ((a0 + a1) + (a2 + a3));
         }
@@ -178,13 +213,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 
     let total = reduce_sum(lid, l_part);
-    red[lid] = acc;
+    red4[lid] = acc;
     workgroupBarrier();
     if (slice == 0u && owns_d) {
-        var sum = 0.0;
+        var sum = vec4<f32>(0.0);
         for (var sl = 0u; sl < slices; sl = sl + 1u) {
-            sum = sum + red[sl * dl + dlane];
+            sum = sum + red4[sl * dl + dlane];
         }
-        out[row * d_len + dlane] = sum / total;
+        let y = sum / total;
+        for (var c = 0u; c < 4u; c = c + 1u) {
+            let d = 4u * dlane + c;
+            if (d < d_len) {
+                out[row * d_len + d] = y[c];
+            }
+        }
     }
 }

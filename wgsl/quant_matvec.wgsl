@@ -17,6 +17,9 @@
 
 const LANES: u32 = 32u;
 const TPB: u32 = QK / 8u;
+// Lanes that share one output column: SPLIT subgroups of a workgroup split a long row between them (decode is
+// latency-bound: fewer rounds of loads per lane), and add their subgroup sums through workgroup memory.
+const STRIDE: u32 = LANES * SPLIT;
 
 var<workgroup> partial: array<f32, LANES * GROUPS>;
 
@@ -35,7 +38,25 @@ fn tree_sum(local: u32, lane: u32, v: f32) -> f32 {
     return total;
 }
 
-@compute @workgroup_size(LANES * GROUPS)
+// The sum over the SPLIT subgroups of the workgroup (subgroup 0's lane 0 gets it); every invocation calls it.
+fn split_sum(sg_lane: u32, sg_id: u32, v: f32) -> f32 {
+    let s = subgroupAdd(v);
+    if (SPLIT == 1u) {
+        return s;
+    }
+    if (sg_lane == 0u) {
+        partial[sg_id] = s;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < SPLIT; i = i + 1u) {
+        total = total + partial[i];
+    }
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(LANES * GROUPS * SPLIT)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) local: u32 /*@LANE_BUILTINS*/) {
     let N = p[1];
@@ -48,7 +69,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var squares: array<f32, ROWS>;
     if (NORM) {
         for (var r = 0u; r < ROWS; r = r + 1u) {
-            for (var i = lane; i < K4; i = i + LANES) {
+            for (var i = lane; i < K4; i = i + STRIDE) {
                 let v = x[p[3] + r * K4 + i];
                 squares[r] = squares[r] + dot(v, v);
             }
@@ -59,7 +80,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let tasks = blocks * TPB;
         let row = p[4] + n * blocks * BW;
         let row2 = p[4] + (n + N) * blocks * BW;
-        for (var j = lane; j < tasks; j = j + LANES) {
+        for (var j = lane; j < tasks; j = j + STRIDE) {
             let blk = j / TPB;
             let t = j % TPB;
             let v = task(row + blk * BW, t);

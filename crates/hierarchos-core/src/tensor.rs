@@ -114,6 +114,12 @@ impl Tensor {
         }
     }
 
+    /// A view of the same storage with another layout, cut off from the tape (for kernels that address a
+    /// buffer region themselves).
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        self.derive(layout, None, None)
+    }
+
     /// The smallest and largest id of an integer tensor whose values the host uploaded and no kernel has
     /// overwritten since (bounds of the whole buffer, so valid for any view of it).
     pub(crate) fn known_id_range(&self) -> Option<(i64, i64)> {

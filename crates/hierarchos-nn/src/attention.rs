@@ -3,6 +3,7 @@
 
 use std::cell::OnceCell;
 
+use hierarchos_core::ops::attention::NewKeys;
 use hierarchos_core::{Device, Tensor, grad_enabled};
 
 use crate::error::{Error, Result};
@@ -38,8 +39,8 @@ pub struct Attention {
     pub qkv: Option<Linear>,
 }
 
-/// Queries of a cached step up to which attention runs as one fused kernel; longer prompts take the batched
-/// matmuls, which use the GPU better when there are many queries.
+/// Queries of a cached step up to which rotary, cache update and attention run as one fused kernel; longer
+/// prompts take the batched matmuls, which use the GPU better when there are many queries.
 pub const FUSED_ATTENTION_MAX_QUERIES: usize = 64;
 
 /// What every layer of one forward shares: the rotary tables of the new positions, where queries and keys
@@ -130,16 +131,21 @@ impl Attention {
         let v = heads(v, kvh, &None)?;
         let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
         let y = match cache {
+            Some((cache, layer)) if !differentiable && t <= FUSED_ATTENTION_MAX_QUERIES => {
+                let (k_cache, v_cache) = cache.buffers(layer);
+                let new = NewKeys {
+                    k: &k,
+                    v: &v,
+                    tables: ctx.tables.step(),
+                };
+                q.attention_step(new, k_cache, v_cache, cache.len(), ctx.window)?
+            }
             Some((cache, layer)) if !differentiable => {
                 let (k_new, v_new) = cache.new_positions(layer, t)?;
                 let q = q.rope_into_cache(&k, &v, ctx.tables.step(), &k_new, &v_new)?;
                 let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;
-                if t <= FUSED_ATTENTION_MAX_QUERIES {
-                    q.cached_attention(&keys, &values, ctx.query_start, ctx.key_start, ctx.window)?
-                } else {
-                    let mask = ctx.mask(t, keys.shape()[2], x.device())?;
-                    scaled_dot_product(&q, &keys, &values, mask)?.permute(&[0, 2, 1, 3])?
-                }
+                let mask = ctx.mask(t, keys.shape()[2], x.device())?;
+                scaled_dot_product(&q, &keys, &values, mask)?.permute(&[0, 2, 1, 3])?
             }
             _ => {
                 let q = q.permute(&[0, 2, 1, 3])?.rope(&ctx.tables.cos_q, &ctx.tables.sin_q)?;

@@ -93,6 +93,12 @@ impl KvCache {
         self.cached(layer, self.len, self.len + t)
     }
 
+    /// The whole key and value buffers of `layer` (`[batch, kv_heads, max_len, head_dim]`).
+    pub(crate) fn buffers(&self, layer: usize) -> (&Tensor, &Tensor) {
+        let (k, v) = &self.layers[layer];
+        (k, v)
+    }
+
     /// Views of the keys and values of `layer` at positions `from..to`.
     pub(crate) fn cached(&self, layer: usize, from: usize, to: usize) -> Result<(Tensor, Tensor)> {
         let (kc, vc) = &self.layers[layer];

@@ -34,8 +34,8 @@ struct Reduce {
 const REDUCE_SUBGROUP: Reduce = Reduce {
     groups: 1,
     builtins: ", @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32",
-    lane: "let lane = sg_lane;\n    let group = sg_id;",
-    lane_sum: "subgroupAdd(",
+    lane: "let lane = sg_lane + sg_id * LANES;\n    let group = 0u;",
+    lane_sum: "split_sum(sg_lane, sg_id, ",
 };
 
 const REDUCE_TREE: Reduce = Reduce {
@@ -44,6 +44,9 @@ const REDUCE_TREE: Reduce = Reduce {
     lane: "let lane = local % LANES;\n    let group = local / LANES;",
     lane_sum: "tree_sum(local, lane, ",
 };
+
+/// Columns up to which the matrix-vector kernel splits a column's row between several subgroups.
+const SPLIT_MAX_COLUMNS: usize = 8192;
 
 /// A matrix `[rows, cols]` of quantized weights (a linear layer's `W`, `cols` = in-features) kept as ggml
 /// blocks on the GPU, so that it takes the file's size in memory and the matmul reads 4.5 to 8.5 bits per weight.
@@ -451,6 +454,16 @@ fn matvec(x: &Tensor, w: &QTensor, fusion: Fusion<'_>) -> Result<Tensor> {
     let subgroup = caps.subgroups && caps.subgroup_size == (32, 32);
     let plan = if subgroup { &REDUCE_SUBGROUP } else { &REDUCE_TREE };
     let groups = plan.groups;
+    // Subgroups per output column: about one round of loads per lane for rows of a few hundred features, at
+    // most four, when there are few columns to spread over the GPU (a decode step's projections are
+    // latency-bound; an output head of tens of thousands of columns is bandwidth-bound and fills it anyway:
+    // on an H200 splitting its columns made it slower).
+    let tasks = k / w.ty.block_size() * (w.ty.block_size() / 8);
+    let split = if subgroup && n < SPLIT_MAX_COLUMNS {
+        tasks.div_ceil(32).next_power_of_two().clamp(1, 4)
+    } else {
+        1
+    };
     let out = device.alloc("matmul_q", Tensor::bytes_for(m * n, DType::F32))?;
     let ty = w.ty;
     let gate = fusion.gate;
@@ -477,7 +490,8 @@ fn matvec(x: &Tensor, w: &QTensor, fusion: Fusion<'_>) -> Result<Tensor> {
         let load_res = if residual.is_some() { "res[p[7] + i]" } else { "0.0" };
         let _ = writeln!(
             s,
-            "const ROWS: u32 = {m}u;\nconst GROUPS: u32 = {groups}u;\nconst NORM: bool = {};\n\
+            "const ROWS: u32 = {m}u;\nconst GROUPS: u32 = {groups}u;\nconst SPLIT: u32 = {split}u;\n\
+             const NORM: bool = {};\n\
              const GATED: bool = {};\nconst RESIDUAL: bool = {};\n\
              fn epilogue(g: f32, u: f32) -> f32 {{ {epilogue} }}\n\
              fn load_g(i: u32) -> vec4<f32> {{ return {load_g}; }}\n\
@@ -498,7 +512,7 @@ fn matvec(x: &Tensor, w: &QTensor, fusion: Fusion<'_>) -> Result<Tensor> {
     };
     let gate_key = gate.map_or("", |op| op.forward());
     let key = format!(
-        "matmul_q:vec:{ty}:{m}:{subgroup}:{gate_key}:{}:{}",
+        "matmul_q:vec:{ty}:{m}:{subgroup}x{split}:{gate_key}:{}:{}",
         norm.is_some(),
         residual.is_some()
     );
