@@ -27,6 +27,10 @@ const K_AT: u32 = 14u;
 const V_AT: u32 = 19u;
 
 var<workgroup> q_row: array<vec4<f32>, MAX_D4>;
+// With STEP: the step's keys (rotated) and values of this key/value head, for up to STEP_MAX_T positions.
+const STEP_MAX_T: u32 = 2u;
+var<workgroup> fresh_k: array<vec4<f32>, STEP_MAX_T * MAX_D4>;
+var<workgroup> fresh_v: array<vec4<f32>, STEP_MAX_T * MAX_D4>;
 var<workgroup> scores: array<f32, CH>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> red4: array<vec4<f32>, WG>;
@@ -69,7 +73,7 @@ fn base_of(at: u32, b: u32, head: u32, pos: u32) -> u32 {
 // Quad d4 of key j: from the cache row at `kr`, or (a key of this step) rotated from the projection.
 fn key_at(fresh: bool, kr: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> {
     if (fresh) {
-        return new_quad(0u, b, kvh, j - p[24], d4);
+        return fresh_k[(j - p[24]) * MAX_D4 + d4];
     }
     return load_k(kr, d4);
 }
@@ -77,7 +81,7 @@ fn key_at(fresh: bool, kr: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> 
 // Quad d4 of value j: from the cache (rows from `vb`, `vs` apart), or from the projection for this step's.
 fn value_at(vb: u32, vs: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> {
     if (STEP && j >= p[24]) {
-        return new_quad(1u, b, kvh, j - p[24], d4);
+        return fresh_v[(j - p[24]) * MAX_D4 + d4];
     }
     return load_v(vb + j * vs, d4);
 }
@@ -116,16 +120,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         q_row[d4] = r;
     }
-    // The first query head of each key/value group caches the step's key and value of its position. No
-    // workgroup reads those cache rows in this launch: new keys are read from the projections.
-    if (STEP && (h % p[5]) == 0u) {
-        let pos = p[24] + t;
-        for (var d4 = lid; d4 < d4_len; d4 = d4 + WG) {
-            store_k(base_of(K_AT, b, kvh, pos), d4, new_quad(0u, b, kvh, t, d4));
-            store_v(base_of(V_AT, b, kvh, pos), d4, new_quad(1u, b, kvh, t, d4));
+    // The step's keys and values, rotated once into workgroup memory by all threads together (one thread per
+    // key would otherwise walk a whole rotated row alone while the others wait at the next barrier). The first
+    // workgroup of each key/value head caches them; no workgroup reads those cache rows in this launch.
+    if (STEP) {
+        for (var i = lid; i < p[2] * d4_len; i = i + WG) {
+            let tt = i / d4_len;
+            let d4 = i % d4_len;
+            fresh_k[tt * MAX_D4 + d4] = new_quad(0u, b, kvh, tt, d4);
+            fresh_v[tt * MAX_D4 + d4] = new_quad(1u, b, kvh, tt, d4);
         }
     }
     workgroupBarrier();
+    if (STEP && t == 0u && (h % p[5]) == 0u) {
+        for (var i = lid; i < p[2] * d4_len; i = i + WG) {
+            let tt = i / d4_len;
+            let d4 = i % d4_len;
+            store_k(base_of(K_AT, b, kvh, p[24] + tt), d4, fresh_k[tt * MAX_D4 + d4]);
+            store_v(base_of(V_AT, b, kvh, p[24] + tt), d4, fresh_v[tt * MAX_D4 + d4]);
+        }
+    }
 
     // Visible keys: j in [lo, hi).
     let hi = qpos - k_start + 1u;

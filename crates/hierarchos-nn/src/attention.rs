@@ -3,7 +3,7 @@
 
 use std::cell::OnceCell;
 
-use hierarchos_core::ops::attention::NewKeys;
+use hierarchos_core::ops::attention::{NewKeys, STEP_MAX_QUERIES};
 use hierarchos_core::{Device, Tensor, grad_enabled};
 
 use crate::error::{Error, Result};
@@ -131,7 +131,7 @@ impl Attention {
         let v = heads(v, kvh, &None)?;
         let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
         let y = match cache {
-            Some((cache, layer)) if !differentiable && t <= FUSED_ATTENTION_MAX_QUERIES => {
+            Some((cache, layer)) if !differentiable && t <= STEP_MAX_QUERIES => {
                 let (k_cache, v_cache) = cache.buffers(layer);
                 let new = NewKeys {
                     k: &k,
@@ -144,8 +144,12 @@ impl Attention {
                 let (k_new, v_new) = cache.new_positions(layer, t)?;
                 let q = q.rope_into_cache(&k, &v, ctx.tables.step(), &k_new, &v_new)?;
                 let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;
-                let mask = ctx.mask(t, keys.shape()[2], x.device())?;
-                scaled_dot_product(&q, &keys, &values, mask)?.permute(&[0, 2, 1, 3])?
+                if t <= FUSED_ATTENTION_MAX_QUERIES {
+                    q.cached_attention(&keys, &values, ctx.query_start, ctx.key_start, ctx.window)?
+                } else {
+                    let mask = ctx.mask(t, keys.shape()[2], x.device())?;
+                    scaled_dot_product(&q, &keys, &values, mask)?.permute(&[0, 2, 1, 3])?
+                }
             }
             _ => {
                 let q = q.permute(&[0, 2, 1, 3])?.rope(&ctx.tables.cos_q, &ctx.tables.sin_q)?;

@@ -16,8 +16,11 @@ use crate::tensor::Tensor;
 const ATTENTION_DECODE_WGSL: &str = include_str!("../../../../wgsl/attention_decode.wgsl");
 const ATTENTION_STEP_WGSL: &str = include_str!("../../../../wgsl/attention_step.wgsl");
 
-/// Largest head size: each of the kernel's 64 threads owns at most 4 output components.
+/// Largest head size (the kernel keeps a query row of up to 64 quads in workgroup memory).
 const MAX_HEAD_DIM: usize = 256;
+
+/// Most queries of one [`Tensor::attention_step`]: their new keys and values sit in workgroup memory.
+pub const STEP_MAX_QUERIES: usize = 2;
 
 /// Offset and the four element strides of a rank-4 view, as the kernel reads them.
 fn view_params(t: &Tensor) -> [u32; 5] {
@@ -156,7 +159,7 @@ pub struct NewKeys<'a> {
 
 impl Tensor {
     /// One step of cached attention in a single launch (decode is bound by launches): rotates the queries
-    /// `self` (`[B, T, H, D]`, not rotated, any strides) and the new keys, stores the new keys and values into
+    /// `self` (`[B, T, H, D]`, not rotated, any strides, `T <= STEP_MAX_QUERIES`) and the new keys, stores the new keys and values into
     /// `k_cache` / `v_cache` (dense `[B, KVH, L, D]`, at positions `position..position + T`) and attends over
     /// positions `0..position + T` (the last `window` of them for each query with a sliding window). Bit for bit
     /// [`Tensor::rope_into_cache`] followed by [`Tensor::cached_attention`]; returns `[B, T, H, D]`. Inference
@@ -201,6 +204,11 @@ impl Tensor {
         }
         if !k_cache.is_contiguous() || !v_cache.is_contiguous() || std::ptr::eq(k_cache.buffer(), v_cache.buffer()) {
             return Err(bad("the key and value caches must be dense tensors of their own".into()));
+        }
+        if t > STEP_MAX_QUERIES {
+            return Err(bad(format!(
+                "{t} queries: a fused step takes at most {STEP_MAX_QUERIES} (use rope_into_cache and cached_attention)"
+            )));
         }
         if position + t > cache_len {
             return Err(bad(format!(
