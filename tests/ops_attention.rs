@@ -378,10 +378,13 @@ fn attention_step_equals_rope_into_cache_then_cached_attention() {
             q_rot.cached_attention(&keys, &values, position, 0, window)
         })
         .unwrap();
-        // The same arithmetic; a GPU may still contract a multiply-add differently in the two kernels (1 ulp).
+        // The same arithmetic, but a GPU may contract a multiply-add differently in the two kernels: a rotated
+        // element moves by an ulp, a score (a sum of D <= 130 products of values below 1) by up to D ulps of 1,
+        // about 8e-6 at worst, and an output (a weighted mean of values below 1) by as much. A wrong rotation,
+        // position or cache row moves them by O(1).
         let near = |what: &str, got: &Tensor, want: &Tensor| {
             let want: Vec<f64> = want.to_vec::<f32>().unwrap().iter().map(|&v| v as f64).collect();
-            assert_close(what, &got.to_vec::<f32>().unwrap(), &want, 1e-6, 1e-7);
+            assert_close(what, &got.to_vec::<f32>().unwrap(), &want, 1e-6, 1e-5);
         };
         let case = format!("b{b} t{t} h{h} kvh{kvh} d{d} at {position} window {window:?} shared {shared}");
         assert_eq!(got.shape(), [b, t, h, d], "{case}");

@@ -11,7 +11,8 @@
 // - RESIDUAL: `res` (dense [M, N]) is added to the result: the residual stream.
 // The Rust side prepends bindings (out: f32, x: vec4<f32>, w, g: vec4<f32> with NORM, res: f32 with RESIDUAL),
 // quant_formats.wgsl, the format's QK, BW, TD, task(), task_off(), ROWS, GROUPS, NORM, GATED, RESIDUAL,
-// epilogue(), load_g(), load_res(), and replaces the LANE_BUILTINS, LANE and LANE_SUM markers.
+// epilogue(), load_g(), load_res(), with subgroups split_sum(), and replaces the LANE_BUILTINS, LANE and
+// LANE_SUM markers.
 // Parameters: [M, N, K, x offset in vec4s, word where the blocks start, eps (f32 bits), g offset in vec4s,
 // res offset].
 
@@ -34,24 +35,6 @@ fn tree_sum(local: u32, lane: u32, v: f32) -> f32 {
         workgroupBarrier();
     }
     let total = partial[local];
-    workgroupBarrier();
-    return total;
-}
-
-// The sum over the SPLIT subgroups of the workgroup (subgroup 0's lane 0 gets it); every invocation calls it.
-fn split_sum(sg_lane: u32, sg_id: u32, v: f32) -> f32 {
-    let s = subgroupAdd(v);
-    if (SPLIT == 1u) {
-        return s;
-    }
-    if (sg_lane == 0u) {
-        partial[sg_id] = s;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < SPLIT; i = i + 1u) {
-        total = total + partial[i];
-    }
     workgroupBarrier();
     return total;
 }

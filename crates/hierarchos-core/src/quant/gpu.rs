@@ -19,6 +19,7 @@ use crate::tensor::{Device, Tensor};
 const FORMATS_WGSL: &str = include_str!("../../../../wgsl/quant_formats.wgsl");
 const DEQUANT_WGSL: &str = include_str!("../../../../wgsl/quant_dequant.wgsl");
 const MATVEC_WGSL: &str = include_str!("../../../../wgsl/quant_matvec.wgsl");
+const SPLIT_SUM_WGSL: &str = include_str!("../../../../wgsl/quant_split_sum.wgsl");
 
 /// How the matrix-vector kernel's lanes find their group and add up: through subgroups when the device has them
 /// 32 wide (a workgroup is one subgroup: on an H200 this ran 1.6x faster than four subgroups per workgroup with
@@ -29,6 +30,8 @@ struct Reduce {
     lane: &'static str,
     /// Replaces `LANE_SUM(`: a call that adds one value over the group's lanes.
     lane_sum: &'static str,
+    /// WGSL the call needs.
+    helper: &'static str,
 }
 
 const REDUCE_SUBGROUP: Reduce = Reduce {
@@ -36,6 +39,7 @@ const REDUCE_SUBGROUP: Reduce = Reduce {
     builtins: ", @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32",
     lane: "let lane = sg_lane + sg_id * LANES;\n    let group = 0u;",
     lane_sum: "split_sum(sg_lane, sg_id, ",
+    helper: SPLIT_SUM_WGSL,
 };
 
 const REDUCE_TREE: Reduce = Reduce {
@@ -43,6 +47,7 @@ const REDUCE_TREE: Reduce = Reduce {
     builtins: "",
     lane: "let lane = local % LANES;\n    let group = local / LANES;",
     lane_sum: "tree_sum(local, lane, ",
+    helper: "",
 };
 
 /// Columns up to which the matrix-vector kernel splits a column's row between several subgroups.
@@ -502,6 +507,7 @@ fn matvec(x: &Tensor, w: &QTensor, fusion: Fusion<'_>) -> Result<Tensor> {
         );
         s.push_str(COMMON_WGSL);
         s.push_str(MATH_WGSL);
+        s.push_str(plan.helper);
         s.push_str(
             &MATVEC_WGSL
                 .replace("/*@LANE_BUILTINS*/", plan.builtins)
