@@ -27,10 +27,13 @@ const K_AT: u32 = 14u;
 const V_AT: u32 = 19u;
 
 var<workgroup> q_row: array<vec4<f32>, MAX_D4>;
-// With STEP: the step's keys (rotated) and values of this key/value head, for up to STEP_MAX_T positions.
+// The query row element by element (zeros past D), before it is packed into quads.
+var<workgroup> q_el: array<f32, 4u * MAX_D4>;
+// With STEP: the step's keys (rotated) and values of this key/value head, for up to STEP_MAX_T positions, element
+// by element (zeros past D).
 const STEP_MAX_T: u32 = 2u;
-var<workgroup> fresh_k: array<vec4<f32>, STEP_MAX_T * MAX_D4>;
-var<workgroup> fresh_v: array<vec4<f32>, STEP_MAX_T * MAX_D4>;
+var<workgroup> fresh_k: array<f32, STEP_MAX_T * 4u * MAX_D4>;
+var<workgroup> fresh_v: array<f32, STEP_MAX_T * 4u * MAX_D4>;
 var<workgroup> scores: array<f32, CH>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> red4: array<vec4<f32>, WG>;
@@ -70,10 +73,23 @@ fn base_of(at: u32, b: u32, head: u32, pos: u32) -> u32 {
     return p[at] + b * p[at + 1u] + head * p[at + 2u] + pos * p[at + 3u];
 }
 
+fn quad_of_q(d4: u32) -> vec4<f32> {
+    return vec4<f32>(q_el[4u * d4], q_el[4u * d4 + 1u], q_el[4u * d4 + 2u], q_el[4u * d4 + 3u]);
+}
+
+// Quad d4 of the step's key (kv = 0) or value (kv = 1) of position t, from workgroup memory.
+fn fresh_quad(kv: u32, t: u32, d4: u32) -> vec4<f32> {
+    let i = t * 4u * MAX_D4 + 4u * d4;
+    if (kv == 0u) {
+        return vec4<f32>(fresh_k[i], fresh_k[i + 1u], fresh_k[i + 2u], fresh_k[i + 3u]);
+    }
+    return vec4<f32>(fresh_v[i], fresh_v[i + 1u], fresh_v[i + 2u], fresh_v[i + 3u]);
+}
+
 // Quad d4 of key j: from the cache row at `kr`, or (a key of this step) rotated from the projection.
 fn key_at(fresh: bool, kr: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> {
     if (fresh) {
-        return fresh_k[(j - p[24]) * MAX_D4 + d4];
+        return fresh_quad(0u, j - p[24], d4);
     }
     return load_k(kr, d4);
 }
@@ -81,7 +97,7 @@ fn key_at(fresh: bool, kr: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> 
 // Quad d4 of value j: from the cache (rows from `vb`, `vs` apart), or from the projection for this step's.
 fn value_at(vb: u32, vs: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> {
     if (STEP && j >= p[24]) {
-        return fresh_v[(j - p[24]) * MAX_D4 + d4];
+        return fresh_quad(1u, j - p[24], d4);
     }
     return load_v(vb + j * vs, d4);
 }
@@ -105,41 +121,50 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let k_start = p[7];
     let window = p[8];
 
+    // The query row, and with STEP the step's keys (rotated) and values, one element per thread: a thread per
+    // row would walk it alone while the others wait at the next barrier (decode is latency-bound).
     let qb = base_of(Q_AT, b, h, t);
-    for (var d4 = lid; d4 < d4_len; d4 = d4 + WG) {
-        var r = vec4<f32>(0.0);
-        for (var c = 0u; c < 4u; c = c + 1u) {
-            let d = 4u * d4 + c;
-            if (d < d_len) {
-                if (STEP) {
-                    r[c] = rotated_q(qb, t, d);
-                } else {
-                    r[c] = q[qb + d * p[Q_AT + 4u]];
-                }
+    let d_pad = 4u * d4_len;
+    for (var d = lid; d < d_pad; d = d + WG) {
+        var x = 0.0;
+        if (d < d_len) {
+            if (STEP) {
+                x = rotated_q(qb, t, d);
+            } else {
+                x = q[qb + d * p[Q_AT + 4u]];
             }
         }
-        q_row[d4] = r;
+        q_el[d] = x;
     }
-    // The step's keys and values, rotated once into workgroup memory by all threads together (one thread per
-    // key would otherwise walk a whole rotated row alone while the others wait at the next barrier). The first
-    // workgroup of each key/value head caches them; no workgroup reads those cache rows in this launch.
     if (STEP) {
-        for (var i = lid; i < p[2] * d4_len; i = i + WG) {
-            let tt = i / d4_len;
-            let d4 = i % d4_len;
-            fresh_k[tt * MAX_D4 + d4] = new_quad(0u, b, kvh, tt, d4);
-            fresh_v[tt * MAX_D4 + d4] = new_quad(1u, b, kvh, tt, d4);
+        for (var i = lid; i < p[2] * d_pad; i = i + WG) {
+            let tt = i / d_pad;
+            let d = i % d_pad;
+            var kx = 0.0;
+            var vx = 0.0;
+            if (d < d_len) {
+                kx = new_element(0u, b, kvh, tt, d);
+                vx = new_element(1u, b, kvh, tt, d);
+            }
+            fresh_k[tt * 4u * MAX_D4 + d] = kx;
+            fresh_v[tt * 4u * MAX_D4 + d] = vx;
         }
     }
     workgroupBarrier();
+    for (var d4 = lid; d4 < d4_len; d4 = d4 + WG) {
+        q_row[d4] = quad_of_q(d4);
+    }
+    // The first workgroup of each key/value head caches the step's keys and values; no workgroup reads those
+    // cache rows in this launch.
     if (STEP && t == 0u && (h % p[5]) == 0u) {
         for (var i = lid; i < p[2] * d4_len; i = i + WG) {
             let tt = i / d4_len;
             let d4 = i % d4_len;
-            store_k(base_of(K_AT, b, kvh, p[24] + tt), d4, fresh_k[tt * MAX_D4 + d4]);
-            store_v(base_of(V_AT, b, kvh, p[24] + tt), d4, fresh_v[tt * MAX_D4 + d4]);
+            store_k(base_of(K_AT, b, kvh, p[24] + tt), d4, fresh_quad(0u, tt, d4));
+            store_v(base_of(V_AT, b, kvh, p[24] + tt), d4, fresh_quad(1u, tt, d4));
         }
     }
+    workgroupBarrier();
 
     // Visible keys: j in [lo, hi).
     let hi = qpos - k_start + 1u;

@@ -353,7 +353,7 @@ fn launch(
         } else {
             // Never called: the raw-key paths sit behind `STEP`.
             s.push_str(
-                "fn new_quad(kv: u32, b: u32, head: u32, t: u32, d4: u32) -> vec4<f32> { return vec4<f32>(0.0); }\n\
+                "fn new_element(kv: u32, b: u32, head: u32, t: u32, d: u32) -> f32 { return 0.0; }\n\
                  fn rotated_q(qb: u32, t: u32, d: u32) -> f32 { return 0.0; }\n\
                  fn store_k(base: u32, d4: u32, x: vec4<f32>) {}\nfn store_v(base: u32, d4: u32, x: vec4<f32>) {}\n",
             );
