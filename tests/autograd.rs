@@ -95,7 +95,7 @@ fn misuse_is_reported() {
 #[test]
 fn intermediate_buffers_are_released_after_backward() {
     // A device of its own, so that tests running in parallel do not disturb the byte counts.
-    let d = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    let d = own_dev();
     let x = Tensor::from_slice(&vec![0.5f32; 4096], &[4096], &d)
         .unwrap()
         .requires_grad_();

@@ -181,7 +181,7 @@ fn cached_attention_large_scores() {
 /// in parallel do not interfere).
 #[test]
 fn cached_attention_is_one_launch() {
-    let d = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    let d = own_dev();
     let q = Tensor::from_slice(&[0.5f32; 2 * 4 * 8], &[1, 2, 4, 8], &d)
         .unwrap()
         .transpose(1, 2)

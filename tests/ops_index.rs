@@ -470,8 +470,7 @@ fn triu_tril_match_reference() {
 
 #[test]
 fn host_ids_known_in_range_skip_the_gpu_check() {
-    // A device of its own, so that launch counts are not mixed with other tests'.
-    let d = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    let d = own_dev();
     let table = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], &d).unwrap();
     let launches = |f: &dyn Fn() -> Tensor| {
         let before = d.dispatch_count();

@@ -506,7 +506,7 @@ fn add_rms_norm_rejects_bad_arguments() {
 /// (counted on a private device, so that tests running in parallel do not interfere).
 #[test]
 fn add_rms_norm_is_one_launch() {
-    let d = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    let d = own_dev();
     for dtype in [DType::F32, DType::BF16] {
         let x = Tensor::from_slice(&[0.5f32; 2 * 64], &[2, 64], &d)
             .unwrap()

@@ -436,7 +436,7 @@ fn gated_matvec_equals_matmul_then_gated() {
         "odd number of rows"
     );
     // One launch for decode rows (on a device of its own, so other tests' launches do not count).
-    let own = pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env())).unwrap();
+    let own = own_dev();
     let w = QTensor::from_ggml(GgmlType::Q8_0, &[0; 2 * 34], [2, 32], &own).unwrap();
     let x = Tensor::zeros(&[1, 32], DType::F32, &own).unwrap();
     let before = own.dispatch_count();

@@ -22,6 +22,13 @@ pub fn dev() -> Device {
     default_device().expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)")
 }
 
+/// A device of the test's own (the default one is shared by the tests running in parallel), for counting the
+/// launches an op records.
+pub fn own_dev() -> Device {
+    pollster::block_on(hierarchos::core::Gpu::open(&hierarchos::core::GpuOptions::from_env()))
+        .expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)")
+}
+
 /// A small seeded generator (SplitMix64). Each test takes a fresh seed unless `HIERARCHOS_TEST_SEED` fixes it;
 /// the seed is printed so a failure can be replayed.
 pub struct Rng(u64);
