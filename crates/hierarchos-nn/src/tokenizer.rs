@@ -188,6 +188,7 @@ impl Tokenizer {
     }
 
     /// A tokenizer assembled elsewhere (from GGUF metadata); `path` is the file it came from, named in errors.
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn from_parts(
         inner: tokenizers::Tokenizer,
         path: &Path,

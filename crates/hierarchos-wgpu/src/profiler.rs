@@ -19,6 +19,8 @@ pub(crate) struct Profiler {
     queries: wgpu::QuerySet,
     resolved: wgpu::Buffer,
     readback: wgpu::Buffer,
+    /// Nanoseconds per timestamp tick (the web, which cannot wait for timings, never reads it).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     period_ns: f64,
     capacity: u32,
     /// Kernels of the open batch, in launch order (launch i wrote timestamps 2i and 2i + 1).

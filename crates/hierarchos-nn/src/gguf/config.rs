@@ -52,6 +52,7 @@ impl Meta<'_> {
         }
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn bool(&self, key: &str) -> Result<Option<bool>> {
         self.read(key, "true or false", Value::as_bool)
     }
