@@ -8,7 +8,8 @@
 // independent accumulators, and the value sum splits the threads into DL lanes along the quads (the power of two
 // >= D/4) times WG / DL slices of the keys, each slice summing its keys four at a time; the slices are added at
 // the end. Each thread's output quad is `lid % DL`. The Rust side binds k and v as vec4 arrays when rows are
-// dense and 16-byte aligned, else as f32 arrays read through their strides: it declares the bindings and defines
+// dense and 16-byte aligned, else as f32 arrays read through their strides: it declares the bindings, adds
+// reduce(lid, x, is_max) (attention_reduce_*.wgsl, replacing the SG_BUILTINS and SG_INIT markers) and defines
 // load_k(base, d4) / load_v(base, d4), quad d4 of the row at element offset `base` (zeros past D). With STEP
 // (attention_step.wgsl) queries and the step's new keys are rotated here and the new keys and values cached.
 //
@@ -37,36 +38,6 @@ var<workgroup> fresh_v: array<f32, STEP_MAX_T * 4u * MAX_D4>;
 var<workgroup> scores: array<f32, CH>;
 var<workgroup> red: array<f32, WG>;
 var<workgroup> red4: array<vec4<f32>, WG>;
-
-// Max over the workgroup's values (a shared-memory tree); every thread gets it.
-fn reduce_max(lid: u32, x: f32) -> f32 {
-    red[lid] = x;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            red[lid] = max(red[lid], red[lid + s]);
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
-
-// Sum over the workgroup's values; every thread gets it.
-fn reduce_sum(lid: u32, x: f32) -> f32 {
-    red[lid] = x;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            red[lid] = red[lid] + red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
 
 // Element offset of row (b, head, pos) of the view whose offset and strides start at p[at].
 fn base_of(at: u32, b: u32, head: u32, pos: u32) -> u32 {
@@ -104,7 +75,8 @@ fn value_at(vb: u32, vs: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+        @builtin(local_invocation_index) lid: u32 /*@SG_BUILTINS*/) {
+    //@SG_INIT
     let row = wid.x + wid.y * nwg.x;
     // Uniform across the workgroup, so the early return keeps the barriers below in uniform control flow.
     if (row >= p[0]) {
@@ -217,7 +189,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             local_max = max(local_max, s);
         }
         // The barriers inside also publish `scores` to the whole workgroup.
-        let m_new = max(m_run, reduce_max(lid, local_max));
+        let m_new = max(m_run, reduce(lid, local_max, true));
         // exp(-inf - -inf) is NaN: a running max or chunk max of -inf carries no mass and scales to 0.
         let empty = (m_new == neg_inf());
         let scale = select(exp(m_run - m_new), 0.0, (m_run == neg_inf()));
@@ -251,7 +223,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         workgroupBarrier();
     }
 
-    let total = reduce_sum(lid, l_part);
+    let total = reduce(lid, l_part, false);
     red4[lid] = acc;
     workgroupBarrier();
     if (slice == 0u && owns_d) {

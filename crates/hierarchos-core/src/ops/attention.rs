@@ -15,6 +15,8 @@ use crate::tensor::Tensor;
 
 const ATTENTION_DECODE_WGSL: &str = include_str!("../../../../wgsl/attention_decode.wgsl");
 const ATTENTION_STEP_WGSL: &str = include_str!("../../../../wgsl/attention_step.wgsl");
+const REDUCE_TREE_WGSL: &str = include_str!("../../../../wgsl/attention_reduce_tree.wgsl");
+const REDUCE_SUBGROUP_WGSL: &str = include_str!("../../../../wgsl/attention_reduce_subgroup.wgsl");
 
 /// Largest head size (the kernel keeps a query row of up to 64 quads in workgroup memory).
 const MAX_HEAD_DIM: usize = 256;
@@ -332,7 +334,8 @@ fn launch(
             l.strides[3] == 1 && l.offset % 4 == 0 && l.strides[..3].iter().all(|s| s % 4 == 0)
         });
     let fused = step.is_some();
-    let key = format!("cached_attention:{vec4}:{fused}");
+    let subgroups = device.caps().subgroups;
+    let key = format!("cached_attention:{vec4}:{fused}:{subgroups}");
     let source = || {
         let access = if fused { "read_write" } else { "read" };
         let kt = if vec4 { "vec4<f32>" } else { "f32" };
@@ -396,7 +399,20 @@ fn launch(
         if fused {
             s.push_str(ATTENTION_STEP_WGSL);
         }
-        format!("{s}{COMMON_WGSL}{ATTENTION_DECODE_WGSL}")
+        let (reduce, builtins, init) = if subgroups {
+            (
+                REDUCE_SUBGROUP_WGSL,
+                ", @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32, \
+                 @builtin(subgroup_size) sg_size: u32",
+                "sg_lane_p = sg_lane;\n    sg_id_p = sg_id;\n    sg_size_p = sg_size;",
+            )
+        } else {
+            (REDUCE_TREE_WGSL, "", "")
+        };
+        let kernel = ATTENTION_DECODE_WGSL
+            .replace("/*@SG_BUILTINS*/", builtins)
+            .replace("//@SG_INIT", init);
+        format!("{s}{COMMON_WGSL}{reduce}{kernel}")
     };
     let mut buffers = vec![out.buffer(), q.buffer(), k.buffer(), v.buffer()];
     if let Some(st) = &step {
