@@ -921,3 +921,46 @@ fn fused_quantized_decoding_equals_the_full_forward() {
         assert_close(&format!("{family} fused decode"), &stepped, &want, 1e-5, 1e-5);
     }
 }
+
+#[test]
+fn replaced_projection_weights_are_not_read_from_the_stacked_copy() {
+    use hierarchos::core::no_grad;
+    use hierarchos::nn::LinearWeight;
+    let mut rng = Rng::new("replaced_projection_weights");
+    let c = tiny_config("llama");
+    let (mut lm, mut host) = random_model(&c, &mut rng);
+    let name = "model.layers.0.self_attn.q_proj.weight";
+    let fresh = rng.vec(host[name].len(), -0.3, 0.3);
+    let q = &mut lm.layers[0].self_attn.q_proj;
+    let shape = q.weight_shape();
+    q.weight = LinearWeight::Dense(Tensor::from_slice(&fresh, &shape, &dev()).unwrap());
+    host.insert(name.to_string(), fresh);
+    let ids = [3u32, 1, 4, 1, 5];
+    let got = no_grad(|| lm.forward(&ids_tensor(&[ids.to_vec()]), None)).unwrap();
+    let want = reference_forward(&c, &host, &ids);
+    assert_close("replaced q_proj", &got.to_vec::<f32>().unwrap(), &want, 1e-4, 2e-5);
+}
+
+#[test]
+fn cached_decoding_of_heads_larger_than_the_fused_kernels_take() {
+    let mut rng = Rng::new("large_heads");
+    let mut c = tiny_config("mistral");
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.head_dim = 260;
+    let (lm, _) = random_model(&c, &mut rng);
+    let ids: Vec<u32> = (0..6).map(|_| rng.below(c.vocab_size) as u32).collect();
+    let full = lm
+        .forward(&ids_tensor(std::slice::from_ref(&ids)), None)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    let mut cache = lm.new_cache(1, 6).unwrap();
+    let mut steps = vec![lm.forward(&ids_tensor(&[ids[..3].to_vec()]), Some(&mut cache)).unwrap()];
+    for &id in &ids[3..] {
+        steps.push(lm.forward(&ids_tensor(&[vec![id]]), Some(&mut cache)).unwrap());
+    }
+    let stepped = Tensor::cat(&steps, 1).unwrap().to_vec::<f32>().unwrap();
+    let want: Vec<f64> = full.iter().map(|&x| x as f64).collect();
+    assert_close("head_dim 260 cached", &stepped, &want, 0.0, 1e-5);
+}

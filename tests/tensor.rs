@@ -136,6 +136,18 @@ fn assign_into_rows_of_a_larger_tensor() {
             dtype == DType::BF16,
             "{dtype} at element 3: packed storage"
         );
+        // An odd count ending inside a word leaves the other half of that word (the next element) alone.
+        let flat = Tensor::arange(1.0, 7.0, 1.0, DType::F32, &d)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let tens = Tensor::from_slice(&[10.0f32, 20.0, 30.0], &[3], &d)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        flat.narrow(0, 0, 3).unwrap().assign(&tens).unwrap();
+        let got = flat.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(got, [10.0, 20.0, 30.0, 4.0, 5.0, 6.0], "{dtype} odd view");
     }
 }
 

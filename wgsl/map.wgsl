@@ -36,8 +36,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let v0 = compute(i0);
     var v1 = v0;
-    if (EPW == 2u && i0 + 1u < n) {
-        v1 = compute(i0 + 1u);
+    if (EPW == 2u) {
+        if (i0 + 1u < n) {
+            v1 = compute(i0 + 1u);
+        } else {
+            // The last word of an odd count: its other half may be the next element of a larger tensor that
+            // the output is a view of, so it is written back unchanged.
+            v1 = load_out(2u * (p[OUT_AT] + w) + 1u);
+        }
     }
     store_out(p[OUT_AT] + w, v0, v1);
 }

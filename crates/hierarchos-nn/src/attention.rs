@@ -3,7 +3,7 @@
 
 use std::cell::OnceCell;
 
-use hierarchos_core::ops::attention::{NewKeys, STEP_MAX_QUERIES};
+use hierarchos_core::ops::attention::{MAX_HEAD_DIM, NewKeys, STEP_MAX_QUERIES};
 use hierarchos_core::{Device, Tensor, grad_enabled};
 
 use crate::error::{Error, Result};
@@ -35,7 +35,8 @@ pub struct Attention {
     /// Size of one head.
     pub head_dim: usize,
     /// `q_proj`, `k_proj` and `v_proj` stacked (their weights are views of it): one matmul when nothing needs
-    /// gradients. `None` when they cannot be stacked (see [`Linear::stack`]).
+    /// gradients and the projections still hold views of it ([`Linear::holds`]; replacing one makes the layer
+    /// run them separately). `None` when they cannot be stacked (see [`Linear::stack`]).
     pub qkv: Option<Linear>,
 }
 
@@ -108,7 +109,7 @@ impl Attention {
         let projections = [&self.q_proj, &self.k_proj, &self.v_proj];
         let differentiable = grad_enabled() && (x.requires_grad() || projections.iter().any(|l| l.requires_grad()));
         let (q, k, v) = match &self.qkv {
-            Some(qkv) if !differentiable => {
+            Some(qkv) if !differentiable && qkv.holds(&projections) => {
                 let y = qkv.forward_fused(x, norm, None, None)?;
                 (
                     y.narrow(-1, 0, h * d)?,
@@ -131,7 +132,8 @@ impl Attention {
         let v = heads(v, kvh, &None)?;
         let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
         let y = match cache {
-            Some((cache, layer)) if !differentiable && t <= STEP_MAX_QUERIES => {
+            // The fused kernels take heads of up to MAX_HEAD_DIM; larger ones run the batched matmuls below.
+            Some((cache, layer)) if !differentiable && t <= STEP_MAX_QUERIES && d <= MAX_HEAD_DIM => {
                 let (k_cache, v_cache) = cache.buffers(layer);
                 let new = NewKeys {
                     k: &k,
@@ -144,7 +146,7 @@ impl Attention {
                 let (k_new, v_new) = cache.new_positions(layer, t)?;
                 let q = q.rope_into_cache(&k, &v, ctx.tables.step(), &k_new, &v_new)?;
                 let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;
-                if t <= FUSED_ATTENTION_MAX_QUERIES {
+                if t <= FUSED_ATTENTION_MAX_QUERIES && d <= MAX_HEAD_DIM {
                     q.cached_attention(&keys, &values, ctx.query_start, ctx.key_start, ctx.window)?
                 } else {
                     let mask = ctx.mask(t, keys.shape()[2], x.device())?;
@@ -175,7 +177,8 @@ impl Attention {
 
     /// Whether every projection runs fused at decode (see [`Linear::fuses`]).
     pub fn fuses(&self) -> bool {
-        self.qkv.as_ref().is_some_and(Linear::fuses) && self.o_proj.fuses()
+        let parts = [&self.q_proj, &self.k_proj, &self.v_proj];
+        self.qkv.as_ref().is_some_and(|s| s.fuses() && s.holds(&parts)) && self.o_proj.fuses()
     }
 
     /// The parameters with their Hugging Face names (`q_proj.weight`, ..., `q_norm.weight`).

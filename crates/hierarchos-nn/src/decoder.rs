@@ -87,7 +87,9 @@ pub struct CausalLm {
     pub layers: Vec<DecoderLayer>,
     /// `model.norm`, the final norm.
     pub norm: RmsNorm,
-    /// `lm_head`; `None` when the embedding matrix is reused (tied embeddings).
+    /// `lm_head`; `None` when the embedding matrix is reused (tied embeddings), or for a tied model whose
+    /// embedding is in a block format (GGUF) a frozen quantized copy of it, which reads a quarter of the bytes.
+    /// While the embedding requires grad the tied matrix itself is used, so that training sees one matrix.
     pub lm_head: Option<Linear>,
     rotary: RotaryEmbedding,
 }
@@ -281,7 +283,7 @@ impl CausalLm {
         let (x, normed) = self.final_stream(ids, cache)?;
         let t = x.shape()[1];
         let last = |h: &Tensor| -> Result<Tensor> { Ok(h.narrow(1, t - 1, 1)?.squeeze(1)?) };
-        match (&self.lm_head, normed) {
+        match (self.head(), normed) {
             // The final norm runs inside the head's launch.
             (Some(head), None) => Ok(head.forward_fused(&last(&x)?, Some(&self.norm), None, None)?),
             (_, Some(normed)) => self.logits(&last(&normed)?),
@@ -358,10 +360,18 @@ impl CausalLm {
 
     /// Logits `[..., vocab]` of final hidden states: `lm_head`, or the embedding matrix when tied.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(match &self.lm_head {
+        Ok(match self.head() {
             Some(head) => head.forward(hidden)?,
             None => hidden.matmul(&self.embed_tokens.weight.t()?)?,
         })
+    }
+
+    /// The output projection: `lm_head`, unless it is a frozen copy of a tied embedding that now trains.
+    fn head(&self) -> Option<&Linear> {
+        match &self.lm_head {
+            Some(_) if self.config.tie_word_embeddings && self.embed_tokens.weight.requires_grad() => None,
+            head => head.as_ref(),
+        }
     }
 
     /// Every parameter with its exact Hugging Face name (`model.layers.0.self_attn.q_proj.weight`, ...); a tied

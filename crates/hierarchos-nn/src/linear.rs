@@ -1,7 +1,7 @@
 //! The affine layer `y = x Wᵀ + b`, stored as Hugging Face / PyTorch store it (`weight` is `[out, in]`).
 
 use hierarchos_core::quant::{Fusion, QTensor};
-use hierarchos_core::{Device, Result, Tensor, UnaryOp, no_grad};
+use hierarchos_core::{DType, Device, Result, Tensor, UnaryOp, no_grad};
 
 use crate::init::ParamRng;
 use crate::norm::RmsNorm;
@@ -133,8 +133,12 @@ impl Linear {
         if layers.iter().any(|l| l.weight_shape()[1] != cols) {
             return Ok(None);
         }
+        // 16-bit values are stored two per word: a part starting inside a word could not be updated in place.
+        let packed = |dtype: DType| matches!(dtype, DType::F16 | DType::BF16);
         let weight = if quantized.is_empty() {
-            if dense.iter().any(|w| w.dtype() != dense[0].dtype()) {
+            if dense.iter().any(|w| w.dtype() != dense[0].dtype())
+                || (packed(dense[0].dtype()) && rows.iter().any(|r| (r * cols) % 2 == 1))
+            {
                 return Ok(None);
             }
             let stacked = no_grad(|| Tensor::cat(&dense, 0))?.detach();
@@ -163,7 +167,9 @@ impl Linear {
         };
         let bias = if with_bias {
             let biases: Vec<Tensor> = layers.iter().filter_map(|l| l.bias.clone()).collect();
-            if biases.iter().any(|b| b.dtype() != biases[0].dtype()) {
+            if biases.iter().any(|b| b.dtype() != biases[0].dtype())
+                || (packed(biases[0].dtype()) && rows.iter().any(|r| r % 2 == 1))
+            {
                 return Ok(None);
             }
             let stacked = no_grad(|| Tensor::cat(&biases, 0))?.detach();
@@ -179,6 +185,21 @@ impl Linear {
             None
         };
         Ok(Some(Linear { weight, bias }))
+    }
+
+    /// Whether this stacked layer still holds `parts`' weights (each a view of its buffer, as
+    /// [`Linear::stack`] left them): a part whose weight was replaced since would be computed from stale
+    /// values, so callers take the separate layers then.
+    pub fn holds(&self, parts: &[&Linear]) -> bool {
+        parts.iter().all(|p| match (&self.weight, &p.weight) {
+            (LinearWeight::Dense(w), LinearWeight::Dense(v)) => std::ptr::eq(w.buffer(), v.buffer()),
+            (LinearWeight::Quantized(w), LinearWeight::Quantized(v)) => w.shares_blocks(v),
+            _ => false,
+        } && match (&self.bias, &p.bias) {
+            (Some(b), Some(c)) => std::ptr::eq(b.buffer(), c.buffer()),
+            (None, None) => true,
+            _ => false,
+        })
     }
 
     /// `[out_features, in_features]`.

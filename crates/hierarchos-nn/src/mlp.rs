@@ -18,7 +18,8 @@ pub struct Mlp {
     /// The activation of the gate.
     pub act: Activation,
     /// `gate_proj` and `up_proj` stacked (their weights are views of it): one matmul when nothing needs
-    /// gradients. `None` when they cannot be stacked (see [`Linear::stack`]).
+    /// gradients and the projections still hold views of it ([`Linear::holds`]). `None` when they cannot be
+    /// stacked (see [`Linear::stack`]).
     pub gate_up: Option<Linear>,
 }
 
@@ -34,7 +35,9 @@ impl Mlp {
         let differentiable =
             grad_enabled() && (x.requires_grad() || self.gate_proj.requires_grad() || self.up_proj.requires_grad());
         let hidden = match &self.gate_up {
-            Some(gate_up) if !differentiable => gate_up.forward_fused(x, norm, Some(act), None)?,
+            Some(gate_up) if !differentiable && gate_up.holds(&[&self.gate_proj, &self.up_proj]) => {
+                gate_up.forward_fused(x, norm, Some(act), None)?
+            }
             _ => {
                 let normed = norm.map(|n| n.forward(x)).transpose()?;
                 let x = normed.as_ref().unwrap_or(x);
@@ -46,7 +49,8 @@ impl Mlp {
 
     /// Whether every projection runs fused at decode (see [`Linear::fuses`]).
     pub fn fuses(&self) -> bool {
-        self.gate_up.as_ref().is_some_and(Linear::fuses) && self.down_proj.fuses()
+        let parts = [&self.gate_proj, &self.up_proj];
+        self.gate_up.as_ref().is_some_and(|s| s.fuses() && s.holds(&parts)) && self.down_proj.fuses()
     }
 
     /// The parameters with their Hugging Face names (`gate_proj.weight`, ...).

@@ -19,7 +19,7 @@ const REDUCE_TREE_WGSL: &str = include_str!("../../../../wgsl/attention_reduce_t
 const REDUCE_SUBGROUP_WGSL: &str = include_str!("../../../../wgsl/attention_reduce_subgroup.wgsl");
 
 /// Largest head size (the kernel keeps a query row of up to 64 quads in workgroup memory).
-const MAX_HEAD_DIM: usize = 256;
+pub const MAX_HEAD_DIM: usize = 256;
 
 /// Most queries of one [`Tensor::attention_step`]: their new keys and values sit in workgroup memory.
 pub const STEP_MAX_QUERIES: usize = 2;

@@ -194,6 +194,7 @@ impl Map<'_> {
                 s.push_str(&a.load_fn(&format!("in{k}")));
             }
             s.push_str(&out_access.store_fn("out"));
+            s.push_str(&out_access.load_fn("out"));
             s.push_str(COMMON_WGSL);
             let _ = writeln!(
                 s,

@@ -245,6 +245,11 @@ impl QTensor {
         })
     }
 
+    /// Whether both are views of the same blocks (see [`QTensor::narrow_rows`]).
+    pub fn shares_blocks(&self, other: &QTensor) -> bool {
+        Arc::ptr_eq(&self.blocks, &other.blocks)
+    }
+
     /// Words of one row of blocks.
     fn row_words(&self) -> usize {
         self.cols / self.ty.block_size() * gpu_block_bytes(self.ty) / 4
@@ -412,7 +417,9 @@ impl Tensor {
             && (1..=SKINNY_MAX_ROWS).contains(&m)
             && n > 0
             && !needs_grad
-            && Arc::ptr_eq(self.device(), w.device());
+            && Arc::ptr_eq(self.device(), w.device())
+            && fusion.norm.is_none_or(|(g, _)| Arc::ptr_eq(g.device(), w.device()))
+            && fusion.residual.is_none_or(|r| Arc::ptr_eq(r.device(), w.device()));
         if !fused {
             let x = match fusion.norm {
                 Some((g, eps)) => self.rms_norm(Some(g), eps)?,
