@@ -93,9 +93,7 @@ impl Server {
                 match listener.accept() {
                     Ok((stream, _)) => {
                         served += 1;
-                        if let Some(line) = handle(stream, &commits, token) {
-                            log2.lock().unwrap().push(line);
-                        }
+                        handle(stream, &commits, token, &log2);
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(2)),
                 }
@@ -123,12 +121,14 @@ impl Drop for Server {
     }
 }
 
-/// Answers one request and closes the connection; returns "GET path [auth]" for the log.
+/// Logs "GET path [auth]" of one request, then answers it and closes the connection. The line is logged before
+/// the answer goes out, so a client that got its answer finds its request in the log.
 fn handle(
     stream: TcpStream,
     commits: &HashMap<&'static str, Vec<(&'static str, Vec<u8>)>>,
     token: Option<&str>,
-) -> Option<String> {
+    log: &Mutex<Vec<String>>,
+) -> Option<()> {
     stream.set_nonblocking(false).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let mut reader = BufReader::new(stream.try_clone().ok()?);
@@ -146,6 +146,7 @@ fn handle(
     }
     let path = request.split_whitespace().nth(1)?.to_string();
     let auth = headers.get("authorization").cloned().unwrap_or_default();
+    log.lock().unwrap().push(format!("GET {path} {auth}"));
     let resolve = |rev: &str| match rev {
         "main" => Some(MAIN_SHA),
         "v1" => Some(V1_SHA),
@@ -205,8 +206,7 @@ fn handle(
     head.push_str("\r\n");
     out.write_all(head.as_bytes()).ok()?;
     out.write_all(&body).ok()?;
-    out.flush().ok()?;
-    Some(format!("GET {path} {auth}"))
+    out.flush().ok()
 }
 
 fn fnv(data: &[u8]) -> u64 {
