@@ -9,7 +9,8 @@
 // >= D/4) times WG / DL slices of the keys, each slice summing its keys four at a time; the slices are added at
 // the end. Each thread's output quad is `lid % DL`. The Rust side binds k and v as vec4 arrays when rows are
 // dense and 16-byte aligned, else as f32 arrays read through their strides: it declares the bindings, adds
-// reduce(lid, x, is_max) (attention_reduce_*.wgsl, replacing the SG_BUILTINS and SG_INIT markers) and defines
+// reduce(lid, x, is_max) (attention_reduce_*.wgsl, replacing the SG_BUILTINS and SG_INIT markers), HEAD_DIM, and
+// defines
 // load_k(base, d4) / load_v(base, d4), quad d4 of the row at element offset `base` (zeros past D). With STEP
 // (attention_step.wgsl) queries and the step's new keys are rotated here and the new keys and values cached.
 //
@@ -83,8 +84,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         return;
     }
     let heads = p[1];
-    let d_len = p[3];
-    let d4_len = (d_len + 3u) / 4u;
+    // The head size is a constant of the pipeline (HEAD_DIM), so that the loops over it unroll and a score's
+    // loads are all in flight at once.
+    let d_len = HEAD_DIM;
+    let d4_len = (HEAD_DIM + 3u) / 4u;
     let h = row % heads;
     let t = (row / heads) % p[2];
     let b = row / (heads * p[2]);

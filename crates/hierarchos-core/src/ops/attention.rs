@@ -335,7 +335,7 @@ fn launch(
         });
     let fused = step.is_some();
     let subgroups = device.caps().subgroups;
-    let key = format!("cached_attention:{vec4}:{fused}:{subgroups}");
+    let key = format!("cached_attention:{vec4}:{fused}:{subgroups}:{d}");
     let source = || {
         let access = if fused { "read_write" } else { "read" };
         let kt = if vec4 { "vec4<f32>" } else { "f32" };
@@ -412,7 +412,7 @@ fn launch(
         let kernel = ATTENTION_DECODE_WGSL
             .replace("/*@SG_BUILTINS*/", builtins)
             .replace("//@SG_INIT", init);
-        format!("{s}{COMMON_WGSL}{reduce}{kernel}")
+        format!("const HEAD_DIM: u32 = {d}u;\n{s}{COMMON_WGSL}{reduce}{kernel}")
     };
     let mut buffers = vec![out.buffer(), q.buffer(), k.buffer(), v.buffer()];
     if let Some(st) = &step {
