@@ -964,3 +964,63 @@ fn cached_decoding_of_heads_larger_than_the_fused_kernels_take() {
     let want: Vec<f64> = full.iter().map(|&x| x as f64).collect();
     assert_close("head_dim 260 cached", &stepped, &want, 0.0, 1e-5);
 }
+
+#[test]
+fn a_quantized_tied_head_follows_the_embedding_once_it_trains() {
+    use hierarchos::core::no_grad;
+    use hierarchos::core::quant::{GgmlType, QTensor};
+    let mut rng = Rng::new("quantized_tied_head");
+    let dv = dev();
+    let c = tiny_config("llama");
+    assert!(c.tie_word_embeddings);
+    let mut q8 = |n: usize| -> Vec<u8> {
+        (0..n / 32)
+            .flat_map(|_| {
+                let scale = half::f16::from_f32(rng.uniform(0.002, 0.01)).to_le_bytes();
+                let quants: Vec<u8> = (0..32).map(|_| rng.next_u64() as u8).collect();
+                [scale.to_vec(), quants].concat()
+            })
+            .collect()
+    };
+    let shape = [c.vocab_size, c.hidden_size];
+    let table = q8(shape[0] * shape[1]);
+    // As a GGUF file gives it: the embedding dequantized for lookups, the same blocks for the head.
+    let embedding = QTensor::from_ggml(GgmlType::Q8_0, &table, shape, &dv).unwrap();
+    let lm = CausalLm::build_with(
+        &c,
+        &mut |name, s| {
+            if name == "model.embed_tokens.weight" {
+                return Ok(embedding.dequantize()?);
+            }
+            Ok(Tensor::ones(s, DType::F32, &dv)?)
+        },
+        &mut |name, s| {
+            Ok((name == "model.embed_tokens.weight")
+                .then(|| QTensor::from_ggml(GgmlType::Q8_0, &table, s, &dv).unwrap()))
+        },
+    )
+    .unwrap();
+    let mut lm = lm;
+    assert!(lm.lm_head.is_some(), "the tied head is held quantized");
+    let ids = ids_tensor(&[vec![3, 1, 4, 1, 5]]);
+    let tied = |lm: &CausalLm| -> Vec<f64> {
+        let h = lm.hidden_states(&ids, None).unwrap();
+        let last = h.narrow(1, 4, 1).unwrap().squeeze(1).unwrap();
+        let logits = last.matmul(&lm.embed_tokens.weight.t().unwrap()).unwrap();
+        logits.to_vec::<f32>().unwrap().iter().map(|&v| v as f64).collect()
+    };
+    let head = no_grad(|| lm.forward_last(&ids, None))
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_close("quantized head", &head, &tied(&lm), 1e-5, 1e-6);
+    // Once the embedding trains, the logits come from it, not from the frozen copy.
+    lm.embed_tokens.weight = lm.embed_tokens.weight.requires_grad_();
+    no_grad(|| lm.embed_tokens.weight.assign(&lm.embed_tokens.weight.mul_scalar(-2.0)?)).unwrap();
+    let after = lm.forward_last(&ids, None).unwrap().to_vec::<f32>().unwrap();
+    assert_close("head after the embedding changed", &after, &tied(&lm), 1e-5, 1e-6);
+    assert!(
+        after.iter().zip(&head).any(|(a, b)| (a - b).abs() > 1e-3),
+        "the update shows"
+    );
+}
