@@ -4,8 +4,9 @@
 // consecutive words of the blocks, decode them once and multiply them with every row of x (vec4 loads, f32
 // accumulation). The lanes then add up through subgroupAdd (a group is a 32-wide subgroup) or through workgroup
 // memory. Fused around the product, so that a decode step needs fewer launches:
-// - NORM: the input rows are RMS-normalized first (weight `g`, eps): the group sums the squares of its row and
-//   multiplies x by g as it loads it; lane 0 scales the dot product by 1 / sqrt(mean(x²) + eps) at the end.
+// - NORM: the input rows are RMS-normalized first (weight `g`, eps): the group sums the squares of the row as it
+//   loads it (its tasks cover the row once) and multiplies x by g; lane 0 scales the dot product by
+//   1 / sqrt(mean(x²) + eps) at the end.
 // - GATED: the group also owns row n + N (the up projection stacked under the gate) and the result is
 //   act(gate) * up: the gated MLP's two projections and activation.
 // - RESIDUAL: `res` (dense [M, N]) is added to the result: the residual stream.
@@ -49,15 +50,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let K4 = K / 4u;
     var acc: array<f32, ROWS>;
     var acc2: array<f32, ROWS>;
+    // With NORM, the squares of each input row: the tasks of a group cover every element of the row once.
     var squares: array<f32, ROWS>;
-    if (NORM) {
-        for (var r = 0u; r < ROWS; r = r + 1u) {
-            for (var i = lane; i < K4; i = i + STRIDE) {
-                let v = x[p[3] + r * K4 + i];
-                squares[r] = squares[r] + dot(v, v);
-            }
-        }
-    }
     if (n < N) {
         let blocks = K / QK;
         let tasks = blocks * TPB;
@@ -77,8 +71,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             let g1 = load_g(e + TD / 4u);
             for (var r = 0u; r < ROWS; r = r + 1u) {
                 let xo = o + r * K4;
-                let x0 = x[xo] * g0;
-                let x1 = x[xo + TD / 4u] * g1;
+                let xa = x[xo];
+                let xb = x[xo + TD / 4u];
+                if (NORM) {
+                    squares[r] = squares[r] + dot(xa, xa) + dot(xb, xb);
+                }
+                let x0 = xa * g0;
+                let x1 = xb * g1;
                 acc[r] = acc[r] + dot(x0, v[0]) + dot(x1, v[1]);
                 if (GATED) {
                     acc2[r] = acc2[r] + dot(x0, v2[0]) + dot(x1, v2[1]);
