@@ -110,77 +110,68 @@ impl Linear {
         let Some(first) = layers.first() else {
             return Ok(None);
         };
-        let with_bias = first.bias.is_some();
-        if layers.iter().any(|l| l.bias.is_some() != with_bias) {
-            return Ok(None);
-        }
-        let dense: Vec<Tensor> = layers
-            .iter()
-            .filter_map(|l| match &l.weight {
-                LinearWeight::Dense(w) => Some(w.clone()),
-                LinearWeight::Quantized(_) => None,
-            })
-            .collect();
-        let quantized: Vec<QTensor> = layers
-            .iter()
-            .filter_map(|l| match &l.weight {
-                LinearWeight::Quantized(q) => Some(q.clone()),
-                LinearWeight::Dense(_) => None,
-            })
-            .collect();
+        let [_, cols] = first.weight_shape();
         let rows: Vec<usize> = layers.iter().map(|l| l.weight_shape()[0]).collect();
-        let cols = first.weight_shape()[1];
-        if layers.iter().any(|l| l.weight_shape()[1] != cols) {
+        // 16-bit values are stored two per word: a part starting inside a word could not be updated in place.
+        let fits = |dtype: DType, sizes: &[usize]| {
+            !matches!(dtype, DType::F16 | DType::BF16) || sizes.iter().all(|n| n % 2 == 0)
+        };
+        let sizes: Vec<usize> = rows.iter().map(|r| r * cols).collect();
+        let with_bias = first.bias.is_some();
+        let same_weights = match &first.weight {
+            LinearWeight::Dense(w) => {
+                layers
+                    .iter()
+                    .all(|l| matches!(&l.weight, LinearWeight::Dense(v) if v.dtype() == w.dtype()))
+                    && fits(w.dtype(), &sizes)
+            }
+            LinearWeight::Quantized(q) => layers
+                .iter()
+                .all(|l| matches!(&l.weight, LinearWeight::Quantized(v) if v.ggml_type() == q.ggml_type())),
+        };
+        let same_biases = match &first.bias {
+            Some(b) => {
+                layers
+                    .iter()
+                    .all(|l| l.bias.as_ref().is_some_and(|c| c.dtype() == b.dtype()))
+                    && fits(b.dtype(), &rows)
+            }
+            None => layers.iter().all(|l| l.bias.is_none()),
+        };
+        if !same_weights || !same_biases || layers.iter().any(|l| l.weight_shape()[1] != cols) {
             return Ok(None);
         }
-        // 16-bit values are stored two per word: a part starting inside a word could not be updated in place.
-        let packed = |dtype: DType| matches!(dtype, DType::F16 | DType::BF16);
-        let weight = if quantized.is_empty() {
-            if dense.iter().any(|w| w.dtype() != dense[0].dtype())
-                || (packed(dense[0].dtype()) && rows.iter().any(|r| (r * cols) % 2 == 1))
-            {
-                return Ok(None);
+        let weight = match &first.weight {
+            LinearWeight::Dense(_) => {
+                let mut parts: Vec<&mut Tensor> = layers
+                    .iter_mut()
+                    .filter_map(|l| match &mut l.weight {
+                        LinearWeight::Dense(w) => Some(w),
+                        LinearWeight::Quantized(_) => None,
+                    })
+                    .collect();
+                LinearWeight::Dense(stack_rows(&mut parts)?)
             }
-            let stacked = no_grad(|| Tensor::cat(&dense, 0))?.detach();
-            let mut at = 0;
-            for (layer, n) in layers.iter_mut().zip(&rows) {
-                let trainable = layer.weight_requires_grad();
-                let view = stacked.narrow(0, at, *n)?;
-                layer.weight = LinearWeight::Dense(if trainable { view.requires_grad_() } else { view });
-                at += n;
+            LinearWeight::Quantized(_) => {
+                let parts: Vec<QTensor> = layers
+                    .iter()
+                    .filter_map(|l| match &l.weight {
+                        LinearWeight::Quantized(q) => Some(q.clone()),
+                        LinearWeight::Dense(_) => None,
+                    })
+                    .collect();
+                let stacked = QTensor::cat_rows(&parts.iter().collect::<Vec<_>>())?;
+                let mut at = 0;
+                for (layer, n) in layers.iter_mut().zip(&rows) {
+                    layer.weight = LinearWeight::Quantized(stacked.narrow_rows(at, *n)?);
+                    at += n;
+                }
+                LinearWeight::Quantized(stacked)
             }
-            LinearWeight::Dense(stacked)
-        } else if dense.is_empty() {
-            let parts: Vec<&QTensor> = quantized.iter().collect();
-            if parts.iter().any(|q| q.ggml_type() != parts[0].ggml_type()) {
-                return Ok(None);
-            }
-            let stacked = QTensor::cat_rows(&parts)?;
-            let mut at = 0;
-            for (layer, n) in layers.iter_mut().zip(&rows) {
-                layer.weight = LinearWeight::Quantized(stacked.narrow_rows(at, *n)?);
-                at += n;
-            }
-            LinearWeight::Quantized(stacked)
-        } else {
-            return Ok(None);
         };
         let bias = if with_bias {
-            let biases: Vec<Tensor> = layers.iter().filter_map(|l| l.bias.clone()).collect();
-            if biases.iter().any(|b| b.dtype() != biases[0].dtype())
-                || (packed(biases[0].dtype()) && rows.iter().any(|r| r % 2 == 1))
-            {
-                return Ok(None);
-            }
-            let stacked = no_grad(|| Tensor::cat(&biases, 0))?.detach();
-            let mut at = 0;
-            for (layer, n) in layers.iter_mut().zip(&rows) {
-                let trainable = layer.bias.as_ref().is_some_and(Tensor::requires_grad);
-                let view = stacked.narrow(0, at, *n)?;
-                layer.bias = Some(if trainable { view.requires_grad_() } else { view });
-                at += n;
-            }
-            Some(stacked)
+            let mut parts: Vec<&mut Tensor> = layers.iter_mut().filter_map(|l| l.bias.as_mut()).collect();
+            Some(stack_rows(&mut parts)?)
         } else {
             None
         };
@@ -231,6 +222,25 @@ impl Linear {
         }
         p
     }
+}
+
+/// `parts` concatenated along their first dimension into one new tensor, each part replaced by its view of it; a
+/// trainable part stays a trainable leaf.
+fn stack_rows(parts: &mut [&mut Tensor]) -> Result<Tensor> {
+    let values: Vec<Tensor> = parts.iter().map(|t| (**t).clone()).collect();
+    let stacked = no_grad(|| Tensor::cat(&values, 0))?.detach();
+    let mut at = 0;
+    for part in parts.iter_mut() {
+        let n = part.shape()[0];
+        let view = stacked.narrow(0, at, n)?;
+        **part = if part.requires_grad() {
+            view.requires_grad_()
+        } else {
+            view
+        };
+        at += n;
+    }
+    Ok(stacked)
 }
 
 /// `params` with their names put under `prefix` (`weight` in `q_proj` becomes `q_proj.weight`), so that a module's
