@@ -861,6 +861,17 @@ fn stacked_projections_share_the_trainable_weights() {
     }
 }
 
+/// Q8_0 blocks of `n` random weights (small scales, random quants).
+fn random_q8_0(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n / 32)
+        .flat_map(|_| {
+            let scale = half::f16::from_f32(rng.uniform(0.002, 0.01)).to_le_bytes();
+            let quants: Vec<u8> = (0..32).map(|_| rng.next_u64() as u8).collect();
+            [scale.to_vec(), quants].concat()
+        })
+        .collect()
+}
+
 #[test]
 fn fused_quantized_decoding_equals_the_full_forward() {
     use hierarchos::core::quant::{GgmlType, QTensor};
@@ -869,15 +880,6 @@ fn fused_quantized_decoding_equals_the_full_forward() {
     for family in ["llama", "mistral", "qwen3", "qwen2"] {
         let mut c = tiny_config(family);
         c.intermediate_size = 64;
-        let mut blocks = |n: usize| -> Vec<u8> {
-            (0..n / 32)
-                .flat_map(|_| {
-                    let scale = half::f16::from_f32(rng.uniform(0.002, 0.01)).to_le_bytes();
-                    let quants: Vec<u8> = (0..32).map(|_| rng.next_u64() as u8).collect();
-                    [scale.to_vec(), quants].concat()
-                })
-                .collect()
-        };
         let dense = |shape: &[usize]| -> Vec<f32> {
             (0..shape.iter().product::<usize>())
                 .map(|i| 0.5 + (i % 7) as f32 * 0.1)
@@ -889,7 +891,7 @@ fn fused_quantized_decoding_equals_the_full_forward() {
             &mut |_, [rows, cols]| {
                 Ok(Some(QTensor::from_ggml(
                     GgmlType::Q8_0,
-                    &blocks(rows * cols),
+                    &random_q8_0(&mut rng, rows * cols),
                     [rows, cols],
                     &dv,
                 )?))
@@ -973,17 +975,8 @@ fn a_quantized_tied_head_follows_the_embedding_once_it_trains() {
     let dv = dev();
     let c = tiny_config("llama");
     assert!(c.tie_word_embeddings);
-    let mut q8 = |n: usize| -> Vec<u8> {
-        (0..n / 32)
-            .flat_map(|_| {
-                let scale = half::f16::from_f32(rng.uniform(0.002, 0.01)).to_le_bytes();
-                let quants: Vec<u8> = (0..32).map(|_| rng.next_u64() as u8).collect();
-                [scale.to_vec(), quants].concat()
-            })
-            .collect()
-    };
     let shape = [c.vocab_size, c.hidden_size];
-    let table = q8(shape[0] * shape[1]);
+    let table = random_q8_0(&mut rng, shape[0] * shape[1]);
     // As a GGUF file gives it: the embedding dequantized for lookups, the same blocks for the head.
     let embedding = QTensor::from_ggml(GgmlType::Q8_0, &table, shape, &dv).unwrap();
     let lm = CausalLm::build_with(

@@ -396,12 +396,7 @@ fn attention_step_equals_rope_into_cache_then_cached_attention() {
     let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &dev).unwrap();
     let (q, k) = (z(&[1, 2, 2, 4]), z(&[1, 2, 1, 4]));
     let tab = z(&[2, 2]);
-    let tables = RopeTables {
-        cos_q: &tab,
-        sin_q: &tab,
-        cos_k: &tab,
-        sin_k: &tab,
-    };
+    let tables = same_tables(&tab);
     let new = NewKeys { k: &k, v: &k, tables };
     let (kc, vc) = (z(&[1, 1, 4, 4]), z(&[1, 1, 4, 4]));
     assert!(no_grad(|| q.attention_step(new, &kc, &vc, 2, None)).is_ok());
@@ -414,20 +409,10 @@ fn attention_step_equals_rope_into_cache_then_cached_attention() {
         "one buffer for both caches"
     );
     let short = z(&[1, 2]);
-    let tables = RopeTables {
-        cos_q: &short,
-        sin_q: &short,
-        cos_k: &short,
-        sin_k: &short,
-    };
+    let tables = same_tables(&short);
     assert!(no_grad(|| q.attention_step(NewKeys { k: &k, v: &k, tables }, &kc, &vc, 0, None)).is_err());
     let (q3, k3, tab3) = (z(&[1, 3, 2, 4]), z(&[1, 3, 1, 4]), z(&[3, 2]));
-    let tables = RopeTables {
-        cos_q: &tab3,
-        sin_q: &tab3,
-        cos_k: &tab3,
-        sin_k: &tab3,
-    };
+    let tables = same_tables(&tab3);
     let new = NewKeys { k: &k3, v: &k3, tables };
     assert!(
         no_grad(|| q3.attention_step(new, &kc, &vc, 0, None)).is_err(),

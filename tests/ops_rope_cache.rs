@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{Rng, assert_close, dev};
+use common::{Rng, assert_close, dev, same_tables};
 use hierarchos::core::ops::rope::RopeTables;
 use hierarchos::core::{DType, Tensor, no_grad};
 
@@ -115,12 +115,7 @@ fn rope_into_cache_rejects_bad_arguments() {
     let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &dev).unwrap();
     let (q, k) = (z(&[1, 2, 4, 8]), z(&[1, 2, 2, 8]));
     let tab = z(&[2, 4]);
-    let tables = RopeTables {
-        cos_q: &tab,
-        sin_q: &tab,
-        cos_k: &tab,
-        sin_k: &tab,
-    };
+    let tables = same_tables(&tab);
     let (kc, vc) = (z(&[1, 2, 2, 8]), z(&[1, 2, 2, 8]));
     assert!(q.rope_into_cache(&k, &k, tables, &kc, &vc).is_ok());
     // Wrong cache region length, odd head size, shared cache buffer, dtype, head mismatch.

@@ -29,6 +29,16 @@ pub fn own_dev() -> Device {
         .expect("a GPU adapter (install mesa-vulkan-drivers for lavapipe)")
 }
 
+/// Rotary tables that are all `t` (for argument checks, where the values do not matter).
+pub fn same_tables(t: &Tensor) -> hierarchos::core::ops::rope::RopeTables<'_> {
+    hierarchos::core::ops::rope::RopeTables {
+        cos_q: t,
+        sin_q: t,
+        cos_k: t,
+        sin_k: t,
+    }
+}
+
 /// A small seeded generator (SplitMix64). Each test takes a fresh seed unless `HIERARCHOS_TEST_SEED` fixes it;
 /// the seed is printed so a failure can be replayed.
 pub struct Rng(u64);
