@@ -58,20 +58,53 @@ fn fresh_quad(kv: u32, t: u32, d4: u32) -> vec4<f32> {
     return vec4<f32>(fresh_v[i], fresh_v[i + 1u], fresh_v[i + 2u], fresh_v[i + 3u]);
 }
 
-// Quad d4 of key j: from the cache row at `kr`, or (a key of this step) rotated from the projection.
-fn key_at(fresh: bool, kr: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> {
-    if (fresh) {
-        return fresh_quad(0u, j - p[24], d4);
-    }
-    return load_k(kr, d4);
-}
-
-// Quad d4 of value j: from the cache (rows from `vb`, `vs` apart), or from the projection for this step's.
-fn value_at(vb: u32, vs: u32, b: u32, kvh: u32, j: u32, d4: u32) -> vec4<f32> {
+// Quad d4 of value j: from the cache (rows from `vb`, `vs` apart), or from workgroup memory for this step's.
+fn value_at(vb: u32, vs: u32, j: u32, d4: u32) -> vec4<f32> {
     if (STEP && j >= p[24]) {
         return fresh_quad(1u, j - p[24], d4);
     }
     return load_v(vb + j * vs, d4);
+}
+
+// Score of the cached key row at element offset `kr`: the head's quads with four independent accumulators. No
+// branch sits between the loads, so all of them are in flight at once (the keys of this step are scored apart).
+fn score_cached(kr: u32) -> f32 {
+    var s0 = 0.0;
+    var s1 = 0.0;
+    var s2 = 0.0;
+    var s3 = 0.0;
+    let d4_len = (HEAD_DIM + 3u) / 4u;
+    var d4 = 0u;
+    for (; d4 + 4u <= d4_len; d4 = d4 + 4u) {
+        s0 = s0 + dot(q_row[d4], load_k(kr, d4));
+        s1 = s1 + dot(q_row[d4 + 1u], load_k(kr, d4 + 1u));
+        s2 = s2 + dot(q_row[d4 + 2u], load_k(kr, d4 + 2u));
+        s3 = s3 + dot(q_row[d4 + 3u], load_k(kr, d4 + 3u));
+    }
+    for (; d4 < d4_len; d4 = d4 + 1u) {
+        s0 = s0 + dot(q_row[d4], load_k(kr, d4));
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+// Score of the step's key of position t (rotated, in workgroup memory), summed in the order of score_cached.
+fn score_fresh(t: u32) -> f32 {
+    var s0 = 0.0;
+    var s1 = 0.0;
+    var s2 = 0.0;
+    var s3 = 0.0;
+    let d4_len = (HEAD_DIM + 3u) / 4u;
+    var d4 = 0u;
+    for (; d4 + 4u <= d4_len; d4 = d4 + 4u) {
+        s0 = s0 + dot(q_row[d4], fresh_quad(0u, t, d4));
+        s1 = s1 + dot(q_row[d4 + 1u], fresh_quad(0u, t, d4 + 1u));
+        s2 = s2 + dot(q_row[d4 + 2u], fresh_quad(0u, t, d4 + 2u));
+        s3 = s3 + dot(q_row[d4 + 3u], fresh_quad(0u, t, d4 + 3u));
+    }
+    for (; d4 < d4_len; d4 = d4 + 1u) {
+        s0 = s0 + dot(q_row[d4], fresh_quad(0u, t, d4));
+    }
+    return (s0 + s1) + (s2 + s3);
 }
 
 @compute @workgroup_size(256)
@@ -168,26 +201,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     var acc = vec4<f32>(0.0);
     for (var c0 = lo; c0 < hi; c0 = c0 + CH) {
         let n = min(CH, hi - c0);
+        // Keys of the chunk that come from the cache; with STEP the rest are this step's.
+        var n_cached = n;
+        if (STEP) {
+            n_cached = min(n, max(p[24], c0) - c0);
+        }
         var local_max = neg_inf();
         for (var i = lid; i < n; i = i + WG) {
             let j = c0 + i;
-            let kr = kb + j * ks;
-            let fresh = STEP && j >= p[24];
-            var s0 = 0.0;
-            var s1 = 0.0;
-            var s2 = 0.0;
-            var s3 = 0.0;
-            var d4 = 0u;
-            for (; d4 + 4u <= d4_len; d4 = d4 + 4u) {
-                s0 = s0 + dot(q_row[d4], key_at(fresh, kr, b, kvh, j, d4));
-                s1 = s1 + dot(q_row[d4 + 1u], key_at(fresh, kr, b, kvh, j, d4 + 1u));
-                s2 = s2 + dot(q_row[d4 + 2u], key_at(fresh, kr, b, kvh, j, d4 + 2u));
-                s3 = s3 + dot(q_row[d4 + 3u], key_at(fresh, kr, b, kvh, j, d4 + 3u));
+            var s: f32;
+            if (STEP && j >= p[24]) {
+                s = score_fresh(j - p[24]);
+            } else {
+                s = score_cached(kb + j * ks);
             }
-            for (; d4 < d4_len; d4 = d4 + 1u) {
-                s0 = s0 + dot(q_row[d4], key_at(fresh, kr, b, kvh, j, d4));
-            }
-            let s = (s0 + s1) + (s2 + s3);
             scores[i] = s;
             local_max = max(local_max, s);
         }
@@ -211,14 +238,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             var a2 = vec4<f32>(0.0);
             var a3 = vec4<f32>(0.0);
             var i = slice;
+            // Rounds of four keys, their loads in flight together. Rounds wholly in the cache load without a
+            // branch; with STEP, the one round that reaches this step's keys and the leftovers take value_at. The
+            // rounds are the same as without STEP, so the sum is bit for bit that of attention over the cache.
+            for (; i + 3u * slices < n_cached; i = i + 4u * slices) {
+                a0 = a0 + scores[i] * load_v(vb + (c0 + i) * vs, dlane);
+                a1 = a1 + scores[i + slices] * load_v(vb + (c0 + i + slices) * vs, dlane);
+                a2 = a2 + scores[i + 2u * slices] * load_v(vb + (c0 + i + 2u * slices) * vs, dlane);
+                a3 = a3 + scores[i + 3u * slices] * load_v(vb + (c0 + i + 3u * slices) * vs, dlane);
+            }
             for (; i + 3u * slices < n; i = i + 4u * slices) {
-                a0 = a0 + scores[i] * value_at(vb, vs, b, kvh, c0 + i, dlane);
-                a1 = a1 + scores[i + slices] * value_at(vb, vs, b, kvh, c0 + i + slices, dlane);
-                a2 = a2 + scores[i + 2u * slices] * value_at(vb, vs, b, kvh, c0 + i + 2u * slices, dlane);
-                a3 = a3 + scores[i + 3u * slices] * value_at(vb, vs, b, kvh, c0 + i + 3u * slices, dlane);
+                a0 = a0 + scores[i] * value_at(vb, vs, c0 + i, dlane);
+                a1 = a1 + scores[i + slices] * value_at(vb, vs, c0 + i + slices, dlane);
+                a2 = a2 + scores[i + 2u * slices] * value_at(vb, vs, c0 + i + 2u * slices, dlane);
+                a3 = a3 + scores[i + 3u * slices] * value_at(vb, vs, c0 + i + 3u * slices, dlane);
             }
             for (; i < n; i = i + slices) {
-                a0 = a0 + scores[i] * value_at(vb, vs, b, kvh, c0 + i, dlane);
+                a0 = a0 + scores[i] * value_at(vb, vs, c0 + i, dlane);
             }
             acc = acc + ((a0 + a1) + (a2 + a3));
         }
