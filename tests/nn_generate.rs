@@ -179,6 +179,8 @@ fn processors_run_in_transformers_order() {
 #[test]
 fn greedy_takes_the_first_argmax_after_the_penalty() {
     assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+    // A NaN wins, as in torch and in Tensor::argmax (the GPU's greedy path).
+    assert_eq!(argmax(&[1.0, f32::NAN, 3.0, f32::NAN]), 1);
     let mut greedy = Sampler::new(SamplingConfig::default()).unwrap();
     assert_eq!(greedy.sample(&[1.0, 3.0, 3.0, 2.0], &[]).unwrap(), 1);
     let mut penalized = Sampler::new(SamplingConfig {

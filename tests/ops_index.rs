@@ -489,6 +489,16 @@ fn host_ids_known_in_range_skip_the_gpu_check() {
         Tensor::embedding(&table, &with_bad),
         Err(Error::IndexOutOfRange { index: 7, .. })
     ));
+    // Argmax results index the reduced extent by construction: the argmax and the lookup, no check kernel
+    // (greedy decoding's next token).
+    let scores = Tensor::from_slice(&[0.5f32, -1.0, 3.0, 2.0, 7.0, 1.0], &[2, 3], &d).unwrap();
+    let (n, v) = launches(&|| Tensor::embedding(&table, &scores.argmax(-1, false).unwrap()).unwrap());
+    assert_eq!((n, v), (2, vec![5.0, 6.0, 3.0, 4.0]));
+    let wide = Tensor::from_slice(&[0.0f32, 0.0, 0.0, 1.0], &[1, 4], &d).unwrap();
+    assert!(matches!(
+        Tensor::embedding(&table, &wide.argmax(-1, false).unwrap()),
+        Err(Error::IndexOutOfRange { index: 3, .. })
+    ));
     // Ids written by a kernel are checked on the GPU, including after an in-place write.
     ids.narrow(0, 1, 1)
         .unwrap()

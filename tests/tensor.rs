@@ -161,3 +161,20 @@ fn async_readback_matches_blocking_readback() {
     let a = pollster::block_on(t.to_vec_async::<f32>()).unwrap();
     assert_eq!(a, t.to_vec::<f32>().unwrap());
 }
+
+#[test]
+fn read_later_returns_the_values_at_the_time_of_the_call() {
+    let d = dev();
+    let t = Tensor::arange(0.0, 5.0, 1.0, DType::F32, &d).unwrap();
+    let early = t.read_later::<f32>().unwrap();
+    // Work recorded after the read does not reach it, even an in-place write to the same tensor.
+    t.assign(&Tensor::full(&[5], 9.0, DType::F32, &d).unwrap()).unwrap();
+    let view = t.narrow(0, 1, 2).unwrap().read_later::<f32>().unwrap();
+    let unread = t.read_later::<f32>().unwrap();
+    drop(unread);
+    assert_eq!(view.wait().unwrap(), vec![9.0, 9.0]);
+    assert_eq!(early.wait().unwrap(), vec![0.0, 1.0, 2.0, 3.0, 4.0]);
+    let empty = t.narrow(0, 2, 0).unwrap().read_later::<f32>().unwrap();
+    assert!(empty.wait().unwrap().is_empty());
+    assert!(t.read_later::<u32>().is_err());
+}

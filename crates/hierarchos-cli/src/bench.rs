@@ -6,7 +6,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use hierarchos_core::quant::{GgmlType, QTensor};
 use hierarchos_core::{DType, Device, Tensor, default_device};
-use hierarchos_nn::{CausalLm, LinearWeight, Model, ModelConfig};
+use hierarchos_nn::sampling::argmax;
+use hierarchos_nn::{CausalLm, LinearWeight, Model, ModelConfig, SamplingConfig, StopConditions, generate};
 
 /// What to measure.
 #[derive(clap::Args)]
@@ -51,6 +52,10 @@ fn report(json: bool, op: &str, shape: &str, dtype: DType, secs: f64, value: f64
     }
 }
 
+/// Dependent launches timed together by the launch-latency case.
+const LAUNCH_CHAIN: usize = 200;
+
+/// Throughput of the core kernels beside each other (see the module docs).
 pub fn ops(args: &OpsArgs) -> Result<()> {
     let device = default_device().context("opening the default GPU")?;
     if !args.json {
@@ -106,6 +111,68 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
     );
     let secs = time(&device, args.iters, || Ok(x.sum(&[-1], false)?))?;
     report(args.json, "sum", &shape, DType::F32, secs, bytes / secs / 1e9, "GB/s");
+
+    // Launch latency: a chain of small dependent launches, each reading the last one's output (decode is made
+    // of such chains).
+    let small = Tensor::randn(&[1, 576], 5, 0, DType::F32, &device)?;
+    let secs = time(&device, args.iters, || {
+        let mut h = small.clone();
+        for _ in 0..LAUNCH_CHAIN {
+            h = h.add(&small)?;
+        }
+        Ok(h)
+    })?;
+    let per_launch = secs / LAUNCH_CHAIN as f64;
+    report(
+        args.json,
+        "launch",
+        "1x576 chain",
+        DType::F32,
+        per_launch,
+        per_launch * 1e6,
+        "us/launch",
+    );
+    decode_attention(args, &device)
+}
+
+/// One decode step's attention (SmolLM2-135M's heads: 9 query heads over 3 key/value heads of 64) at several
+/// cache lengths, alone and fused with the rotary and cache update ([`Tensor::attention_step`]).
+fn decode_attention(args: &OpsArgs, device: &Device) -> Result<()> {
+    let (h, kvh, d, capacity) = (9, 3, 64, 1024);
+    let k_cache = Tensor::randn(&[1, kvh, capacity, d], 6, 0, DType::F32, device)?;
+    let v_cache = Tensor::randn(&[1, kvh, capacity, d], 7, 0, DType::F32, device)?;
+    let q = Tensor::randn(&[1, 1, h, d], 8, 0, DType::F32, device)?;
+    let k = Tensor::randn(&[1, 1, kvh, d], 9, 0, DType::F32, device)?;
+    let v = Tensor::randn(&[1, 1, kvh, d], 10, 0, DType::F32, device)?;
+    let cos = Tensor::full(&[1, d / 2], 1.0, DType::F32, device)?;
+    let sin = Tensor::zeros(&[1, d / 2], DType::F32, device)?;
+    let tables = hierarchos_core::ops::rope::RopeTables {
+        cos_q: &cos,
+        sin_q: &sin,
+        cos_k: &cos,
+        sin_k: &sin,
+    };
+    let q_heads = q.transpose(1, 2)?;
+    for context in [16, 128, 512] {
+        let position = context - 1;
+        let secs = time(device, args.iters * 20, || {
+            Ok(q.attention_step(
+                hierarchos_core::ops::attention::NewKeys { k: &k, v: &v, tables },
+                &k_cache,
+                &v_cache,
+                position,
+                None,
+            )?)
+        })?;
+        let shape = format!("9/3x64 ctx {context}");
+        report(args.json, "attn_step", &shape, DType::F32, secs, secs * 1e6, "us");
+        let keys = k_cache.narrow(2, 0, context)?;
+        let values = v_cache.narrow(2, 0, context)?;
+        let secs = time(device, args.iters * 20, || {
+            Ok(q_heads.cached_attention(&keys, &values, position, 0, None)?)
+        })?;
+        report(args.json, "attn_cached", &shape, DType::F32, secs, secs * 1e6, "us");
+    }
     Ok(())
 }
 
@@ -148,7 +215,10 @@ pub struct ModelArgs {
     /// Prompt length for the prefill measurement.
     #[arg(long, default_value_t = 512)]
     pub prefill: usize,
-    /// Tokens decoded one at a time through the KV cache (after a 16-token prompt).
+    /// Prompt tokens in the cache before decoding starts.
+    #[arg(long, default_value_t = 16)]
+    pub context: usize,
+    /// Tokens decoded one at a time through the KV cache (after the `--context` prompt).
     #[arg(long, default_value_t = 128)]
     pub decode: usize,
     /// Timed repetitions: prefill reports the mean, decode the best run.
@@ -205,10 +275,29 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     })?;
 
     // Decode: the best of `iters` runs (the first also warms the pool and pipeline caches).
-    let short = ids(16)?;
-    let (mut decode_secs, mut host_secs, mut per_token) = (f64::INFINITY, 0.0, 0.0);
+    // Decode as `hierarchos generate` does it: greedy, the argmax on the GPU and each token read one step
+    // behind. The best of `iters` runs (the first also warms the pool and pipeline caches).
+    let prompt: Vec<u32> = (0..args.context as u32).map(|i| (i * 7919) % vocab as u32).collect();
+    let mut decode_tps = 0.0f64;
     for _ in 0..args.iters.max(1) {
-        let mut cache = lm.new_cache(1, 16 + args.decode)?;
+        let g = generate(
+            &lm,
+            &prompt,
+            args.decode + 1,
+            &SamplingConfig::default(),
+            &StopConditions::default(),
+            |_, _| Ok(()),
+        )?;
+        decode_tps = decode_tps.max(g.decode_tokens_per_sec());
+    }
+
+    // The sampling path: all logits read back and the token chosen on the host each step (here their argmax,
+    // so that it decodes the same tokens). The launch count, host recording time and kernel profile come from
+    // here.
+    let short = ids(args.context)?;
+    let (mut read_back_secs, mut host_secs, mut per_token) = (f64::INFINITY, 0.0, 0.0);
+    for _ in 0..args.iters.max(1) {
+        let mut cache = lm.new_cache(1, args.context + args.decode)?;
         let mut logits = lm.forward_last(&short, Some(&mut cache))?;
         device.synchronize()?;
         // The kernel profile (if on) covers the last run's decoded tokens.
@@ -217,20 +306,15 @@ pub fn model(args: &ModelArgs) -> Result<()> {
         let launches = device.dispatch_count();
         let mut host = 0.0;
         for _ in 0..args.decode {
-            let row = logits.to_vec::<f32>()?;
-            let next = row
-                .iter()
-                .enumerate()
-                .fold((0, f32::MIN), |m, (i, &v)| if v > m.1 { (i, v) } else { m })
-                .0;
+            let next = argmax(&logits.to_vec::<f32>()?) as u32;
             let recording = Instant::now();
-            logits = lm.forward_last(&Tensor::from_slice(&[next as u32], &[1, 1], &device)?, Some(&mut cache))?;
+            logits = lm.forward_last(&Tensor::from_slice(&[next], &[1, 1], &device)?, Some(&mut cache))?;
             host += recording.elapsed().as_secs_f64();
         }
         logits.to_vec::<f32>()?;
         let secs = start.elapsed().as_secs_f64();
-        if secs < decode_secs {
-            decode_secs = secs;
+        if secs < read_back_secs {
+            read_back_secs = secs;
             host_secs = host;
             per_token = (device.dispatch_count() - launches) as f64 / args.decode as f64;
         }
@@ -262,10 +346,10 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     }
 
     let prefill_tps = args.prefill as f64 / prefill_secs;
-    let decode_tps = args.decode as f64 / decode_secs;
+    let read_back_tps = args.decode as f64 / read_back_secs;
     if args.json {
         println!(
-            "{{\"params\":{params},\"prefill_tokens\":{},\"prefill_tok_s\":{prefill_tps:.1},\"decode_tokens\":{},\"decode_tok_s\":{decode_tps:.1},\"dispatches_per_token\":{per_token:.1},\"host_us_per_token\":{host_us:.0}}}",
+            "{{\"params\":{params},\"prefill_tokens\":{},\"prefill_tok_s\":{prefill_tps:.1},\"decode_tokens\":{},\"decode_tok_s\":{decode_tps:.1},\"decode_read_back_tok_s\":{read_back_tps:.1},\"dispatches_per_token\":{per_token:.1},\"host_us_per_token\":{host_us:.0}}}",
             args.prefill, args.decode
         );
     } else {
@@ -277,8 +361,12 @@ pub fn model(args: &ModelArgs) -> Result<()> {
         println!("model: {:.1}M parameters ({weights})", params as f64 / 1e6);
         println!("prefill {} tokens: {prefill_tps:.0} tokens/s", args.prefill);
         println!(
-            "decode {} tokens: {decode_tps:.1} tokens/s, {per_token:.0} kernel launches per token, \
-             {host_us:.0} µs of host recording per token",
+            "decode {} tokens (greedy, as `generate`): {decode_tps:.1} tokens/s",
+            args.decode
+        );
+        println!(
+            "decode {} tokens, logits read back each token (the sampling path): {read_back_tps:.1} tokens/s, \
+             {per_token:.0} kernel launches per token, {host_us:.0} µs of host recording per token",
             args.decode
         );
     }
@@ -337,7 +425,7 @@ fn random_model(args: &ModelArgs, device: &Device) -> Result<(CausalLm, usize, S
         args.kv_heads.unwrap_or(args.heads),
         args.intermediate,
         args.vocab,
-        (args.prefill + 16 + args.decode).next_power_of_two(),
+        (args.prefill.max(args.context) + args.decode).next_power_of_two(),
         args.tied
     );
     let config = ModelConfig::from_json(&config_json, std::path::Path::new("<bench config>"))?;

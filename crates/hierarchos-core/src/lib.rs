@@ -30,4 +30,4 @@ pub use ops::reduce::ReduceOp;
 pub use ops::unary::UnaryOp;
 #[cfg(not(target_arch = "wasm32"))]
 pub use tensor::default_device;
-pub use tensor::{Device, Element, Tensor};
+pub use tensor::{Device, Element, PendingVec, Tensor};

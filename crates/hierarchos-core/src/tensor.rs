@@ -56,14 +56,34 @@ pub struct Tensor {
 
 struct Inner {
     buffer: Arc<GpuBuffer>,
-    /// The smallest and largest value of integer data uploaded from the host, shared by every view of the
-    /// buffer and forgotten when a kernel writes into it: index ops use it instead of a range check that waits
-    /// for the GPU (decoding would otherwise sync on every token's embedding lookup).
+    /// The smallest and largest value of integer data uploaded from the host (or made by an op whose results
+    /// are bounded, like argmax), shared by every view of the buffer and forgotten when a kernel writes into it:
+    /// index ops use it instead of a range check that waits for the GPU (decoding would otherwise sync on every
+    /// token's embedding lookup).
     id_range: Option<Arc<IdRange>>,
     layout: Layout,
     dtype: DType,
     grad_fn: Option<Arc<Node>>,
     grad_cell: Option<Arc<GradCell>>,
+}
+
+/// Elements of a tensor on their way to the host (see [`Tensor::read_later`]).
+pub struct PendingVec<T> {
+    read: hierarchos_wgpu::PendingRead,
+    element: std::marker::PhantomData<T>,
+}
+
+impl<T: Element> PendingVec<T> {
+    /// Blocks until the copy is done and returns the elements.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn wait(self) -> Result<Vec<T>> {
+        Ok(bytemuck::pod_collect_to_vec(&self.read.bytes()?))
+    }
+
+    /// The elements, once the copy is done (works on the web).
+    pub async fn wait_async(self) -> Result<Vec<T>> {
+        Ok(bytemuck::pod_collect_to_vec(&self.read.bytes_async().await?))
+    }
 }
 
 /// See `Inner::id_range`.
@@ -120,13 +140,23 @@ impl Tensor {
         self.derive(layout, None, None)
     }
 
-    /// The smallest and largest id of an integer tensor whose values the host uploaded and no kernel has
-    /// overwritten since (bounds of the whole buffer, so valid for any view of it).
+    /// The smallest and largest id of an integer tensor whose values the host uploaded (or a bounded op made)
+    /// and no kernel has overwritten since (bounds of the whole buffer, so valid for any view of it).
     pub(crate) fn known_id_range(&self) -> Option<(i64, i64)> {
         let r = self.inner.id_range.as_ref()?;
         r.valid
             .load(std::sync::atomic::Ordering::Acquire)
             .then_some((r.lo, r.hi))
+    }
+
+    /// A freshly made integer tensor whose values are known to lie in `lo..=hi`.
+    pub(crate) fn with_id_range(mut self, lo: i64, hi: i64) -> Tensor {
+        Arc::get_mut(&mut self.inner).expect("a fresh tensor").id_range = Some(Arc::new(IdRange {
+            lo,
+            hi,
+            valid: true.into(),
+        }));
+        self
     }
 
     /// Called by ops that write into an existing tensor: what the host knew of its values no longer holds.
@@ -181,18 +211,16 @@ impl Tensor {
             });
         }
         let buf = device.upload("from_slice", bytemuck::cast_slice(data))?;
-        let mut t = Tensor::from_buffer(buf, shape, T::DTYPE, None);
+        let t = Tensor::from_buffer(buf, shape, T::DTYPE, None);
         let ids = data.iter().filter_map(|&v| v.as_id());
-        if let Some((lo, hi)) = ids.fold(None, |r: Option<(i64, i64)>, v| {
-            Some(r.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))))
-        }) {
-            Arc::get_mut(&mut t.inner).expect("just made").id_range = Some(Arc::new(IdRange {
-                lo,
-                hi,
-                valid: true.into(),
-            }));
-        }
-        Ok(t)
+        Ok(
+            match ids.fold(None, |r: Option<(i64, i64)>, v| {
+                Some(r.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))))
+            }) {
+                Some((lo, hi)) => t.with_id_range(lo, hi),
+                None => t,
+            },
+        )
     }
 
     /// A tensor of zeros.
@@ -322,16 +350,22 @@ impl Tensor {
     /// Copies the elements to the host in row-major order. The dtype must match `T`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        let (t, start, end) = self.readback_range::<T>()?;
-        let bytes = t.device().read(t.buffer(), start, end)?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        self.read_later::<T>()?.wait()
     }
 
     /// Copies the elements to the host (async: works on the web).
     pub async fn to_vec_async<T: Element>(&self) -> Result<Vec<T>> {
+        self.read_later::<T>()?.wait_async().await
+    }
+
+    /// Starts copying the elements to the host and returns at once: the GPU runs the work recorded so far while
+    /// the host records more, and [`PendingVec::wait`] collects the copy without waiting for that later work.
+    pub fn read_later<T: Element>(&self) -> Result<PendingVec<T>> {
         let (t, start, end) = self.readback_range::<T>()?;
-        let bytes = t.device().read_async(t.buffer(), start, end).await?;
-        Ok(bytemuck::pod_collect_to_vec(&bytes))
+        Ok(PendingVec {
+            read: t.device().read_later(t.buffer(), start, end)?,
+            element: std::marker::PhantomData,
+        })
     }
 
     fn readback_range<T: Element>(&self) -> Result<(Tensor, u64, u64)> {

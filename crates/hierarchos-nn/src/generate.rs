@@ -1,9 +1,11 @@
 //! Autoregressive generation: one prefill over the prompt, then one cached forward per new token, each token
-//! chosen on the host by a [`Sampler`] and handed to a callback as soon as it is known (for streaming).
+//! handed to a callback as soon as it is known (for streaming). Sampled tokens are chosen on the host by a
+//! [`Sampler`]; greedy ones on the GPU, read one step behind (see `Chooser`).
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
-use hierarchos_core::{Tensor, no_grad};
+use hierarchos_core::{PendingVec, Tensor, no_grad};
 
 use crate::error::{Error, Result};
 use crate::sampling::{Sampler, SamplingConfig};
@@ -88,11 +90,75 @@ pub fn find_stop_string(text: &str, new_from: usize, stop_strings: &[String]) ->
         .min()
 }
 
-/// Logits of the last position after feeding `ids` (continuing `cache`), on the host.
-fn next_logits(lm: &CausalLm, ids: &[u32], cache: &mut KvCache) -> Result<Vec<f32>> {
-    let ids = Tensor::from_slice(ids, &[1, ids.len()], lm.device())?;
-    let logits = no_grad(|| lm.forward_last(&ids, Some(cache)))?;
-    Ok(logits.to_vec::<f32>()?)
+/// Logits of the last position after feeding `ids` (continuing `cache`), on the GPU.
+fn next_logits(lm: &CausalLm, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+    no_grad(|| lm.forward_last(ids, Some(cache)))
+}
+
+/// Where the next token comes from.
+enum Chooser {
+    /// The logits are read back and a [`Sampler`] picks the token on the host (sampling, repetition penalty).
+    Host { sampler: Sampler, logits: Vec<f32> },
+    /// Greedy decoding without a host-side processor: the argmax runs on the GPU and feeds the next step's
+    /// embedding directly, and the host reads each token one step behind, so the GPU always has the next step
+    /// queued instead of idling while the host reads, chooses and records (the same tokens as the host path).
+    Gpu {
+        /// The newest token, still on the GPU (`[1, 1]`).
+        newest: Tensor,
+        /// Tokens on their way to the host, oldest first.
+        pending: VecDeque<PendingVec<u32>>,
+        /// Tokens whose step has been recorded (read or not).
+        recorded: usize,
+    },
+}
+
+impl Chooser {
+    fn new(sampling: &SamplingConfig, logits: Tensor) -> Result<Chooser> {
+        let sampler = Sampler::new(sampling.clone())?;
+        if sampling.is_sampling() || sampling.repetition_penalty != 1.0 {
+            return Ok(Chooser::Host {
+                sampler,
+                logits: logits.to_vec()?,
+            });
+        }
+        let newest = logits.argmax(-1, true)?;
+        Ok(Chooser::Gpu {
+            pending: VecDeque::from([newest.read_later()?]),
+            newest,
+            recorded: 1,
+        })
+    }
+
+    /// The next token; on the GPU path, first records the step after the newest token unless `limit` tokens are
+    /// already under way.
+    fn next(&mut self, lm: &CausalLm, cache: &mut KvCache, history: &[u32], limit: usize) -> Result<u32> {
+        match self {
+            Chooser::Host { sampler, logits } => sampler.sample(logits, history),
+            Chooser::Gpu {
+                newest,
+                pending,
+                recorded,
+            } => {
+                if *recorded < limit {
+                    *newest = next_logits(lm, newest, cache)?.argmax(-1, true)?;
+                    pending.push_back(newest.read_later()?);
+                    *recorded += 1;
+                }
+                let oldest = pending.pop_front().expect("a token is always under way");
+                Ok(oldest.wait()?[0])
+            }
+        }
+    }
+
+    /// After token `id` was accepted and more are wanted: the host path computes the logits that follow it (the
+    /// GPU path already did).
+    fn advance(&mut self, lm: &CausalLm, cache: &mut KvCache, id: u32) -> Result<()> {
+        if let Chooser::Host { logits, .. } = self {
+            let ids = Tensor::from_slice(&[id], &[1, 1], lm.device())?;
+            *logits = next_logits(lm, &ids, cache)?.to_vec()?;
+        }
+        Ok(())
+    }
 }
 
 /// Generates up to `max_new_tokens` after `prompt_ids`, calling `on_token(id, text)` for each token as it is
@@ -118,7 +184,7 @@ pub fn generate(
             "generate: prompt id {bad} is outside the vocabulary of {vocab}"
         )));
     }
-    let mut sampler = Sampler::new(sampling.clone())?;
+    sampling.validate()?;
     let mut cache = lm.new_cache(1, prompt_ids.len() + max_new_tokens)?;
     let mut stream = stop.tokenizer.map(|t| t.decode_stream(true));
     let mut history = prompt_ids.to_vec();
@@ -126,14 +192,20 @@ pub fn generate(
     let mut text = String::new();
 
     let start = Instant::now();
-    let mut logits = next_logits(lm, prompt_ids, &mut cache)?;
-    let prefill_secs = start.elapsed().as_secs_f64();
-    let decode_start = Instant::now();
+    let prompt = Tensor::from_slice(prompt_ids, &[1, prompt_ids.len()], lm.device())?;
+    let mut chooser = Chooser::new(sampling, next_logits(lm, &prompt, &mut cache)?)?;
+    // The prefill ends when its token reaches the host.
+    let mut prefill_secs = None;
+    let mut decode_start = Instant::now();
     let stop_reason = loop {
         if ids.len() == max_new_tokens {
             break StopReason::Length;
         }
-        let id = sampler.sample(&logits, &history)?;
+        let id = chooser.next(lm, &mut cache, &history, max_new_tokens)?;
+        if prefill_secs.is_none() {
+            prefill_secs = Some(start.elapsed().as_secs_f64());
+            decode_start = Instant::now();
+        }
         ids.push(id);
         history.push(id);
         let new_from = text.len();
@@ -150,9 +222,10 @@ pub fn generate(
             break StopReason::StopString;
         }
         if ids.len() < max_new_tokens {
-            logits = next_logits(lm, &[id], &mut cache)?;
+            chooser.advance(lm, &mut cache, id)?;
         }
     };
+    let prefill_secs = prefill_secs.unwrap_or_else(|| start.elapsed().as_secs_f64());
     let decode_secs = decode_start.elapsed().as_secs_f64();
     if let Some(tokenizer) = stop.tokenizer {
         text = tokenizer.decode(&ids, true)?;

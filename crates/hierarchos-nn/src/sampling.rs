@@ -162,8 +162,12 @@ impl Sampler {
     }
 }
 
-/// The first index of the largest value, as `torch.argmax` breaks ties.
+/// The first index of the largest value, as `torch.argmax` breaks ties; a NaN counts as the largest (as in torch
+/// and in `Tensor::argmax`, so greedy decoding picks the same token on the host and on the GPU).
 pub fn argmax(scores: &[f32]) -> usize {
+    if let Some(nan) = scores.iter().position(|x| x.is_nan()) {
+        return nan;
+    }
     let mut best = 0;
     for (i, &x) in scores.iter().enumerate() {
         if x > scores[best] {

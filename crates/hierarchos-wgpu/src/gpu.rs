@@ -92,6 +92,8 @@ struct State {
     dispatches: usize,
     /// Dispatches the open batch may take before it is submitted (see [`FIRST_BATCH_AFTER_IDLE`]).
     batch_limit: usize,
+    /// Batches submitted so far (tells a readback whether work was submitted after its copy).
+    submitted: u64,
     profiler: Option<Profiler>,
     stats: MemoryStats,
 }
@@ -759,6 +761,7 @@ impl Gpu {
             st.params.clear();
         }
         let index = self.queue.submit([encoder.finish()]);
+        st.submitted += 1;
         if let Some(p) = &mut st.profiler {
             p.collect(&self.device);
         }
@@ -796,24 +799,42 @@ impl Gpu {
 
     /// Copies bytes `[start, end)` of `buf` to the host, blocking until the GPU is done.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn read(&self, buf: &GpuBuffer, start: u64, end: u64) -> Result<Vec<u8>> {
-        pollster::block_on(self.read_async(buf, start, end))
+    pub fn read(self: &Arc<Self>, buf: &GpuBuffer, start: u64, end: u64) -> Result<Vec<u8>> {
+        self.read_later(buf, start, end)?.bytes()
     }
 
     /// Copies bytes `[start, end)` of `buf` to the host; the future resolves when the GPU is done (works on the web).
-    pub async fn read_async(&self, buf: &GpuBuffer, start: u64, end: u64) -> Result<Vec<u8>> {
-        if end <= start {
-            return Ok(Vec::new());
-        }
+    pub async fn read_async(self: &Arc<Self>, buf: &GpuBuffer, start: u64, end: u64) -> Result<Vec<u8>> {
+        self.read_later(buf, start, end)?.bytes_async().await
+    }
+
+    /// Records a copy of bytes `[start, end)` of `buf` to the host and submits it with the work before it, without
+    /// waiting: the host goes on recording while the GPU works, and collects the bytes later with
+    /// [`PendingRead::bytes`]. Generation reads each token this way one step behind, so the GPU never idles
+    /// between tokens.
+    pub fn read_later(self: &Arc<Self>, buf: &GpuBuffer, start: u64, end: u64) -> Result<PendingRead> {
         let lo = start / 4 * 4;
-        let hi = end.next_multiple_of(4).min(buf.size());
+        let hi = end.next_multiple_of(4).min(buf.size()).max(lo);
+        let mut read = PendingRead {
+            gpu: self.clone(),
+            staging: None,
+            class: 0,
+            len: hi - lo,
+            skip: (start - lo) as usize,
+            take: end.saturating_sub(start) as usize,
+            submission: None,
+            serial: 0,
+        };
+        if read.take == 0 {
+            return Ok(read);
+        }
         // Staging buffers are pooled too: generation reads a little every token.
-        let class = size_class(hi - lo);
-        let pooled = self.lock().staging.get_mut(&class).and_then(Vec::pop);
+        read.class = size_class(read.len);
+        let pooled = self.lock().staging.get_mut(&read.class).and_then(Vec::pop);
         let staging = pooled.unwrap_or_else(|| {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("hierarchos readback"),
-                size: class,
+                size: read.class,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             })
@@ -821,32 +842,80 @@ impl Gpu {
         {
             let mut st = self.lock();
             self.encoder(&mut st)
-                .copy_buffer_to_buffer(buf.raw(), lo, &staging, 0, hi - lo);
-            self.submit_locked(&mut st);
+                .copy_buffer_to_buffer(buf.raw(), lo, &staging, 0, read.len);
+            read.submission = self.submit_locked(&mut st);
+            read.serial = st.submitted;
         }
+        read.staging = Some(staging);
         self.check_errors("readback")?;
+        Ok(read)
+    }
+}
+
+/// Bytes on their way to the host (see [`Gpu::read_later`]); dropping it unread is fine.
+pub struct PendingRead {
+    gpu: Arc<Gpu>,
+    staging: Option<wgpu::Buffer>,
+    class: u64,
+    len: u64,
+    skip: usize,
+    take: usize,
+    submission: Option<wgpu::SubmissionIndex>,
+    /// The value of `State::submitted` once the copy was submitted.
+    serial: u64,
+}
+
+impl PendingRead {
+    /// Waits for the submission that holds the copy (not for work submitted after it) and returns the bytes.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn bytes(self) -> Result<Vec<u8>> {
+        pollster::block_on(self.bytes_async())
+    }
+
+    /// The bytes, once the GPU has made the copy (works on the web).
+    pub async fn bytes_async(mut self) -> Result<Vec<u8>> {
+        let Some(staging) = self.staging.take() else {
+            return Ok(Vec::new());
+        };
+        let gpu = self.gpu.clone();
         let (tx, rx) = futures_channel::oneshot::channel();
-        staging.map_async(wgpu::MapMode::Read, 0..hi - lo, move |r| {
+        staging.map_async(wgpu::MapMode::Read, 0..self.len, move |r| {
             let _ = tx.send(r);
         });
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
+        gpu.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: self.submission.take(),
+                timeout: None,
+            })
             .map_err(|e| GpuError::Readback(e.to_string()))?;
         rx.await
             .map_err(|_| GpuError::Readback("device dropped the mapping request".into()))?
             .map_err(|e| GpuError::Readback(e.to_string()))?;
-        // Everything submitted before the copy is done: the GPU idles until the next batch arrives.
-        self.lock().batch_limit = FIRST_BATCH_AFTER_IDLE;
+        // When nothing was submitted or recorded after the copy, the GPU now idles until the next batch arrives.
+        {
+            let mut st = gpu.lock();
+            if st.submitted == self.serial && st.encoder.is_none() {
+                st.batch_limit = FIRST_BATCH_AFTER_IDLE;
+            }
+        }
         let view = staging
-            .get_mapped_range(0..hi - lo)
+            .get_mapped_range(0..self.len)
             .map_err(|e| GpuError::Readback(e.to_string()))?;
-        let s = (start - lo) as usize;
-        let out = view[s..s + (end - start) as usize].to_vec();
+        let out = view[self.skip..self.skip + self.take].to_vec();
         drop(view);
         staging.unmap();
-        self.lock().staging.entry(class).or_default().push(staging);
+        gpu.lock().staging.entry(self.class).or_default().push(staging);
         Ok(out)
+    }
+}
+
+impl Drop for PendingRead {
+    fn drop(&mut self) {
+        // Unread: the buffer is not mapped, so it can serve the next readback.
+        if let Some(staging) = self.staging.take() {
+            self.gpu.lock().staging.entry(self.class).or_default().push(staging);
+        }
     }
 }
 

@@ -17,7 +17,7 @@ pub use dtype::{Access, COMMON_WGSL, DType};
 pub use error::{GpuError, Result};
 #[cfg(not(target_arch = "wasm32"))]
 pub use gpu::list_adapters;
-pub use gpu::{AdapterSummary, Caps, Dispatch, Gpu, GpuBuffer, MemoryStats};
+pub use gpu::{AdapterSummary, Caps, Dispatch, Gpu, GpuBuffer, MemoryStats, PendingRead};
 pub use options::GpuOptions;
 pub use profiler::KernelTime;
 pub use wgpu;

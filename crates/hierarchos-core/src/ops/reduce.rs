@@ -199,7 +199,12 @@ impl Tensor {
         } else {
             out
         };
-        if is_arg || !grad_enabled() || !self.requires_grad() {
+        if is_arg {
+            // Every result is an index into the reduced extent, so index ops that take it need no range check
+            // (which would wait for the GPU): greedy decoding feeds argmax straight into the embedding.
+            return Ok(out.with_id_range(0, r as i64 - 1));
+        }
+        if !grad_enabled() || !self.requires_grad() {
             return Ok(out);
         }
         let keep_shape: Vec<usize> = (0..rank)
