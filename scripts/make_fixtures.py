@@ -7,9 +7,11 @@ the Hub serves models, plus references computed in float64 on the CPU:
 
 - reference.safetensors: `input_ids` [2, 24] i64, `logits` [2, 24, V] f64, `greedy_ids` [2, 12] i64,
   `greedy_logits` [2, 12, V] f64 (the logits each greedy token was picked from), and the parameters after two
-  AdamW steps on the causal-LM loss of `input_ids` (`adamw/<name>`, `adamw_damped/<name>`, f64) with the loss
-  before each step (`adamw_losses`, `adamw_damped_losses`, [2] f64).
-- reference.json: prompts, decoded greedy text, tokenizer round trips, a rendered chat template, diagnostics.
+  AdamW steps on the causal-LM loss, the first on `input_ids[0]` (batch A), the second on `input_ids[1]` (batch
+  B) (`adamw/<name>`, `adamw_damped/<name>`, f64) with the loss before each step (`adamw_losses`,
+  `adamw_damped_losses`, [2] f64).
+- reference.json: prompts, decoded greedy text, tokenizer round trips, a rendered chat template, diagnostics
+  (among them how far PyTorch's own f32 lands from the references).
 
 transformers computes RMSNorm, the attention softmax, RoPE's cos/sin and the loss in float32 even when the model
 is float64, so the reference model replaces those four pieces with the same formulas in float64; the script
@@ -327,14 +329,14 @@ def greedy(model, ids):
     return torch.cat(picked, 1), torch.stack(step_logits, 1), min(margins)
 
 
-def adamw_steps(model32, ids, settings):
-    model = float64_model(model32)
+def adamw_steps(model, ids, settings):
+    """Two torch.optim.AdamW steps: batch A (the first prompt), then batch B (the second)."""
     params = dict(model.named_parameters())
     opt = torch.optim.AdamW(params.values(), **settings)
     losses = []
-    for _ in range(2):
+    for batch in (ids[:1], ids[1:]):
         opt.zero_grad()
-        loss = lm_loss(model(ids, use_cache=False).logits, ids)
+        loss = lm_loss(model(batch, use_cache=False).logits, batch)
         loss.backward()
         losses.append(loss.item())
         opt.step()
@@ -446,11 +448,19 @@ def make_fixture(name, out_root, tok_cache):
 
     tensors = {"input_ids": ids, "logits": logits, "greedy_ids": greedy_ids, "greedy_logits": greedy_logits}
     losses = {}
+    adamw_f32 = {}
     for prefix, settings in ADAMW.items():
-        params, step_losses = adamw_steps(model32, ids, settings)
+        params, step_losses = adamw_steps(float64_model(model32), ids, settings)
         tensors.update({f"{prefix}/{n}": p for n, p in params.items()})
         tensors[f"{prefix}_losses"] = step_losses
         losses[prefix] = step_losses.tolist()
+        # PyTorch's own f32 training on the same steps, against the float64 truth: the scale of error an f32
+        # implementation cannot be asked to beat.
+        params32, losses32 = adamw_steps(copy.deepcopy(model32).eval(), ids, settings)
+        adamw_f32[prefix] = {
+            "max_abs_param_err": max((params32[n].double() - p).abs().max().item() for n, p in params.items()),
+            "max_rel_loss_err": ((losses32 - step_losses).abs() / step_losses.abs()).max().item(),
+        }
     safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "reference.safetensors"))
 
     checks, chat = tokenizer_report(tok, out)
@@ -474,6 +484,7 @@ def make_fixture(name, out_root, tok_cache):
             "transformers_f32_max_abs_err": (hf32 - logits).abs().max().item(),
             "transformers_double_unpatched_max_abs_err": (hf64 - logits).abs().max().item(),
             "transformers_generate_with_cache_agrees": cached_agrees,
+            "transformers_f32_adamw": adamw_f32,
         },
         "versions": versions(),
     }
@@ -525,12 +536,15 @@ Files in each folder:
   - `adamw/<param>` and `adamw_damped/<param>` f64: every parameter (names as in `named_parameters()`, so
     tied models have no `lm_head.weight`) after two `torch.optim.AdamW` steps, lr 1e-3, betas (0.9, 0.999),
     with eps 1e-8 / weight decay 0.01 (`adamw`) and eps 1e-3 / weight decay 0.1 (`adamw_damped`); weight decay
-    applies to every parameter. The loss is the mean cross-entropy of `logits[:, t]` against `input_ids[:, t+1]`
-    over all 2 x 23 positions; `adamw_losses` / `adamw_damped_losses` [2] f64 hold the loss before each step.
+    applies to every parameter. Step 1 trains on `input_ids[0]` (batch A), step 2 on `input_ids[1]` (batch B);
+    the loss is the mean cross-entropy of `logits[:, t]` against `input_ids[:, t+1]` over the batch's 23
+    positions; `adamw_losses` / `adamw_damped_losses` [2] f64 hold the loss before each step.
 - `reference.json`: prompt texts, decoded greedy text, tokenizer round trips (ids with and without special
   tokens, decoded text), the chat template rendered by transformers for a sample conversation (encode it without
   adding special tokens), and diagnostics: how far transformers' own f32 and its unpatched `model.double()` are
-  from the reference, and whether `generate()` with its KV cache picked the same tokens.
+  from the reference, whether `generate()` with its KV cache picked the same tokens, and how far PyTorch's own
+  f32 training lands from the AdamW references (`transformers_f32_adamw`: largest parameter error, largest
+  relative loss error).
 
 The references are true float64: transformers' Llama-family code computes RMSNorm, the attention softmax, RoPE's
 cos/sin and the loss in float32 even for a float64 model, so the script swaps in the same formulas in float64

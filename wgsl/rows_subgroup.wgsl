@@ -1,8 +1,11 @@
 // `lse_reduce` for devices with subgroup operations (rows.wgsl otherwise merges through `workgroup_reduce`): each
-// subgroup merges its threads' logsumexp parts with subgroupMax / subgroupAdd, its first lane claims a slot (no
-// assumption about how invocations map to subgroups), and every thread merges the slots. Called once per kernel.
+// subgroup merges its threads' logsumexp parts with subgroupMax / subgroupAdd, its first lane writes them to the
+// subgroup's slot, and every thread merges the slots in subgroup order, so the result is the same bits on every
+// run (training that resumes must repeat itself exactly). The entry point sets the subgroup id and count.
+// Called once per kernel.
 
-var<workgroup> n_parts: atomic<u32>;
+var<private> sg_id_p: u32;
+var<private> n_sg_p: u32;
 
 fn lse_reduce(lid: u32, sg_lane: u32, own: vec4<f32>) -> vec4<f32> {
     let m = subgroupMax(own.x);
@@ -12,13 +15,11 @@ fn lse_reduce(lid: u32, sg_lane: u32, own: vec4<f32>) -> vec4<f32> {
     }
     s = subgroupAdd(s);
     if (sg_lane == 0u) {
-        let slot = atomicAdd(&n_parts, 1u);
-        partials[slot] = vec4<f32>(m, s, 0.0, 0.0);
+        partials[sg_id_p] = vec4<f32>(m, s, 0.0, 0.0);
     }
     workgroupBarrier();
-    let n = atomicLoad(&n_parts);
     var total = partials[0];
-    for (var k = 1u; k < n; k = k + 1u) {
+    for (var k = 1u; k < n_sg_p; k = k + 1u) {
         total = combine(total, partials[k], LSE);
     }
     return total;

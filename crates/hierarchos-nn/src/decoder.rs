@@ -277,6 +277,24 @@ impl CausalLm {
         self.logits(&h)
     }
 
+    /// The causal-LM loss of transformers: the mean cross-entropy of the logits at each position against the
+    /// label of the next one, for token ids `[B, T]` and labels `[B, T]` (pass the ids again to train on every
+    /// next token; i32 labels of -100, e.g. padding, are skipped).
+    pub fn loss(&self, ids: &Tensor, labels: &Tensor) -> Result<Tensor> {
+        if ids.rank() != 2 || labels.shape() != ids.shape() || ids.shape()[1] < 2 {
+            return Err(Error::Invalid(format!(
+                "loss: ids {:?} and labels {:?} must both be [batch, positions >= 2]",
+                ids.shape(),
+                labels.shape()
+            )));
+        }
+        let t = ids.shape()[1];
+        let logits = self.forward(ids, None)?;
+        Ok(logits
+            .narrow(1, 0, t - 1)?
+            .cross_entropy(&labels.narrow(1, 1, t - 1)?)?)
+    }
+
     /// Logits `[B, vocab]` of the last position only: what generation needs, without the output projection of
     /// every prompt position.
     pub fn forward_last(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {

@@ -53,6 +53,14 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A tensor op on a named parameter failed (in an optimizer step, say).
+    #[error("parameter {name}: {source}")]
+    Param {
+        /// The parameter, by its Hugging Face name.
+        name: String,
+        /// What failed.
+        source: hierarchos_core::Error,
+    },
     /// A tensor op failed.
     #[error(transparent)]
     Tensor(#[from] hierarchos_core::Error),

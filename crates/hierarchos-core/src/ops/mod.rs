@@ -1,6 +1,7 @@
 //! Tensor operations. Each file holds one family: its WGSL kernel (or the body it gives the shared
 //! elementwise kernel) next to its backward rule.
 
+pub mod adamw;
 pub mod attention;
 pub mod binary;
 pub mod cast;

@@ -190,16 +190,22 @@ impl<'a> RowKernel<'a> {
             if let Entry::Rows | Entry::Output = self.entry {
                 // Naga 30 rejects `enable subgroups;`: the subgroup builtins are available as soon as the device
                 // has `Features::SUBGROUP`.
-                let (lane_param, lane) = if subgroups {
-                    (", @builtin(subgroup_invocation_id) sg_lane: u32", "sg_lane")
+                let (lane_param, lane, init) = if subgroups {
+                    (
+                        ", @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32, \
+                         @builtin(num_subgroups) n_sg: u32",
+                        "sg_lane",
+                        "sg_id_p = sg_id;\n    n_sg_p = n_sg;\n",
+                    )
                 } else {
-                    ("", "0u")
+                    ("", "0u", "")
                 };
                 let _ = write!(
                     s,
                     "@compute @workgroup_size(256)\n\
                      fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,\n\
                      \x20       @builtin(local_invocation_index) lid: u32{lane_param}) {{\n\
+                     \x20   {init}\
                      \x20   let row = wid.x + wid.y * nwg.x;\n\
                      \x20   if (row >= p[0]) {{ return; }}\n\
                      \x20   run_row(row, lid, {lane});\n}}\n"

@@ -1,0 +1,131 @@
+//! AdamW with decoupled weight decay, `torch.optim.AdamW`'s math, one fused launch per parameter tensor.
+
+use std::collections::HashMap;
+
+use hierarchos_core::ops::adamw::AdamWStep;
+use hierarchos_core::{DType, Tensor, no_grad};
+
+use crate::error::{Error, Result};
+
+/// AdamW's settings; the defaults are PyTorch's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamWConfig {
+    /// Decay rate of the first moment.
+    pub beta1: f64,
+    /// Decay rate of the second moment.
+    pub beta2: f64,
+    /// Added to the denominator.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Leave 1-D parameters (biases and norm weights) undecayed, as transformers' `Trainer` does; PyTorch's
+    /// default (off) decays every parameter.
+    pub no_decay_1d: bool,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            no_decay_1d: false,
+        }
+    }
+}
+
+/// The state AdamW keeps for one parameter.
+#[derive(Clone, Debug)]
+pub struct Moments {
+    /// First moment (running mean of the gradient).
+    pub m: Tensor,
+    /// Second moment (running mean of its square).
+    pub v: Tensor,
+    /// Steps this parameter has taken (a parameter without a gradient in a step does not advance, as in PyTorch).
+    pub step: u64,
+}
+
+/// The optimizer: settings plus per-parameter moments, keyed by parameter name so that a checkpoint can save and
+/// restore them.
+#[derive(Clone, Debug)]
+pub struct AdamW {
+    /// Settings.
+    pub config: AdamWConfig,
+    moments: HashMap<String, Moments>,
+}
+
+impl AdamW {
+    /// An optimizer with no state yet (moments start at zero on each parameter's first step).
+    pub fn new(config: AdamWConfig) -> Result<AdamW> {
+        let c = &config;
+        let ok = (0.0..1.0).contains(&c.beta1)
+            && (0.0..1.0).contains(&c.beta2)
+            && c.eps.is_finite()
+            && c.eps > 0.0
+            && c.weight_decay.is_finite()
+            && c.weight_decay >= 0.0;
+        if !ok {
+            return Err(Error::Invalid(format!(
+                "AdamW: betas must lie in [0, 1), eps be positive and weight decay non-negative, got {c:?}"
+            )));
+        }
+        Ok(AdamW {
+            config,
+            moments: HashMap::new(),
+        })
+    }
+
+    /// One step at learning rate `lr` over the named parameters that have a gradient; clears their gradients.
+    pub fn step(&mut self, params: &[(String, Tensor)], lr: f64) -> Result<()> {
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(Error::Invalid(format!(
+                "AdamW: learning rate {lr} is not a finite non-negative number"
+            )));
+        }
+        no_grad(|| {
+            for (name, p) in params {
+                let Some(g) = p.grad() else { continue };
+                let state = match self.moments.entry(name.clone()) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => e.insert(Moments {
+                        m: Tensor::zeros(p.shape(), DType::F32, p.device())?,
+                        v: Tensor::zeros(p.shape(), DType::F32, p.device())?,
+                        step: 0,
+                    }),
+                };
+                state.step += 1;
+                let decay = if self.config.no_decay_1d && p.rank() <= 1 {
+                    0.0
+                } else {
+                    self.config.weight_decay
+                };
+                let s = AdamWStep {
+                    lr,
+                    beta1: self.config.beta1,
+                    beta2: self.config.beta2,
+                    eps: self.config.eps,
+                    weight_decay: decay,
+                    step: state.step,
+                };
+                p.adamw_update(&g, &state.m, &state.v, &s)
+                    .map_err(|source| Error::Param {
+                        name: name.clone(),
+                        source,
+                    })?;
+                p.zero_grad();
+            }
+            Ok(())
+        })
+    }
+
+    /// The moments of each parameter that has taken a step, by name (what a checkpoint saves).
+    pub fn moments(&self) -> &HashMap<String, Moments> {
+        &self.moments
+    }
+
+    /// Replaces the state with `moments` (from a checkpoint).
+    pub fn set_moments(&mut self, moments: HashMap<String, Moments>) {
+        self.moments = moments;
+    }
+}

@@ -1,0 +1,117 @@
+//! The fused AdamW update against an f64 CPU reference of torch.optim.AdamW's formulas.
+
+mod common;
+use common::*;
+
+use hierarchos::core::ops::adamw::AdamWStep;
+use hierarchos::core::{DType, Error, Tensor};
+
+/// torch.optim.AdamW's single-tensor update in f64, in place.
+fn reference_step(x: &mut [f64], g: &[f64], m: &mut [f64], v: &mut [f64], s: &AdamWStep) {
+    let bc1 = 1.0 - s.beta1.powi(s.step as i32);
+    let bc2 = 1.0 - s.beta2.powi(s.step as i32);
+    for i in 0..x.len() {
+        x[i] *= 1.0 - s.lr * s.weight_decay;
+        m[i] += (g[i] - m[i]) * (1.0 - s.beta1);
+        v[i] = v[i] * s.beta2 + (1.0 - s.beta2) * g[i] * g[i];
+        x[i] -= s.lr / bc1 * m[i] / (v[i].sqrt() / bc2.sqrt() + s.eps);
+    }
+}
+
+#[test]
+fn adamw_matches_reference_on_odd_sizes_and_views() {
+    let d = dev();
+    let mut rng = Rng::new("adamw");
+    for &n in &[1usize, 3, 17, 257] {
+        // The parameter sits inside a larger buffer (as stacked projections do); the gradient is a strided view.
+        let whole = rng.vec(n + 5, -1.0, 1.0);
+        let holder = Tensor::from_slice(&whole, &[n + 5], &d).unwrap();
+        let param = holder.narrow(0, 2, n).unwrap();
+        let (m, v) = (
+            Tensor::zeros(&[n], DType::F32, &d).unwrap(),
+            Tensor::zeros(&[n], DType::F32, &d).unwrap(),
+        );
+        let mut x: Vec<f64> = whole[2..2 + n].iter().map(|&a| a as f64).collect();
+        let (mut rm, mut rv) = (vec![0.0; n], vec![0.0; n]);
+        for step in 1..=3u64 {
+            let gv = rng.vec(n, -2.0, 2.0);
+            let pairs: Vec<f32> = gv.iter().flat_map(|&a| [a, 7.0]).collect();
+            let grad = Tensor::from_slice(&pairs, &[n, 2], &d)
+                .unwrap()
+                .narrow(1, 0, 1)
+                .unwrap()
+                .squeeze(1)
+                .unwrap();
+            assert!(!grad.is_contiguous() || n == 1);
+            let s = AdamWStep {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-6,
+                weight_decay: 0.1,
+                step,
+            };
+            param.adamw_update(&grad, &m, &v, &s).unwrap();
+            let g64: Vec<f64> = gv.iter().map(|&a| a as f64).collect();
+            reference_step(&mut x, &g64, &mut rm, &mut rv, &s);
+        }
+        let what = format!("adamw n={n}");
+        assert_close(
+            &format!("{what} param"),
+            &param.to_vec::<f32>().unwrap(),
+            &x,
+            1e-6,
+            1e-6,
+        );
+        assert_close(&format!("{what} m"), &m.to_vec::<f32>().unwrap(), &rm, 1e-6, 1e-6);
+        assert_close(&format!("{what} v"), &v.to_vec::<f32>().unwrap(), &rv, 1e-6, 1e-7);
+        // The rest of the buffer is untouched.
+        let all = holder.to_vec::<f32>().unwrap();
+        assert_eq!(
+            (&all[..2], &all[2 + n..]),
+            (&whole[..2], &whole[2 + n..]),
+            "{what}: outside the view"
+        );
+    }
+}
+
+#[test]
+fn adamw_empty_and_errors() {
+    let d = dev();
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &d).unwrap();
+    let s = AdamWStep {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        step: 1,
+    };
+    let e = z(&[0, 3]);
+    e.adamw_update(&z(&[0, 3]), &z(&[0, 3]), &z(&[0, 3]), &s).unwrap();
+    let (p, g, m, v) = (z(&[4]), z(&[4]), z(&[4]), z(&[4]));
+    assert!(matches!(
+        p.adamw_update(&z(&[5]), &m, &v, &s),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let half = Tensor::zeros(&[4], DType::F16, &d).unwrap();
+    assert!(matches!(
+        p.adamw_update(&g, &half, &v, &s),
+        Err(Error::DTypeMismatch { .. })
+    ));
+    assert!(p.adamw_update(&g, &m, &m, &s).is_err(), "moments sharing a buffer");
+    let strided = z(&[4, 2]).narrow(1, 0, 1).unwrap().squeeze(1).unwrap();
+    assert!(strided.adamw_update(&g, &m, &v, &s).is_err(), "a strided parameter");
+    for bad in [
+        AdamWStep { step: 0, ..s },
+        AdamWStep { beta1: 1.0, ..s },
+        AdamWStep { eps: 0.0, ..s },
+        AdamWStep { lr: f64::NAN, ..s },
+        AdamWStep {
+            weight_decay: -1.0,
+            ..s
+        },
+    ] {
+        assert!(p.adamw_update(&g, &m, &v, &bad).is_err(), "{bad:?}");
+    }
+}

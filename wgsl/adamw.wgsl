@@ -1,0 +1,37 @@
+// One AdamW step over a parameter tensor (ops/adamw.rs), in the order of torch.optim.AdamW's single-tensor
+// update so that f32 results round like PyTorch's:
+//   x <- x * (1 - lr * wd)
+//   m <- m + (g - m) * (1 - beta1)            (lerp)
+//   v <- v * beta2 + (1 - beta2) * g * g
+//   x <- x - step_size * m / (sqrt(v) / sqrt(1 - beta2^t) + eps),   step_size = lr / (1 - beta1^t)
+// The step's scalars are computed on the host in f64 and passed as f32 bits. Each thread updates one element.
+//
+// Parameters (u32 words): [n, param offset, grad offset, m offset, v offset, decay, 1 - beta1, beta2, 1 - beta2,
+// step_size, sqrt(1 - beta2^t), eps].
+
+@group(0) @binding(0) var<storage, read> p: array<u32>;
+@group(0) @binding(1) var<storage, read_write> param: array<f32>;
+@group(0) @binding(2) var<storage, read> grad: array<f32>;
+@group(0) @binding(3) var<storage, read_write> m: array<f32>;
+@group(0) @binding(4) var<storage, read_write> v: array<f32>;
+
+fn scalar(k: u32) -> f32 {
+    return bitcast<f32>(p[k]);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.x + wid.y * nwg.x) * 256u + lid;
+    if (i >= p[0]) {
+        return;
+    }
+    let g = grad[p[2] + i];
+    let x = param[p[1] + i] * scalar(5u);
+    let m1 = m[p[3] + i] + (g - m[p[3] + i]) * scalar(6u);
+    let v1 = v[p[4] + i] * scalar(7u) + scalar(8u) * (g * g);
+    m[p[3] + i] = m1;
+    v[p[4] + i] = v1;
+    let denom = sqrt(v1) / scalar(10u) + scalar(11u);
+    param[p[1] + i] = x - scalar(9u) * (m1 / denom);
+}
