@@ -25,6 +25,8 @@ mod registry;
 pub mod rope;
 pub mod sampling;
 mod tokenizer;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod train;
 pub mod weights;
 
 pub use config::{Activation, ModelConfig, RopeConfig, RopeScaling};
