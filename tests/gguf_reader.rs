@@ -551,6 +551,7 @@ fn tiny_config() -> ModelConfig {
         hidden_act: Activation::Silu,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        initializer_range: 0.02,
     }
 }
 

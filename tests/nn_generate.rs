@@ -6,6 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
+use hierarchos::core::{DType, Tensor};
 use hierarchos::nn::sampling::{
     apply_min_p, apply_repetition_penalty, apply_temperature, apply_top_k, apply_top_p, argmax, softmax,
 };
@@ -376,6 +377,22 @@ fn generation_stops_on_eos_and_stop_strings() {
         .generate(prompt, 0, &SamplingConfig::default(), &[], |_, _| Ok(()))
         .unwrap();
     assert!(g.ids.is_empty());
+
+    // NaN logits are an error on the greedy (GPU) path as on the sampling (host) path, not a token.
+    let mut broken = Model::from_dir(&fixture("llama"), &dev).unwrap();
+    let width = broken.lm.norm.weight.shape().to_vec();
+    broken.lm.norm.weight = Tensor::full(&width, f64::NAN, DType::F32, &dev).unwrap();
+    let hot = SamplingConfig {
+        temperature: 0.7,
+        ..SamplingConfig::default()
+    };
+    for sampling in [SamplingConfig::default(), hot] {
+        let err = broken
+            .generate(prompt, 4, &sampling, &[], |_, _| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("NaN"), "{sampling:?}: {err}");
+    }
 }
 
 #[test]

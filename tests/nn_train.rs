@@ -1,5 +1,6 @@
-//! Training parity with PyTorch: two `torch.optim.AdamW` steps on the causal-LM loss of the fixture models (see
-//! tests/fixtures/README.md), every parameter and both losses against transformers' float64 reference.
+//! Training: two `torch.optim.AdamW` steps on the causal-LM loss of the fixture models (see
+//! tests/fixtures/README.md) against transformers' float64 reference, checkpoints that resume bit for bit, a
+//! non-finite loss that stops the run, and saved models that load back.
 
 mod common;
 use common::*;
@@ -7,7 +8,10 @@ use std::path::{Path, PathBuf};
 
 use hierarchos::core::Tensor;
 use hierarchos::nn::optim::{AdamW, AdamWConfig};
-use hierarchos::nn::{CausalLm, ModelConfig, Weights};
+use hierarchos::nn::train::checkpoint::{self, ModelFiles};
+use hierarchos::nn::train::data::TokenData;
+use hierarchos::nn::train::{LrScheduler, Schedule, TrainConfig, Trainer};
+use hierarchos::nn::{CausalLm, Error, Model, ModelConfig, Weights};
 
 const FAMILIES: [&str; 5] = ["llama", "llama3_tied", "mistral", "qwen2", "qwen3"];
 
@@ -87,7 +91,7 @@ fn two_adamw_steps_match_pytorch_float64() {
             let loss = lm.loss(&batch, &batch).unwrap();
             losses.push(loss.to_vec::<f32>().unwrap()[0] as f64);
             loss.backward().unwrap();
-            opt.step(&params, 1e-3).unwrap();
+            opt.step(&params, 1e-3, 1.0).unwrap();
         }
         let want_losses: Vec<f64> = reference_tensors(&dir, "adamw_damped_losses").remove(0).1;
         for (k, (got, want)) in losses.iter().zip(&want_losses).enumerate() {
@@ -127,4 +131,174 @@ fn two_adamw_steps_match_pytorch_float64() {
         );
         assert!(worst.0 <= bound, "{name}: {} differs by {:.2e}", worst.1, worst.0);
     }
+}
+
+/// Random token sequences of the fixture vocabulary (300), for runs that only need some data.
+fn random_data(rng: &mut Rng, rows: usize, len: usize) -> TokenData {
+    TokenData {
+        sequences: (0..rows)
+            .map(|_| (0..len).map(|_| rng.below(300) as u32).collect())
+            .collect(),
+        packed: true,
+        files: Vec::new(),
+    }
+}
+
+fn small_run(steps: usize) -> TrainConfig {
+    TrainConfig {
+        steps,
+        batch_size: 2,
+        seq_len: 12,
+        grad_accum: 2,
+        schedule: Schedule {
+            lr: 2e-3,
+            scheduler: LrScheduler::Cosine,
+            warmup_steps: 1,
+            total_steps: steps,
+        },
+        adamw: AdamWConfig {
+            weight_decay: 0.01,
+            no_decay_1d: true,
+            ..AdamWConfig::default()
+        },
+        max_grad_norm: 0.5,
+        shuffle: true,
+        seed: 7,
+    }
+}
+
+fn values(lm: &CausalLm) -> Vec<(String, Vec<f32>)> {
+    lm.parameters()
+        .into_iter()
+        .map(|(n, p)| (n, p.to_vec::<f32>().unwrap()))
+        .collect()
+}
+
+#[test]
+fn resuming_from_a_checkpoint_continues_bit_for_bit() {
+    let dir = fixture("llama");
+    let data = random_data(&mut Rng::new("resume data"), 7, 12);
+    let files = ModelFiles::read(&dir).unwrap();
+    // Four steps straight.
+    let straight = trainable(&dir);
+    let mut t = Trainer::new(&straight, small_run(4), data.sequences.len(), 1).unwrap();
+    let losses: Vec<f64> = (0..4).map(|_| t.step(&data).unwrap().loss).collect();
+    // Two steps, a checkpoint, a fresh process's worth of loading, two more.
+    let out = tmpdir("resume");
+    let first = trainable(&dir);
+    let mut t = Trainer::new(&first, small_run(4), data.sequences.len(), 1).unwrap();
+    for _ in 0..2 {
+        t.step(&data).unwrap();
+    }
+    let saved = checkpoint::save(&out, &first, &files, t.optimizer(), &t.state("random"), 2).unwrap();
+    assert_eq!(saved, checkpoint::resolve_resume(&out).unwrap());
+    let ckpt = checkpoint::load(&saved, &dev()).unwrap();
+    assert_eq!(ckpt.state.step, 2);
+    assert_eq!(values(&ckpt.lm), values(&first), "weights read back");
+    let mut t = Trainer::resume(&ckpt.lm, &ckpt.state, ckpt.moments, data.sequences.len(), 1).unwrap();
+    let resumed: Vec<f64> = (0..2).map(|_| t.step(&data).unwrap().loss).collect();
+    assert_eq!(resumed, losses[2..], "losses after resuming");
+    assert_eq!(values(&ckpt.lm), values(&straight), "parameters after 2 + 2 steps");
+    assert!(losses[3] < losses[0], "training lowers the loss: {losses:?}");
+}
+
+#[test]
+fn a_non_finite_loss_stops_with_its_step_and_keeps_the_last_checkpoint() {
+    let dir = fixture("qwen2");
+    let data = random_data(&mut Rng::new("nan data"), 4, 8);
+    let files = ModelFiles::read(&dir).unwrap();
+    let lm = trainable(&dir);
+    let mut config = small_run(10);
+    config.max_grad_norm = 0.0;
+    config.schedule.warmup_steps = 0;
+    config.schedule.lr = 1e30;
+    let mut t = Trainer::new(&lm, config, data.sequences.len(), 1).unwrap();
+    let out = tmpdir("nan");
+    let saved = checkpoint::save(&out, &lm, &files, t.optimizer(), &t.state("random"), 0).unwrap();
+    let before = values(&lm);
+    let failed = (1..=10)
+        .find_map(|_| t.step(&data).err())
+        .expect("a 1e30 learning rate diverges");
+    match failed {
+        Error::NonFinite { step, .. } => assert!((1..=10).contains(&step), "{failed}"),
+        other => panic!("expected a non-finite loss, got {other}"),
+    }
+    assert!(failed.to_string().starts_with("step "), "{failed}");
+    // A save that died half-way leaves a temporary folder, which resuming ignores.
+    std::fs::create_dir_all(out.join(".checkpoint-9.tmp-1")).unwrap();
+    std::fs::write(out.join(".checkpoint-9.tmp-1/model.safetensors"), b"trunc").unwrap();
+    assert_eq!(checkpoint::resolve_resume(&out).unwrap(), saved);
+    assert_eq!(values(&checkpoint::load(&saved, &dev()).unwrap().lm), before);
+}
+
+#[test]
+fn a_saved_model_loads_back_with_the_same_logits() {
+    let dir = fixture("llama3_tied");
+    let lm = trainable(&dir);
+    let out = tmpdir("export");
+    checkpoint::write_model(&out, &lm, &ModelFiles::read(&dir).unwrap()).unwrap();
+    let names = Weights::open(&out).unwrap().names();
+    assert!(
+        !names.iter().any(|n| n == "lm_head.weight"),
+        "a tied model saves no lm_head"
+    );
+    let back = Model::from_dir(&out, &dev()).unwrap();
+    assert!(back.tokenizer.is_some());
+    let ids = input_ids(&dir);
+    let a = lm.forward(&ids, None).unwrap().to_vec::<f32>().unwrap();
+    let b = back.lm.forward(&ids, None).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn schedules_follow_transformers_lambdas() {
+    let at = |scheduler, step| {
+        Schedule {
+            lr: 2.0,
+            scheduler,
+            warmup_steps: 2,
+            total_steps: 10,
+        }
+        .lr_at(step)
+    };
+    // Warmup from 0 (transformers' first step runs at rate 0), then each curve.
+    for s in [LrScheduler::Constant, LrScheduler::Linear, LrScheduler::Cosine] {
+        assert_eq!((at(s, 0), at(s, 1), at(s, 2)), (0.0, 1.0, 2.0), "{s:?}");
+    }
+    assert_eq!(at(LrScheduler::Constant, 9), 2.0);
+    assert_eq!(at(LrScheduler::Linear, 6), 1.0);
+    assert_eq!(at(LrScheduler::Linear, 10), 0.0);
+    assert!((at(LrScheduler::Cosine, 6) - 1.0).abs() < 1e-12);
+    assert!(at(LrScheduler::Cosine, 10).abs() < 1e-12);
+    assert_eq!(at(LrScheduler::Linear, 12), 0.0, "past the end stays at 0");
+    assert!("cosine_with_restarts".parse::<LrScheduler>().is_err());
+}
+
+#[test]
+fn gradient_norm_and_clip_factor_match_torch() {
+    use hierarchos::nn::optim::{clip_factor, grad_norm};
+    let d = dev();
+    let a = Tensor::from_slice(&[1.0f32, -2.0, 2.0], &[3], &d)
+        .unwrap()
+        .requires_grad_();
+    let b = Tensor::from_slice(&[0.5f32, 0.5], &[2], &d).unwrap().requires_grad_();
+    let unused = Tensor::from_slice(&[9.0f32], &[1], &d).unwrap().requires_grad_();
+    // d(sum(a*a) + sum(3b))/da = 2a, /db = 3: norm sqrt(4 + 16 + 16 + 9 + 9) = sqrt(54).
+    a.mul(&a)
+        .unwrap()
+        .sum(&[], false)
+        .unwrap()
+        .add(&b.mul_scalar(3.0).unwrap().sum(&[], false).unwrap())
+        .unwrap()
+        .backward()
+        .unwrap();
+    let params = vec![
+        ("a".to_string(), a),
+        ("b".to_string(), b),
+        ("unused".to_string(), unused),
+    ];
+    assert!((grad_norm(&params).unwrap() - 54f64.sqrt()).abs() < 1e-5);
+    assert_eq!(clip_factor(4.0, 1.0), 1.0 / (4.0 + 1e-6));
+    assert_eq!(clip_factor(0.5, 1.0), 1.0);
+    assert_eq!(clip_factor(100.0, 0.0), 1.0, "0 turns clipping off");
 }

@@ -4,10 +4,12 @@
 //   m <- m + (g - m) * (1 - beta1)            (lerp)
 //   v <- v * beta2 + (1 - beta2) * g * g
 //   x <- x - step_size * m / (sqrt(v) / sqrt(1 - beta2^t) + eps),   step_size = lr / (1 - beta1^t)
-// The step's scalars are computed on the host in f64 and passed as f32 bits. Each thread updates one element.
+// where g is the gradient times the step's gradient scale (gradient clipping's factor, as clip_grad_norm_ scales
+// the gradients before the step). The step's scalars are computed on the host in f64 and passed as f32 bits. Each
+// thread updates one element.
 //
 // Parameters (u32 words): [n, param offset, grad offset, m offset, v offset, decay, 1 - beta1, beta2, 1 - beta2,
-// step_size, sqrt(1 - beta2^t), eps].
+// step_size, sqrt(1 - beta2^t), eps, gradient scale].
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read_write> param: array<f32>;
@@ -26,7 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (i >= p[0]) {
         return;
     }
-    let g = grad[p[2] + i];
+    let g = grad[p[2] + i] * scalar(12u);
     let x = param[p[1] + i] * scalar(5u);
     let m1 = m[p[3] + i] + (g - m[p[3] + i]) * scalar(6u);
     let v1 = v[p[4] + i] * scalar(7u) + scalar(8u) * (g * g);

@@ -6,7 +6,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use hierarchos_core::quant::{GgmlType, QTensor};
 use hierarchos_core::{DType, Device, Tensor, default_device};
+use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::sampling::argmax;
+use hierarchos_nn::train::data::TokenData;
+use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer};
 use hierarchos_nn::{CausalLm, LinearWeight, Model, ModelConfig, SamplingConfig, StopConditions, generate};
 
 /// What to measure.
@@ -186,32 +189,14 @@ pub struct ModelArgs {
     /// With a `.gguf` model: dequantize its weights to f32 on load (the same model unquantized).
     #[arg(long)]
     pub dequantize: bool,
-    /// Model width.
-    #[arg(long, default_value_t = 768)]
-    pub hidden: usize,
-    /// Decoder layers.
-    #[arg(long, default_value_t = 12)]
-    pub layers: usize,
-    /// Attention heads.
-    #[arg(long, default_value_t = 12)]
-    pub heads: usize,
-    /// Key/value heads (default: as many as attention heads, as in the 110M Llama shape).
-    #[arg(long)]
-    pub kv_heads: Option<usize>,
-    /// The output projection reuses the embedding matrix.
-    #[arg(long)]
-    pub tied: bool,
+    /// The shape of the random model.
+    #[command(flatten)]
+    pub shape: Shape,
     /// Keep the linear weights in this ggml block format (`q4_1` or `q8_0`, random blocks) instead of f32.
     /// `--hidden 576 --layers 30 --heads 9 --kv-heads 3 --intermediate 1536 --vocab 49152 --tied --quant q4_1`
     /// is the shape of SmolLM2-135M Q4_1.
     #[arg(long)]
     pub quant: Option<String>,
-    /// MLP width.
-    #[arg(long, default_value_t = 3072)]
-    pub intermediate: usize,
-    /// Vocabulary size.
-    #[arg(long, default_value_t = 32000)]
-    pub vocab: usize,
     /// Prompt length for the prefill measurement.
     #[arg(long, default_value_t = 512)]
     pub prefill: usize,
@@ -227,6 +212,55 @@ pub struct ModelArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A Llama shape for random weights; the defaults are the 110M Llama shape (untied, no GQA).
+#[derive(clap::Args)]
+pub struct Shape {
+    /// Model width.
+    #[arg(long, default_value_t = 768)]
+    pub hidden: usize,
+    /// Decoder layers.
+    #[arg(long, default_value_t = 12)]
+    pub layers: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 12)]
+    pub heads: usize,
+    /// Key/value heads (default: as many as attention heads, as in the 110M Llama shape).
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// The output projection reuses the embedding matrix.
+    #[arg(long)]
+    pub tied: bool,
+    /// MLP width.
+    #[arg(long, default_value_t = 3072)]
+    pub intermediate: usize,
+    /// Vocabulary size.
+    #[arg(long, default_value_t = 32000)]
+    pub vocab: usize,
+}
+
+impl Shape {
+    /// The Llama config of this shape for up to `positions` positions.
+    fn config(&self, positions: usize) -> Result<ModelConfig> {
+        let json = serde_json::json!({
+            "model_type": "llama",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads.unwrap_or(self.heads),
+            "intermediate_size": self.intermediate,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": positions.next_power_of_two(),
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": self.tied,
+        });
+        Ok(ModelConfig::from_json(
+            &json.to_string(),
+            std::path::Path::new("<bench config>"),
+        )?)
+    }
 }
 
 /// Blocks of `ty` for `n` random weights of size about 0.02 (finite scales, random quants).
@@ -321,29 +355,7 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     }
     // Time the host spends recording a token's launches (the GPU runs them meanwhile or after).
     let host_us = host_secs * 1e6 / args.decode as f64;
-    let profile = device.profile();
-    if !profile.is_empty() {
-        let tokens = args.decode as f64;
-        let total: f64 = profile.iter().map(|k| k.total_ns).sum();
-        println!(
-            "GPU time per decoded token (HIERARCHOS_PROFILE=1): {:.1} µs in kernels",
-            total / 1e3 / tokens
-        );
-        for k in &profile {
-            println!(
-                "  {:>8.1} µs  {:>5.1} launches  {}",
-                k.total_ns / 1e3 / tokens,
-                k.launches as f64 / tokens,
-                k.kernel
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .chars()
-                    .take(90)
-                    .collect::<String>()
-            );
-        }
-    }
+    print_profile(&device, args.decode as f64, "decoded token");
 
     let prefill_tps = args.prefill as f64 / prefill_secs;
     let read_back_tps = args.decode as f64 / read_back_secs;
@@ -371,6 +383,34 @@ pub fn model(args: &ModelArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The kernel profile (`HIERARCHOS_PROFILE=1`) since the last `reset_profile`, as GPU time per `unit` over `count`
+/// of them, largest first; nothing when profiling is off.
+fn print_profile(device: &Device, count: f64, unit: &str) {
+    let profile = device.profile();
+    if profile.is_empty() {
+        return;
+    }
+    let total: f64 = profile.iter().map(|k| k.total_ns).sum();
+    println!(
+        "GPU time per {unit} (HIERARCHOS_PROFILE=1): {:.1} µs in kernels",
+        total / 1e3 / count
+    );
+    for k in &profile {
+        println!(
+            "  {:>10.1} µs  {:>7.1} launches  {}",
+            k.total_ns / 1e3 / count,
+            k.launches as f64 / count,
+            k.kernel
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take(90)
+                .collect::<String>()
+        );
+    }
 }
 
 /// A model loaded from `path`, its parameter count and a description of its weights.
@@ -414,21 +454,7 @@ fn real_model(path: &str, dequantize: bool, device: &Device) -> Result<(CausalLm
 /// A Llama-shaped model of the flags' shape with random weights (f32, or quantized linear layers).
 fn random_model(args: &ModelArgs, device: &Device) -> Result<(CausalLm, usize, String)> {
     let device = device.clone();
-    let config_json = format!(
-        "{{\"model_type\": \"llama\", \"hidden_size\": {}, \"num_hidden_layers\": {}, \"num_attention_heads\": {}, \
-         \"num_key_value_heads\": {}, \"intermediate_size\": {}, \"vocab_size\": {}, \
-         \"max_position_embeddings\": {}, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \
-         \"tie_word_embeddings\": {}}}",
-        args.hidden,
-        args.layers,
-        args.heads,
-        args.kv_heads.unwrap_or(args.heads),
-        args.intermediate,
-        args.vocab,
-        (args.prefill.max(args.context) + args.decode).next_power_of_two(),
-        args.tied
-    );
-    let config = ModelConfig::from_json(&config_json, std::path::Path::new("<bench config>"))?;
+    let config = args.shape.config(args.prefill.max(args.context) + args.decode)?;
     let quant = match args.quant.as_deref() {
         None => None,
         Some("q4_1") => Some(GgmlType::Q4_1),
@@ -467,4 +493,114 @@ fn random_model(args: &ModelArgs, device: &Device) -> Result<(CausalLm, usize, S
     let params: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum::<usize>() + quantized_params;
     let weights = format!("random, linear layers {}", args.quant.as_deref().unwrap_or("f32"));
     Ok((lm, params, weights))
+}
+
+/// The training run to time.
+#[derive(clap::Args)]
+pub struct TrainBenchArgs {
+    /// The shape of the model (random weights).
+    #[command(flatten)]
+    pub shape: Shape,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 512)]
+    pub seq_len: usize,
+    /// Timed steps (after one warm-up step).
+    #[arg(long, default_value_t = 5)]
+    pub steps: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Full-parameter training throughput (forward, backward, clipping and the AdamW update, f32) of a random-weight
+/// Llama shape on random token ids, and the peak GPU memory held by tensors.
+pub fn train(args: &TrainBenchArgs) -> Result<()> {
+    let device = default_device().context("opening the default GPU")?;
+    let config = args.shape.config(args.seq_len)?;
+    let lm = CausalLm::init_random(&config, 0, &device)?;
+    let params: usize = lm.parameters().iter().map(|(_, p)| p.numel()).sum();
+    let rows = args.batch_size * (args.steps + 1);
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next_id = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % args.shape.vocab as u64) as u32
+    };
+    let data = TokenData {
+        sequences: (0..rows)
+            .map(|_| (0..args.seq_len).map(|_| next_id()).collect())
+            .collect(),
+        packed: true,
+        files: Vec::new(),
+    };
+    let run = TrainConfig {
+        steps: args.steps + 1,
+        batch_size: args.batch_size,
+        seq_len: args.seq_len,
+        grad_accum: 1,
+        schedule: Schedule {
+            lr: 1e-4,
+            scheduler: LrScheduler::Constant,
+            warmup_steps: 0,
+            total_steps: args.steps + 1,
+        },
+        adamw: AdamWConfig::default(),
+        max_grad_norm: 1.0,
+        shuffle: false,
+        seed: 0,
+    };
+    let mut trainer = Trainer::new(&lm, run, rows, 0)?;
+    // The warm-up step compiles the kernels and fills the buffer pool.
+    trainer.step(&data)?;
+    device.synchronize()?;
+    device.reset_peak();
+    device.reset_profile();
+    let start = Instant::now();
+    let mut last_loss = 0.0;
+    for _ in 0..args.steps {
+        last_loss = trainer.step(&data)?.loss;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let tokens_per_sec = (args.steps * args.batch_size * args.seq_len) as f64 / secs;
+    print_profile(&device, args.steps as f64, "training step");
+    let memory = device.memory();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "params": params,
+                "batch_size": args.batch_size,
+                "seq_len": args.seq_len,
+                "steps": args.steps,
+                "tokens_per_sec": tokens_per_sec,
+                "step_ms": secs * 1e3 / args.steps as f64,
+                "peak_bytes": memory.peak_bytes,
+                "pooled_bytes": memory.pooled_bytes,
+                "loss": last_loss,
+            })
+        );
+    } else {
+        println!(
+            "device: {} ({:?})",
+            device.adapter_info().name,
+            device.adapter_info().backend
+        );
+        println!(
+            "model: {:.1}M parameters, batch {} x {} tokens, f32, AdamW",
+            params as f64 / 1e6,
+            args.batch_size,
+            args.seq_len
+        );
+        println!(
+            "training: {tokens_per_sec:.0} tokens/s ({:.1} ms per step), peak {:.0} MiB in tensors, {:.0} MiB pooled",
+            secs * 1e3 / args.steps as f64,
+            memory.peak_bytes as f64 / (1 << 20) as f64,
+            memory.pooled_bytes as f64 / (1 << 20) as f64
+        );
+    }
+    Ok(())
 }

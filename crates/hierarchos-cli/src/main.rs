@@ -4,6 +4,7 @@ mod bench;
 mod forward;
 mod generate;
 mod info;
+mod train;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -28,6 +29,10 @@ enum Command {
     Forward(forward::ForwardArgs),
     /// Generate text from a prompt, streaming tokens to stdout.
     Generate(generate::GenerateArgs),
+    /// Train all parameters of a model (or a new one) on a dataset; checkpoints load in transformers.
+    Train(Box<train::TrainArgs>),
+    /// Loss and perplexity of a model on a dataset.
+    Eval(train::EvalArgs),
 }
 
 #[derive(Subcommand)]
@@ -36,6 +41,8 @@ enum Bench {
     Ops(bench::OpsArgs),
     /// Prefill and decode tokens/s of a Llama-shaped model with random weights (default: the 110M shape).
     Model(bench::ModelArgs),
+    /// Training tokens/s and peak memory of a Llama shape with random weights (default: the 110M shape).
+    Train(bench::TrainBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -49,8 +56,11 @@ fn main() -> Result<()> {
         Command::Info(args) => info::run(&args),
         Command::Bench(Bench::Ops(args)) => bench::ops(&args),
         Command::Bench(Bench::Model(args)) => bench::model(&args),
+        Command::Bench(Bench::Train(args)) => bench::train(&args),
         Command::Forward(args) => forward::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Train(args) => train::train(&args),
+        Command::Eval(args) => train::eval(&args),
     }
 }
 

@@ -113,6 +113,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens (config.json may list several).
     pub eos_token_ids: Vec<u32>,
+    /// Standard deviation of the normal initialization of weight matrices (for training from scratch).
+    pub initializer_range: f64,
 }
 
 impl ModelConfig {
@@ -259,6 +261,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             ));
         }
     };
+    let initializer_range = f.or("initializer_range", Some(0.02), F64)?.unwrap_or(0.02);
+    if !(initializer_range >= 0.0 && initializer_range.is_finite()) {
+        return Err(f.error("initializer_range", "must be a finite non-negative number"));
+    }
     let bos_token_id = f.or("bos_token_id", d.bos_token_id, U32)?;
     let eos_token_ids = match f.map.get("eos_token_id") {
         None => d.eos_token_id.into_iter().collect(),
@@ -289,6 +295,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         hidden_act,
         bos_token_id,
         eos_token_ids,
+        initializer_range,
     })
 }
 

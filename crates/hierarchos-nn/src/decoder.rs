@@ -100,6 +100,13 @@ impl CausalLm {
         CausalLm::build(config, &mut |name, shape| weights.load(name, shape, device))
     }
 
+    /// Like [`CausalLm::load`], with every parameter trainable (collecting gradients), for training.
+    pub fn load_trainable(config: &ModelConfig, weights: &Weights, device: &Device) -> Result<CausalLm> {
+        CausalLm::build(config, &mut |name, shape| {
+            Ok(weights.load(name, shape, device)?.requires_grad_())
+        })
+    }
+
     /// Builds the model from `tensor(name, shape)`, called once per parameter with its Hugging Face name and
     /// the shape the config implies (weights from a file, random weights for tests, ...).
     pub fn build(config: &ModelConfig, tensor: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>) -> Result<CausalLm> {

@@ -61,6 +61,16 @@ pub enum Error {
         /// What failed.
         source: hierarchos_core::Error,
     },
+    /// Training met a NaN or infinite value; the step's update was not applied.
+    #[error("step {step}: the {what} is {value}; training stopped (checkpoints saved before it are intact)")]
+    NonFinite {
+        /// The step (1-based) that failed.
+        step: usize,
+        /// `loss` or `gradient norm`.
+        what: &'static str,
+        /// The value found.
+        value: f64,
+    },
     /// A tensor op failed.
     #[error(transparent)]
     Tensor(#[from] hierarchos_core::Error),

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use hierarchos_core::{PendingVec, Tensor, no_grad};
+use hierarchos_core::{DType, PendingVec, Tensor, no_grad};
 
 use crate::error::{Error, Result};
 use crate::sampling::{Sampler, SamplingConfig};
@@ -105,11 +105,20 @@ enum Chooser {
     Gpu {
         /// The newest token, still on the GPU (`[1, 1]`).
         newest: Tensor,
-        /// Tokens on their way to the host, oldest first.
-        pending: VecDeque<PendingVec<u32>>,
+        /// Tokens on their way to the host, oldest first, each as `[largest logit, id]` (the logit tells a NaN
+        /// row, which the host path refuses too).
+        pending: VecDeque<PendingVec<f32>>,
         /// Tokens whose step has been recorded (read or not).
         recorded: usize,
     },
+}
+
+/// The greedy token of `logits` (`[1, vocab]`) as a `[1, 1]` id tensor for the next step, and its copy to the
+/// host as `[largest logit, id]` (ids below 2^24 are exact in f32).
+fn greedy_pick(logits: &Tensor) -> Result<(Tensor, PendingVec<f32>)> {
+    let id = logits.argmax(-1, true)?;
+    let pick = Tensor::cat(&[logits.max(&[-1], true)?, id.to_dtype(DType::F32)?], 1)?;
+    Ok((id, pick.read_later()?))
 }
 
 impl Chooser {
@@ -121,9 +130,9 @@ impl Chooser {
                 logits: logits.to_vec()?,
             });
         }
-        let newest = logits.argmax(-1, true)?;
+        let (newest, read) = greedy_pick(&logits)?;
         Ok(Chooser::Gpu {
-            pending: VecDeque::from([newest.read_later()?]),
+            pending: VecDeque::from([read]),
             newest,
             recorded: 1,
         })
@@ -140,12 +149,19 @@ impl Chooser {
                 recorded,
             } => {
                 if *recorded < limit {
-                    *newest = next_logits(lm, newest, cache)?.argmax(-1, true)?;
-                    pending.push_back(newest.read_later()?);
+                    let (id, read) = greedy_pick(&next_logits(lm, newest, cache)?)?;
+                    *newest = id;
+                    pending.push_back(read);
                     *recorded += 1;
                 }
-                let oldest = pending.pop_front().expect("a token is always under way");
-                Ok(oldest.wait()?[0])
+                let pick = pending.pop_front().expect("a token is always under way").wait()?;
+                if pick[0].is_nan() {
+                    return Err(Error::Invalid(format!(
+                        "generate: the model produced NaN logits (token {})",
+                        history.len()
+                    )));
+                }
+                Ok(pick[1] as u32)
             }
         }
     }
@@ -225,7 +241,14 @@ pub fn generate(
             chooser.advance(lm, &mut cache, id)?;
         }
     };
-    let prefill_secs = prefill_secs.unwrap_or_else(|| start.elapsed().as_secs_f64());
+    let prefill_secs = match prefill_secs {
+        Some(secs) => secs,
+        // No token was asked for: the prefill was only recorded so far.
+        None => {
+            lm.device().synchronize().map_err(hierarchos_core::Error::from)?;
+            start.elapsed().as_secs_f64()
+        }
+    };
     let decode_secs = decode_start.elapsed().as_secs_f64();
     if let Some(tokenizer) = stop.tokenizer {
         text = tokenizer.decode(&ids, true)?;

@@ -5,7 +5,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use hf_hub::api::sync::ApiBuilder;
+use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
 use hf_hub::{Cache, Repo, RepoType};
 use serde_json::Value;
 
@@ -96,11 +96,7 @@ pub fn resolve_model_with(arg: &str, revision: Option<&str>, options: &HubOption
         )));
     }
     let revision = revision.unwrap_or("main");
-    if revision.is_empty() || revision.starts_with('/') || revision.split('/').any(|p| p == ".." || p == ".") {
-        return Err(Error::Invalid(format!(
-            "revision '{revision}' is not a branch, tag or commit"
-        )));
-    }
+    check_revision(revision)?;
     if options.offline {
         cached_snapshot(arg, revision, options)
     } else {
@@ -108,8 +104,18 @@ pub fn resolve_model_with(arg: &str, revision: Option<&str>, options: &HubOption
     }
 }
 
+/// A revision that names a branch, tag or commit and cannot step outside the cache folder.
+pub(crate) fn check_revision(revision: &str) -> Result<()> {
+    if revision.is_empty() || revision.starts_with('/') || revision.split('/').any(|p| p == ".." || p == ".") {
+        return Err(Error::Invalid(format!(
+            "revision '{revision}' is not a branch, tag or commit"
+        )));
+    }
+    Ok(())
+}
+
 /// `name` or `owner/name` with the characters the Hub allows; anything else is taken for a mistyped path.
-fn is_repo_id(arg: &str) -> bool {
+pub(crate) fn is_repo_id(arg: &str) -> bool {
     let parts: Vec<&str> = arg.split('/').collect();
     parts.len() <= 2
         && parts.iter().all(|p| {
@@ -137,18 +143,25 @@ fn cached_snapshot(repo_id: &str, revision: &str, options: &HubOptions) -> Resul
             options.cache_dir.display()
         ))
     };
-    let commit = match std::fs::read_to_string(dir.join("refs").join(revision)) {
-        Ok(commit) => commit.trim().to_string(),
-        Err(_) if dir.join("snapshots").join(revision).is_dir() => revision.to_string(),
-        Err(_) => return Err(not_cached("no snapshot".into())),
+    let Some(snapshot) = cached_snapshot_dir(&dir, revision) else {
+        return Err(not_cached("no snapshot".into()));
     };
-    let snapshot = dir.join("snapshots").join(commit);
     for file in required_files(&snapshot, |f| snapshot.join(f).is_file())? {
         if !snapshot.join(&file).is_file() {
             return Err(not_cached(format!("{file} is missing")));
         }
     }
     Ok(snapshot)
+}
+
+/// The snapshot folder of `revision` (a branch or tag through `refs/`, or a commit hash) in the cache folder of
+/// one repository, when it is there.
+pub(crate) fn cached_snapshot_dir(repo_dir: &Path, revision: &str) -> Option<PathBuf> {
+    let commit = match std::fs::read_to_string(repo_dir.join("refs").join(revision)) {
+        Ok(commit) => commit.trim().to_string(),
+        Err(_) => revision.to_string(),
+    };
+    Some(repo_dir.join("snapshots").join(commit)).filter(|s| s.is_dir())
 }
 
 /// The files a model needs: the config and the weights (the index and its shards when sharded). `has` tells
@@ -192,16 +205,20 @@ fn shard_names(index_path: &Path) -> Result<Vec<String>> {
     Ok(shards)
 }
 
-/// Fetches what is missing from the cache. The revision is resolved to its commit once, and every file is
-/// fetched at that commit, so a branch that moves meanwhile cannot mix files of two commits.
-fn download(repo_id: &str, revision: &str, options: &HubOptions) -> Result<PathBuf> {
-    let hub = |what: String| Error::Hub(format!("{repo_id} (revision {revision}): {what}"));
-    let api = ApiBuilder::from_cache(Cache::new(options.cache_dir.clone()))
+/// An `hf-hub` client for the endpoint, cache, token and progress bars of `options`.
+pub(crate) fn api(options: &HubOptions) -> std::result::Result<Api, ApiError> {
+    ApiBuilder::from_cache(Cache::new(options.cache_dir.clone()))
         .with_endpoint(options.endpoint.trim_end_matches('/').to_string())
         .with_token(options.token.clone())
         .with_progress(options.progress)
         .build()
-        .map_err(|e| hub(format!("cannot start the HTTP client: {e}")))?;
+}
+
+/// Fetches what is missing from the cache. The revision is resolved to its commit once, and every file is
+/// fetched at that commit, so a branch that moves meanwhile cannot mix files of two commits.
+fn download(repo_id: &str, revision: &str, options: &HubOptions) -> Result<PathBuf> {
+    let hub = |what: String| Error::Hub(format!("{repo_id} (revision {revision}): {what}"));
+    let api = api(options).map_err(|e| hub(format!("cannot start the HTTP client: {e}")))?;
     let info = api
         .repo(Repo::with_revision(
             repo_id.to_string(),

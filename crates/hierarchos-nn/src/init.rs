@@ -2,6 +2,8 @@
 
 use hierarchos_core::{DType, Device, Result, Tensor, no_grad};
 
+use crate::{CausalLm, ModelConfig};
+
 /// Hands out disjoint slices of one Philox stream, so a model built from a seed is the same on every device and
 /// does not depend on the order kernels run in.
 #[derive(Clone, Debug)]
@@ -21,5 +23,32 @@ impl ParamRng {
         let u = Tensor::rand(shape, self.seed, self.offset, DType::F32, device)?;
         self.offset += shape.iter().product::<usize>() as u64;
         no_grad(|| u.mul_scalar(hi - lo)?.add_scalar(lo))
+    }
+
+    /// Normal values of mean 0 and standard deviation `std` (f32), advancing the stream past them.
+    pub fn normal(&mut self, shape: &[usize], std: f64, device: &Device) -> Result<Tensor> {
+        let z = Tensor::randn(shape, self.seed, self.offset, DType::F32, device)?;
+        self.offset += shape.iter().product::<usize>() as u64;
+        no_grad(|| z.mul_scalar(std))
+    }
+}
+
+impl CausalLm {
+    /// A new model of `config` with every parameter trainable, initialized as transformers initializes one
+    /// (weight matrices and embeddings from N(0, `initializer_range`), norm weights 1, biases 0), drawn from
+    /// `seed`: training from scratch. The draws use the device's `log` and `cos`, so another GPU may differ in
+    /// the last bits.
+    pub fn init_random(config: &ModelConfig, seed: u64, device: &Device) -> crate::Result<CausalLm> {
+        let mut rng = ParamRng::new(seed);
+        CausalLm::build(config, &mut |name, shape| {
+            let t = if name.ends_with(".bias") {
+                Tensor::zeros(shape, DType::F32, device)?
+            } else if shape.len() == 1 {
+                Tensor::full(shape, 1.0, DType::F32, device)?
+            } else {
+                rng.normal(shape, config.initializer_range, device)?
+            };
+            Ok(t.requires_grad_())
+        })
     }
 }

@@ -170,6 +170,12 @@ impl Weights {
         })
     }
 
+    /// The tensors of one safetensors file by path (memory-mapped), whatever its name (an optimizer state, say).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_file(path: &Path) -> Result<Weights> {
+        Ok(Weights::from_single(Shard::parse(path.to_path_buf(), map_file(path)?)?))
+    }
+
     /// Weights from the bytes of one safetensors file (for the web, or data already in memory); `label` names it in
     /// errors.
     pub fn from_bytes(bytes: Vec<u8>, label: &Path) -> Result<Weights> {

@@ -25,6 +25,8 @@ pub struct AdamWStep {
     pub weight_decay: f64,
     /// How many steps this parameter has taken, this one included (1 on the first): the bias corrections.
     pub step: u64,
+    /// Factor applied to the gradient first (gradient clipping's; 1 leaves it as is).
+    pub grad_scale: f64,
 }
 
 impl Tensor {
@@ -75,6 +77,7 @@ impl Tensor {
             && s.eps > 0.0
             && s.weight_decay.is_finite()
             && s.weight_decay >= 0.0
+            && s.grad_scale.is_finite()
             && s.step >= 1;
         if !valid {
             return Err(Error::Invalid {
@@ -102,6 +105,7 @@ impl Tensor {
             bits(s.lr / (1.0 - s.beta1.powi(t))),
             bits((1.0 - s.beta2.powi(t)).sqrt()),
             bits(s.eps),
+            bits(s.grad_scale),
         ];
         self.device().dispatch(Dispatch {
             op: OP,

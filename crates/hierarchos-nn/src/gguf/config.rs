@@ -187,6 +187,7 @@ pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
         hidden_act: Activation::Silu,
         bos_token_id: m.u32("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
+        initializer_range: 0.02,
     })
 }
 

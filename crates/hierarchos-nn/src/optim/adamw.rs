@@ -8,7 +8,7 @@ use hierarchos_core::{DType, Tensor, no_grad};
 use crate::error::{Error, Result};
 
 /// AdamW's settings; the defaults are PyTorch's.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamWConfig {
     /// Decay rate of the first moment.
     pub beta1: f64,
@@ -76,8 +76,9 @@ impl AdamW {
         })
     }
 
-    /// One step at learning rate `lr` over the named parameters that have a gradient; clears their gradients.
-    pub fn step(&mut self, params: &[(String, Tensor)], lr: f64) -> Result<()> {
+    /// One step at learning rate `lr` over the named parameters that have a gradient, each gradient first
+    /// multiplied by `grad_scale` (see [`super::clip_factor`]; 1 for none); clears the gradients.
+    pub fn step(&mut self, params: &[(String, Tensor)], lr: f64, grad_scale: f64) -> Result<()> {
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(Error::Invalid(format!(
                 "AdamW: learning rate {lr} is not a finite non-negative number"
@@ -107,6 +108,7 @@ impl AdamW {
                     eps: self.config.eps,
                     weight_decay: decay,
                     step: state.step,
+                    grad_scale,
                 };
                 p.adamw_update(&g, &state.m, &state.v, &s)
                     .map_err(|source| Error::Param {

@@ -1,4 +1,10 @@
-//! Full-parameter training: data, learning-rate schedules, gradient clipping, the training loop and checkpoints
-//! that resume exactly.
+//! Full-parameter training: data, learning-rate schedules, the training step with gradient accumulation and
+//! clipping, evaluation, and checkpoints that resume exactly.
 
+pub mod checkpoint;
 pub mod data;
+pub mod schedule;
+pub mod trainer;
+
+pub use schedule::{LrScheduler, Schedule};
+pub use trainer::{EvalStats, StepStats, TrainConfig, Trainer, evaluate};

@@ -1,0 +1,380 @@
+//! `hierarchos train` and `hierarchos eval`: full-parameter training with a progress bar, metrics as JSON lines
+//! and checkpoints under `--out` that transformers loads as they are; `--resume` continues a run exactly.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use hierarchos_core::{Device, default_device};
+use hierarchos_nn::optim::AdamWConfig;
+use hierarchos_nn::train::checkpoint::{self, ModelFiles};
+use hierarchos_nn::train::data::TokenData;
+use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate};
+use hierarchos_nn::{CausalLm, ModelConfig, Tokenizer, Weights};
+
+/// What to train, on what, how, and where to write it. Defaults are transformers' `TrainingArguments` defaults.
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// Model folder or Hub id; a folder with `config.json` (and a tokenizer) but no weights trains from random
+    /// weights drawn from --seed. Not needed with --resume.
+    #[arg(short, long, required_unless_present = "resume")]
+    pub model: Option<String>,
+    /// Hub revision when MODEL is a Hub id.
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Training data: a .txt, .jsonl or .parquet file, a folder of them, or a Hub dataset id (with --resume:
+    /// defaults to the run's).
+    #[arg(long, required_unless_present = "resume")]
+    pub data: Option<String>,
+    /// Optimizer steps in all (with --resume: where the run ends).
+    #[arg(long, default_value_t = 100)]
+    pub steps: usize,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// Tokens per packed sequence (text data is cut into chunks of this length).
+    #[arg(long, default_value_t = 512)]
+    pub seq_len: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 5e-5)]
+    pub lr: f64,
+    /// AdamW beta1.
+    #[arg(long, default_value_t = 0.9)]
+    pub adam_beta1: f64,
+    /// AdamW beta2.
+    #[arg(long, default_value_t = 0.999)]
+    pub adam_beta2: f64,
+    /// AdamW epsilon.
+    #[arg(long, default_value_t = 1e-8)]
+    pub adam_epsilon: f64,
+    /// Decoupled weight decay.
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Leave biases and norm weights (1-D parameters) undecayed, as transformers' Trainer does.
+    #[arg(long)]
+    pub no_decay_1d: bool,
+    /// Steps of linear warmup.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: usize,
+    /// Learning-rate curve after warmup: constant, linear or cosine.
+    #[arg(long, default_value = "linear")]
+    pub lr_scheduler: String,
+    /// Clip the global gradient norm to this (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub max_grad_norm: f64,
+    /// Micro-batches per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Keep the data in file order (step k takes sequences k*B .. k*B+B-1).
+    #[arg(long)]
+    pub no_shuffle: bool,
+    /// Seed of the data order and of random initial weights.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Hold out this fraction of the sequences (the last ones) for evaluation.
+    #[arg(long, default_value_t = 0.0)]
+    pub eval_split: f64,
+    /// Evaluation data (instead of --eval-split).
+    #[arg(long, conflicts_with = "eval_split")]
+    pub eval_data: Option<String>,
+    /// Evaluate every K steps (and at the end) when there is evaluation data; 0: only at the end.
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: usize,
+    /// Save a checkpoint every K steps (and at the end); 0: only at the end.
+    #[arg(long, default_value_t = 0)]
+    pub save_every: usize,
+    /// Checkpoints kept under --out (the oldest are deleted); 0 keeps all.
+    #[arg(long, default_value_t = 2)]
+    pub save_total_limit: usize,
+    /// Output folder: `checkpoint-N/` folders, and the final model at its top.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Continue the run saved in this folder (its newest checkpoint) or checkpoint folder.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Append one JSON object per step (and per evaluation) to this file.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
+}
+
+/// A model and data to evaluate.
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    /// Model folder or Hub id.
+    #[arg(short, long)]
+    pub model: String,
+    /// Hub revision when MODEL is a Hub id.
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Data: a .txt, .jsonl or .parquet file, a folder of them, or a Hub dataset id.
+    #[arg(long)]
+    pub data: String,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// Tokens per packed sequence.
+    #[arg(long, default_value_t = 512)]
+    pub seq_len: usize,
+}
+
+/// The model to train and what to carry into its checkpoints.
+struct Source {
+    lm: CausalLm,
+    files: ModelFiles,
+    tokenizer: Option<Tokenizer>,
+}
+
+/// Loads `dir` for training: its weights if it has any, else random weights from `seed`.
+fn load_source(dir: &Path, seed: u64, device: &Device) -> Result<Source> {
+    let config = ModelConfig::from_file(&dir.join("config.json"))?;
+    let has_weights = ["model.safetensors", "model.safetensors.index.json"]
+        .iter()
+        .any(|f| dir.join(f).is_file());
+    let lm = if has_weights {
+        CausalLm::load_trainable(&config, &Weights::open(dir)?, device)?
+    } else {
+        tracing::info!(
+            "{} has no weights: training from random weights (seed {seed})",
+            dir.display()
+        );
+        CausalLm::init_random(&config, seed, device)?
+    };
+    let tokenizer = if dir.join("tokenizer.json").is_file() {
+        Some(Tokenizer::from_dir(dir)?)
+    } else {
+        None
+    };
+    Ok(Source {
+        lm,
+        files: ModelFiles::read(dir)?,
+        tokenizer,
+    })
+}
+
+/// The id that fills short rows: the tokenizer's pad token, else its first end-of-sequence token, else 0 (their
+/// labels are skipped either way).
+fn pad_id(tokenizer: Option<&Tokenizer>) -> u32 {
+    tokenizer
+        .and_then(|t| t.pad_id().or_else(|| t.eos_ids().first().copied()))
+        .unwrap_or(0)
+}
+
+fn config_from(args: &TrainArgs) -> Result<TrainConfig> {
+    let scheduler: LrScheduler = args.lr_scheduler.parse()?;
+    let config = TrainConfig {
+        steps: args.steps,
+        batch_size: args.batch_size,
+        seq_len: args.seq_len,
+        grad_accum: args.grad_accum,
+        schedule: Schedule {
+            lr: args.lr,
+            scheduler,
+            warmup_steps: args.warmup_steps,
+            total_steps: args.steps,
+        },
+        adamw: AdamWConfig {
+            beta1: args.adam_beta1,
+            beta2: args.adam_beta2,
+            eps: args.adam_epsilon,
+            weight_decay: args.weight_decay,
+            no_decay_1d: args.no_decay_1d,
+        },
+        max_grad_norm: args.max_grad_norm,
+        shuffle: !args.no_shuffle,
+        seed: args.seed,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+pub fn train(args: &TrainArgs) -> Result<()> {
+    let device = default_device().context("opening the default GPU")?;
+    let (source, mut config, data_arg, resumed) = match &args.resume {
+        Some(dir) => {
+            let dir = checkpoint::resolve_resume(dir)?;
+            let ckpt =
+                checkpoint::load(&dir, &device).with_context(|| format!("reading checkpoint {}", dir.display()))?;
+            let tokenizer = if dir.join("tokenizer.json").is_file() {
+                Some(Tokenizer::from_dir(&dir)?)
+            } else {
+                None
+            };
+            let data = args.data.clone().unwrap_or_else(|| ckpt.state.data.clone());
+            eprintln!("resuming {} at step {}", dir.display(), ckpt.state.step);
+            let source = Source {
+                lm: ckpt.lm,
+                files: ckpt.files,
+                tokenizer,
+            };
+            (
+                source,
+                ckpt.state.config.clone(),
+                data,
+                Some((ckpt.state, ckpt.moments)),
+            )
+        }
+        None => {
+            let model = args.model.as_deref().expect("clap requires --model without --resume");
+            let dir = hierarchos_nn::hub::resolve_model(model, args.revision.as_deref())?;
+            let source = load_source(&dir, args.seed, &device).with_context(|| format!("loading model {model}"))?;
+            let data = args.data.clone().expect("clap requires --data without --resume");
+            (source, config_from(args)?, data, None)
+        }
+    };
+    if resumed.is_some() && args.steps != config.steps {
+        // Extending (or shortening) a run moves where a decaying schedule ends.
+        config.steps = args.steps;
+        config.schedule.total_steps = args.steps;
+    }
+    let tokenizer = source.tokenizer.as_ref();
+    let mut data =
+        TokenData::load(&data_arg, tokenizer, config.seq_len).with_context(|| format!("loading data {data_arg}"))?;
+    let eval = match (&args.eval_data, args.eval_split) {
+        (Some(path), _) => {
+            Some(TokenData::load(path, tokenizer, config.seq_len).with_context(|| format!("loading {path}"))?)
+        }
+        (None, f) if f > 0.0 => {
+            let (train, eval) = data.split_eval(f)?;
+            data = train;
+            Some(eval)
+        }
+        _ => None,
+    };
+    let pad = pad_id(tokenizer);
+    let lm = &source.lm;
+    let mut trainer = match resumed {
+        Some((state, moments)) => {
+            let mut state = state;
+            state.config = config.clone();
+            Trainer::resume(lm, &state, moments, data.sequences.len(), pad)?
+        }
+        None => Trainer::new(lm, config.clone(), data.sequences.len(), pad)?,
+    };
+    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    let mut metrics = match &args.metrics {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut log = |line: serde_json::Value| -> Result<()> {
+        if let Some(f) = metrics.as_mut() {
+            writeln!(f, "{line}")?;
+        }
+        Ok(())
+    };
+    eprintln!(
+        "training {} parameters on {} sequences of up to {} tokens ({} eval), {} steps of {} x {}",
+        lm.parameters().iter().map(|(_, p)| p.numel()).sum::<usize>(),
+        data.sequences.len(),
+        config.seq_len,
+        eval.as_ref().map_or(0, |e| e.sequences.len()),
+        config.steps,
+        config.grad_accum,
+        config.batch_size
+    );
+    device.reset_peak();
+    let bar = indicatif::ProgressBar::new(config.steps as u64).with_position(trainer.completed_steps() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+            .expect("a valid template"),
+    );
+    let (mut tokens, mut secs) = (0usize, 0.0f64);
+    let save = |trainer: &Trainer| -> Result<PathBuf> {
+        let state = trainer.state(&data_arg);
+        let dir = checkpoint::save(
+            &args.out,
+            lm,
+            &source.files,
+            trainer.optimizer(),
+            &state,
+            args.save_total_limit,
+        )?;
+        Ok(dir)
+    };
+    let evaluate_now = |step: usize, log: &mut dyn FnMut(serde_json::Value) -> Result<()>| -> Result<()> {
+        if let Some(eval) = &eval {
+            let e = evaluate(lm, eval, config.batch_size, pad)?;
+            // Printed above the bar on a terminal, and to stderr as it is elsewhere (where the bar is hidden).
+            bar.suspend(|| {
+                eprintln!(
+                    "step {step}: eval loss {:.4}, perplexity {:.2} ({} tokens)",
+                    e.loss, e.perplexity, e.tokens
+                )
+            });
+            log(serde_json::json!({"step": step, "eval_loss": e.loss, "eval_perplexity": e.perplexity}))?;
+        }
+        Ok(())
+    };
+    while trainer.completed_steps() < config.steps {
+        let s = match trainer.step(&data) {
+            Ok(s) => s,
+            Err(e) => {
+                bar.abandon();
+                return Err(e).context(match checkpoint::checkpoints(&args.out)?.pop() {
+                    Some((step, dir)) => format!("the checkpoint of step {step} is kept in {}", dir.display()),
+                    None => "no checkpoint was saved before it".to_string(),
+                });
+            }
+        };
+        tokens += s.tokens;
+        secs += s.secs;
+        bar.set_position(s.step as u64);
+        bar.set_message(format!(
+            "loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s",
+            s.loss,
+            s.lr,
+            s.grad_norm,
+            tokens as f64 / secs.max(1e-9)
+        ));
+        log(serde_json::json!({
+            "step": s.step, "loss": s.loss, "lr": s.lr, "grad_norm": s.grad_norm,
+            "tokens": s.tokens, "tokens_per_sec": s.tokens as f64 / s.secs.max(1e-9),
+        }))?;
+        let last = s.step == config.steps;
+        if args.eval_every > 0 && s.step % args.eval_every == 0 && !last {
+            evaluate_now(s.step, &mut log)?;
+        }
+        if args.save_every > 0 && s.step % args.save_every == 0 && !last {
+            save(&trainer)?;
+        }
+    }
+    bar.finish();
+    evaluate_now(trainer.completed_steps(), &mut log)?;
+    let dir = save(&trainer)?;
+    checkpoint::write_model(&args.out, lm, &source.files)?;
+    let peak = device.memory().peak_bytes;
+    eprintln!(
+        "done: {} steps, {:.0} tokens/s, peak GPU memory {:.1} MiB; model in {} (checkpoint {})",
+        trainer.completed_steps(),
+        tokens as f64 / secs.max(1e-9),
+        peak as f64 / (1 << 20) as f64,
+        args.out.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
+pub fn eval(args: &EvalArgs) -> Result<()> {
+    let device = default_device().context("opening the default GPU")?;
+    let model = crate::load_model(&args.model, args.revision.as_deref(), &device)?;
+    let data = TokenData::load(&args.data, model.tokenizer.as_ref(), args.seq_len)
+        .with_context(|| format!("loading data {}", args.data))?;
+    if data.sequences.is_empty() {
+        bail!("{}: no sequences", args.data);
+    }
+    let pad = pad_id(model.tokenizer.as_ref());
+    let e = evaluate(&model.lm, &data, args.batch_size, pad)?;
+    println!(
+        "loss {:.6}  perplexity {:.4}  ({} tokens in {} sequences)",
+        e.loss,
+        e.perplexity,
+        e.tokens,
+        data.sequences.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,36 @@
+//! Gradient clipping by global norm, as `torch.nn.utils.clip_grad_norm_`: the norm is read back once per step
+//! (the log line shows it and a non-finite one stops training), and the factor is applied inside the optimizer's
+//! fused update rather than by rewriting every gradient.
+
+use hierarchos_core::{Tensor, no_grad};
+
+use crate::error::Result;
+
+/// The L2 norm of all the gradients of `params` together (parameters without a gradient count as zero).
+pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f64> {
+    let squares = no_grad(|| -> hierarchos_core::Result<Option<Tensor>> {
+        let mut parts = Vec::new();
+        for (_, p) in params {
+            if let Some(g) = p.grad() {
+                parts.push(g.mul(&g)?.sum(&[], false)?.reshape(&[1])?);
+            }
+        }
+        if parts.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Tensor::cat(&parts, 0)?.sum(&[], false)?))
+    })?;
+    Ok(match squares {
+        Some(s) => (s.to_vec::<f32>()?[0] as f64).sqrt(),
+        None => 0.0,
+    })
+}
+
+/// The factor `clip_grad_norm_` scales gradients by for a global norm `norm` and a limit `max_norm` (0 or less:
+/// no clipping): `max_norm / (norm + 1e-6)`, at most 1.
+pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
+    if max_norm <= 0.0 {
+        return 1.0;
+    }
+    (max_norm / (norm + 1e-6)).min(1.0)
+}

@@ -1,0 +1,278 @@
+//! Checkpoints: a folder transformers loads as is (`config.json`, `model.safetensors` with Hugging Face names, the
+//! tokenizer files) plus what resuming needs (`optimizer.safetensors` with AdamW's moments, `trainer_state.json`
+//! with the step, the data position and the settings). A checkpoint is written whole into a temporary folder and
+//! renamed into place, so a crash or a kill mid-save never damages an earlier checkpoint.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use hierarchos_core::Device;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::optim::{AdamW, Moments};
+use crate::train::data::BatcherState;
+use crate::train::trainer::TrainConfig;
+use crate::weights::Weights;
+use crate::{CausalLm, ModelConfig};
+
+/// The model files copied from the source folder into every checkpoint, when it has them.
+const COPIED_FILES: [&str; 9] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+];
+/// Name of the training state file; its presence marks a folder as a resumable checkpoint.
+pub const STATE_FILE: &str = "trainer_state.json";
+const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+const STATE_FORMAT: &str = "hierarchos-train-1";
+
+/// The text of `config.json` and the tokenizer files of the model being trained, written into each checkpoint.
+#[derive(Clone, Debug)]
+pub struct ModelFiles {
+    /// `config.json` as read.
+    pub config_json: String,
+    /// Other files by name (tokenizer, generation config, chat template).
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+impl ModelFiles {
+    /// `config.json` and whichever tokenizer files `dir` holds.
+    pub fn read(dir: &Path) -> Result<ModelFiles> {
+        let read = |path: PathBuf| std::fs::read(&path).map_err(|source| Error::Io { path, source });
+        let config_json = String::from_utf8(read(dir.join("config.json"))?).map_err(|_| Error::Config {
+            path: dir.join("config.json"),
+            message: "not UTF-8".into(),
+        })?;
+        let mut files = Vec::new();
+        for name in COPIED_FILES {
+            let path = dir.join(name);
+            if path.is_file() {
+                files.push((name.to_string(), read(path)?));
+            }
+        }
+        Ok(ModelFiles { config_json, files })
+    }
+}
+
+/// Everything besides weights and moments that a resumed run needs to continue exactly.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainingState {
+    /// Always `hierarchos-train-1`.
+    pub format: String,
+    /// Optimizer steps completed.
+    pub step: usize,
+    /// Where the batch order stands.
+    pub batcher: BatcherState,
+    /// Steps each parameter has taken (AdamW's bias corrections).
+    pub param_steps: BTreeMap<String, u64>,
+    /// The settings of the run.
+    pub config: TrainConfig,
+    /// The `--data` argument.
+    pub data: String,
+}
+
+/// The folder of the checkpoint after `step` steps under `out`.
+pub fn checkpoint_dir(out: &Path, step: usize) -> PathBuf {
+    out.join(format!("checkpoint-{step}"))
+}
+
+/// Writes the model (a transformers folder) and the training state as `out/checkpoint-{step}`, then deletes all
+/// but the newest `keep` checkpoints (0 keeps all). Returns the new folder.
+pub fn save(
+    out: &Path,
+    lm: &CausalLm,
+    files: &ModelFiles,
+    optimizer: &AdamW,
+    state: &TrainingState,
+    keep: usize,
+) -> Result<PathBuf> {
+    let dir = checkpoint_dir(out, state.step);
+    let tmp = out.join(format!(".checkpoint-{}.tmp-{}", state.step, std::process::id()));
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    write_model(&tmp, lm, files)?;
+    let mut moments = Vec::new();
+    let mut param_steps = BTreeMap::new();
+    for (name, m) in sorted(optimizer.moments()) {
+        moments.push((format!("{name}.exp_avg"), m.m.clone()));
+        moments.push((format!("{name}.exp_avg_sq"), m.v.clone()));
+        param_steps.insert(name.clone(), m.step);
+    }
+    Weights::save(&tmp.join(OPTIMIZER_FILE), &moments)?;
+    let state = TrainingState {
+        param_steps,
+        ..state.clone()
+    };
+    let json = serde_json::to_string_pretty(&state).map_err(|e| Error::Invalid(format!("training state: {e}")))?;
+    std::fs::write(tmp.join(STATE_FILE), json).map_err(io(&tmp.join(STATE_FILE)))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+    }
+    std::fs::rename(&tmp, &dir).map_err(io(&dir))?;
+    if keep > 0 {
+        for old in checkpoints(out)?.into_iter().rev().skip(keep) {
+            std::fs::remove_dir_all(&old.1).map_err(io(&old.1))?;
+        }
+    }
+    Ok(dir)
+}
+
+/// Writes `config.json`, `model.safetensors` (every parameter by its Hugging Face name, f32) and the copied
+/// files into `dir`, each through a temporary file renamed into place.
+pub fn write_model(dir: &Path, lm: &CausalLm, files: &ModelFiles) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    Weights::save(&dir.join("model.safetensors"), &lm.parameters())?;
+    write_atomic(&dir.join("config.json"), files.config_json.as_bytes())?;
+    for (name, bytes) in &files.files {
+        write_atomic(&dir.join(name), bytes)?;
+    }
+    Ok(())
+}
+
+/// The checkpoints under `out`, oldest first, as (step, folder).
+pub fn checkpoints(out: &Path) -> Result<Vec<(usize, PathBuf)>> {
+    let mut found = Vec::new();
+    let entries = match std::fs::read_dir(out) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+        Err(source) => {
+            return Err(Error::Io {
+                path: out.to_path_buf(),
+                source,
+            });
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let step = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("checkpoint-"))
+            .and_then(|s| s.parse().ok());
+        if let Some(step) = step
+            && entry.path().join(STATE_FILE).is_file()
+        {
+            found.push((step, entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The checkpoint `--resume ARG` names: `ARG` itself when it holds a training state, else its newest
+/// `checkpoint-N`.
+pub fn resolve_resume(arg: &Path) -> Result<PathBuf> {
+    if arg.join(STATE_FILE).is_file() {
+        return Ok(arg.to_path_buf());
+    }
+    checkpoints(arg)?.pop().map(|(_, dir)| dir).ok_or_else(|| {
+        Error::Invalid(format!(
+            "--resume {}: no checkpoint there (a folder with {STATE_FILE}, or checkpoint-N folders holding one)",
+            arg.display()
+        ))
+    })
+}
+
+/// A checkpoint read back: the trainable model, the optimizer moments and the training state.
+pub struct Checkpoint {
+    /// The model with every parameter trainable.
+    pub lm: CausalLm,
+    /// The files to carry into later checkpoints.
+    pub files: ModelFiles,
+    /// AdamW's moments by parameter name.
+    pub moments: HashMap<String, Moments>,
+    /// Step, data position and settings.
+    pub state: TrainingState,
+}
+
+/// Reads the checkpoint folder `dir` (see [`resolve_resume`]).
+pub fn load(dir: &Path, device: &Device) -> Result<Checkpoint> {
+    let path = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let state: TrainingState = serde_json::from_str(&text).map_err(|e| Error::Config {
+        path: path.clone(),
+        message: format!("not a training state: {e}"),
+    })?;
+    if state.format != STATE_FORMAT {
+        return Err(Error::Config {
+            path,
+            message: format!("format '{}' is not {STATE_FORMAT}", state.format),
+        });
+    }
+    let config = ModelConfig::from_file(&dir.join("config.json"))?;
+    let lm = CausalLm::load_trainable(&config, &Weights::open(dir)?, device)?;
+    let optimizer = Weights::open_file(&dir.join(OPTIMIZER_FILE))?;
+    let mut moments = HashMap::new();
+    for (name, p) in lm.parameters() {
+        let Some(&step) = state.param_steps.get(&name) else {
+            continue;
+        };
+        let read = |kind: &str| optimizer.load(&format!("{name}.{kind}"), p.shape(), device);
+        moments.insert(
+            name.clone(),
+            Moments {
+                m: read("exp_avg")?,
+                v: read("exp_avg_sq")?,
+                step,
+            },
+        );
+    }
+    Ok(Checkpoint {
+        lm,
+        files: ModelFiles::read(dir)?,
+        moments,
+        state,
+    })
+}
+
+/// The state of a new run, before its first step.
+pub fn initial_state(config: &TrainConfig, data: &str, batcher: BatcherState) -> TrainingState {
+    TrainingState {
+        format: STATE_FORMAT.into(),
+        step: 0,
+        batcher,
+        param_steps: BTreeMap::new(),
+        config: config.clone(),
+        data: data.into(),
+    }
+}
+
+fn sorted(map: &HashMap<String, Moments>) -> Vec<(&String, &Moments)> {
+    let mut v: Vec<_> = map.iter().collect();
+    v.sort_by(|a, b| a.0.cmp(b.0));
+    v
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder renamed into place.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut name = std::ffi::OsString::from(".");
+    name.push(path.file_name().unwrap_or_default());
+    name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(name);
+    std::fs::write(&tmp, bytes).map_err(|source| Error::Io {
+        path: tmp.clone(),
+        source,
+    })?;
+    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}

@@ -1,0 +1,259 @@
+//! The training step: gradient accumulation over micro-batches, the loss and gradient norm read back (a
+//! non-finite one stops the run), clipping and the AdamW update at the scheduled learning rate.
+
+use std::time::Instant;
+
+use hierarchos_core::{DType, Tensor, no_grad};
+use serde::{Deserialize, Serialize};
+
+use crate::CausalLm;
+use crate::error::{Error, Result};
+use crate::optim::{AdamW, AdamWConfig, Moments, clip_factor, grad_norm};
+use crate::train::checkpoint::TrainingState;
+use crate::train::data::{Batcher, TokenData, make_batch};
+use crate::train::schedule::Schedule;
+
+/// The settings of a training run (saved in each checkpoint; a resumed run must keep those that shape it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Sequences per micro-batch.
+    pub batch_size: usize,
+    /// Tokens per packed sequence.
+    pub seq_len: usize,
+    /// Micro-batches whose gradients add up to one step.
+    pub grad_accum: usize,
+    /// Learning rate and its schedule (`total_steps` is `steps`).
+    pub schedule: Schedule,
+    /// AdamW's settings.
+    pub adamw: AdamWConfig,
+    /// Clip the global gradient norm to this (0: off).
+    pub max_grad_norm: f64,
+    /// Shuffle the sequences (each epoch its own seeded order) instead of file order.
+    pub shuffle: bool,
+    /// Seed of the data order (and of the initial weights when training from scratch).
+    pub seed: u64,
+}
+
+impl TrainConfig {
+    /// Rejects settings that cannot train.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Invalid(m));
+        if self.steps == 0 || self.batch_size == 0 || self.grad_accum == 0 {
+            return bad(format!(
+                "steps ({}), batch size ({}) and gradient accumulation ({}) must be positive",
+                self.steps, self.batch_size, self.grad_accum
+            ));
+        }
+        if self.seq_len < 2 {
+            return bad(format!(
+                "sequence length {} is under 2 (nothing to predict)",
+                self.seq_len
+            ));
+        }
+        let s = &self.schedule;
+        if !(s.lr.is_finite() && s.lr >= 0.0) {
+            return bad(format!("learning rate {} is not a finite non-negative number", s.lr));
+        }
+        if !(self.max_grad_norm.is_finite() && self.max_grad_norm >= 0.0) {
+            return bad(format!(
+                "max grad norm {} is not a finite non-negative number",
+                self.max_grad_norm
+            ));
+        }
+        AdamW::new(self.adamw.clone()).map(|_| ())
+    }
+}
+
+/// What one optimizer step did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepStats {
+    /// Steps completed, this one included.
+    pub step: usize,
+    /// Mean loss over the step's micro-batches.
+    pub loss: f64,
+    /// Learning rate it ran at.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Tokens in its batches (padding left out).
+    pub tokens: usize,
+    /// Wall-clock seconds it took.
+    pub secs: f64,
+}
+
+/// A training run in progress over a model whose parameters are trainable.
+pub struct Trainer<'m> {
+    lm: &'m CausalLm,
+    params: Vec<(String, Tensor)>,
+    optimizer: AdamW,
+    batcher: Batcher,
+    config: TrainConfig,
+    step: usize,
+    pad_id: u32,
+}
+
+impl<'m> Trainer<'m> {
+    /// A run at step 0 over `sequences` training sequences; `pad_id` fills short rows (their labels are skipped).
+    pub fn new(lm: &'m CausalLm, config: TrainConfig, sequences: usize, pad_id: u32) -> Result<Trainer<'m>> {
+        config.validate()?;
+        let params = lm.parameters();
+        if let Some((name, _)) = params
+            .iter()
+            .find(|(_, p)| !p.requires_grad() || p.dtype() != DType::F32)
+        {
+            return Err(Error::Invalid(format!(
+                "parameter {name} is not a trainable f32 tensor (load the model with CausalLm::load_trainable)"
+            )));
+        }
+        if sequences == 0 {
+            return Err(Error::Invalid("the training data holds no sequence".into()));
+        }
+        Ok(Trainer {
+            lm,
+            params,
+            optimizer: AdamW::new(config.adamw.clone())?,
+            batcher: Batcher::new(sequences, config.seed, config.shuffle)?,
+            config,
+            step: 0,
+            pad_id,
+        })
+    }
+
+    /// Continues a run from a checkpoint's state and moments (`lm` holds its weights).
+    pub fn resume(
+        lm: &'m CausalLm,
+        state: &TrainingState,
+        moments: std::collections::HashMap<String, Moments>,
+        sequences: usize,
+        pad_id: u32,
+    ) -> Result<Trainer<'m>> {
+        let mut t = Trainer::new(lm, state.config.clone(), sequences, pad_id)?;
+        t.optimizer.set_moments(moments);
+        t.batcher = Batcher::restore(
+            sequences,
+            state.config.seed,
+            state.config.shuffle,
+            state.batcher.clone(),
+        )?;
+        t.step = state.step;
+        Ok(t)
+    }
+
+    /// Steps completed so far.
+    pub fn completed_steps(&self) -> usize {
+        self.step
+    }
+
+    /// The run's settings.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// The optimizer (its moments go into checkpoints).
+    pub fn optimizer(&self) -> &AdamW {
+        &self.optimizer
+    }
+
+    /// The state a checkpoint saves now (the moments' steps are filled in by the checkpoint).
+    pub fn state(&self, data: &str) -> TrainingState {
+        let mut s = crate::train::checkpoint::initial_state(&self.config, data, self.batcher.state());
+        s.step = self.step;
+        s
+    }
+
+    /// One optimizer step on the next batches of `data`.
+    pub fn step(&mut self, data: &TokenData) -> Result<StepStats> {
+        let start = Instant::now();
+        let number = self.step + 1;
+        let lr = self.config.schedule.lr_at(self.step);
+        let accum = self.config.grad_accum;
+        let mut losses = Vec::with_capacity(accum);
+        let mut tokens = 0;
+        for _ in 0..accum {
+            let indices = self.batcher.next_indices(self.config.batch_size);
+            let batch = make_batch(data, &indices, self.pad_id);
+            tokens += batch.labels.iter().filter(|&&l| l != -100).count();
+            let device = self.lm.device();
+            let ids = Tensor::from_slice(&batch.ids, &[batch.batch, batch.len], device)?;
+            let labels = Tensor::from_slice(&batch.labels, &[batch.batch, batch.len], device)?;
+            let loss = self.lm.loss(&ids, &labels)?;
+            // The mean over micro-batches, as transformers' Trainer divides each by the accumulation steps.
+            loss.mul_scalar(1.0 / accum as f64)?.backward()?;
+            losses.push(loss.detach().reshape(&[1])?);
+        }
+        let loss = no_grad(|| Tensor::cat(&losses, 0)?.mean(&[], false))?.to_vec::<f32>()?[0] as f64;
+        let norm = grad_norm(&self.params)?;
+        if !loss.is_finite() || !norm.is_finite() {
+            for (_, p) in &self.params {
+                p.zero_grad();
+            }
+            return Err(Error::NonFinite {
+                step: number,
+                what: if loss.is_finite() { "gradient norm" } else { "loss" },
+                value: if loss.is_finite() { norm } else { loss },
+            });
+        }
+        self.optimizer
+            .step(&self.params, lr, clip_factor(norm, self.config.max_grad_norm))?;
+        self.step = number;
+        Ok(StepStats {
+            step: number,
+            loss,
+            lr,
+            grad_norm: norm,
+            tokens,
+            secs: start.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// Loss over a whole dataset.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalStats {
+    /// Mean next-token cross-entropy over every predicted token.
+    pub loss: f64,
+    /// `exp(loss)`.
+    pub perplexity: f64,
+    /// Predicted tokens counted.
+    pub tokens: usize,
+}
+
+/// The mean next-token loss of `lm` over every sequence of `data`, in batches of `batch_size` (no gradients).
+pub fn evaluate(lm: &CausalLm, data: &TokenData, batch_size: usize, pad_id: u32) -> Result<EvalStats> {
+    if data.sequences.is_empty() || batch_size == 0 {
+        return Err(Error::Invalid(
+            "evaluation needs at least one sequence and a positive batch size".into(),
+        ));
+    }
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    let indices: Vec<usize> = (0..data.sequences.len()).collect();
+    for chunk in indices.chunks(batch_size) {
+        let batch = make_batch(data, chunk, pad_id);
+        // Tokens whose next-token loss counts: every label but the first of each row, unless skipped.
+        let predicted = batch
+            .labels
+            .chunks(batch.len)
+            .map(|row| row[1..].iter().filter(|&&l| l != -100).count())
+            .sum::<usize>();
+        if predicted == 0 {
+            continue;
+        }
+        let device = lm.device();
+        let ids = Tensor::from_slice(&batch.ids, &[batch.batch, batch.len], device)?;
+        let labels = Tensor::from_slice(&batch.labels, &[batch.batch, batch.len], device)?;
+        let loss = no_grad(|| lm.loss(&ids, &labels))?.to_vec::<f32>()?[0] as f64;
+        sum += loss * predicted as f64;
+        count += predicted;
+    }
+    if count == 0 {
+        return Err(Error::Invalid("the evaluation data has no token to predict".into()));
+    }
+    let loss = sum / count as f64;
+    Ok(EvalStats {
+        loss,
+        perplexity: loss.exp(),
+        tokens: count,
+    })
+}
