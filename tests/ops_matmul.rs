@@ -371,3 +371,16 @@ fn skinny_products_against_transposed_weights() {
 fn rng_vec(n: usize) -> Vec<f32> {
     (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) / 4.0).collect()
 }
+
+#[test]
+fn long_reductions_split_into_slices() {
+    // Few output tiles and a long K: the product runs as several launches over slices of K (one not a multiple of
+    // the slice length), then adds them; as a weight gradient (a^T @ g) and batched.
+    let mut rng = Rng::new("split_k");
+    check_shapes(&mut rng, &[3, 2050], &[2050, 5], DType::F32);
+    let (a, va) = random(&mut rng, &[1537, 17], DType::F32);
+    let (g, vg) = random(&mut rng, &[1537, 9], DType::F32);
+    check("a^T @ g over 1537 rows", &a.t().unwrap(), &va, &g, &vg);
+    check_shapes(&mut rng, &[2, 4, 1100], &[2, 1100, 3], DType::F32);
+    check_shapes(&mut rng, &[3, 2050], &[2050, 5], DType::F16);
+}

@@ -7,11 +7,13 @@
 //! Ids uploaded from the host whose values are known to be in range skip the check.
 //!
 //! The scatter kernel is deterministic: each thread owns one output element and loops over the ids that could
-//! map to it (`O(ids along dim)` per element), so results never depend on thread timing.
+//! map to it (`O(ids along dim)` per element), so results never depend on thread timing. The gradient of a row
+//! lookup (dim 0, f32: embeddings) has its own kernel, one workgroup per table row scanning the ids once, which
+//! adds in the same order.
 
-use hierarchos_wgpu::DType;
 #[cfg(not(target_arch = "wasm32"))]
-use hierarchos_wgpu::{Access, Dispatch};
+use hierarchos_wgpu::Access;
+use hierarchos_wgpu::{DType, Dispatch, Gpu};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
@@ -19,6 +21,7 @@ use crate::ops::map::Map;
 use crate::shape::{Layout, resolve_dim};
 use crate::tensor::Tensor;
 
+const INDEX_ADD_ROWS_WGSL: &str = include_str!("../../../../wgsl/index_add_rows.wgsl");
 #[cfg(not(target_arch = "wasm32"))]
 const INDEX_CHECK_WGSL: &str = include_str!("../../../../wgsl/index_check.wgsl");
 
@@ -219,6 +222,41 @@ fn scatter_into_zeros(
     scatter_kernel(op, &zeros, dim, index, index_layout, g)
 }
 
+/// A table of `shape` whose row `t` is the sum of the rows `k` of `g` (`[ids.len(), shape[1..]]`, f32) with
+/// `ids[k] == t`, in ascending `k`: the gradient of a row lookup, one workgroup per table row (see
+/// index_add_rows.wgsl). Bit for bit what the generic scatter gives.
+fn index_add_rows(shape: &[usize], ids: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let device = g.device().clone();
+    let g = g.contiguous()?;
+    let (rows, width) = (shape[0], shape[1..].iter().product::<usize>());
+    let out = Tensor::from_buffer(
+        device.alloc("index_add_rows", Tensor::bytes_for(rows * width, DType::F32))?,
+        shape,
+        DType::F32,
+        None,
+    );
+    if rows == 0 || width == 0 {
+        return Ok(out);
+    }
+    let params = [
+        rows as u32,
+        ids.numel() as u32,
+        width as u32,
+        ids.layout().offset as u32,
+        ids.layout().strides.first().copied().unwrap_or(1) as u32,
+        g.layout().offset as u32,
+    ];
+    device.dispatch(Dispatch {
+        op: "index_select backward",
+        key: "index_add_rows",
+        source: &|| INDEX_ADD_ROWS_WGSL.to_string(),
+        buffers: &[out.buffer(), ids.buffer(), g.buffer()],
+        params: &params,
+        workgroups: Gpu::grid(rows as u32),
+    })?;
+    Ok(out)
+}
+
 /// `t` padded with trailing zeros along every dimension up to `shape`.
 fn pad_to(t: Tensor, shape: &[usize]) -> Result<Tensor> {
     let mut t = t;
@@ -261,6 +299,9 @@ impl Tensor {
             OP,
             &[self],
             Box::new(move |g| {
+                if d == 0 && g.dtype() == DType::F32 {
+                    return Ok(vec![Some(index_add_rows(&in_shape, &ids, g)?)]);
+                }
                 let layout = ids_along(&ids, d, g.shape());
                 Ok(vec![Some(scatter_into_zeros(OP, &in_shape, d, &ids, &layout, g)?)])
             }),

@@ -40,6 +40,12 @@ const SKINNY_DOT_VEC4: &str = "let y0 = (bases.y + n * p[10]) / 4u;
 /// Batch dimensions the kernel carries (the two matrix dimensions take the rest of `MAX_DIMS`).
 pub(crate) const MAX_BATCH_DIMS: usize = MAX_DIMS - 2;
 
+/// Split a long reduction (see `split_k`) until the partial products give this many 64 x 64 output tiles in all
+/// (four waves of a 132-multiprocessor GPU)...
+const SPLIT_K_TARGET_TILES: usize = 528;
+/// ...with slices of at least this many steps of the reduction.
+const SPLIT_K_MIN_SLICE: usize = 512;
+
 /// Output tiles of 128 x 128 (8 x 8 per thread) are about 25% faster than 64 x 64 tiles (4 x 4 per thread) once
 /// there are enough of them to fill a large GPU; below this count the four times as many small tiles win (on an
 /// H200, 132 multiprocessors: 1536^3 is faster with small tiles, 2048^3 with big ones).
@@ -176,11 +182,46 @@ fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 strides: lb.strides[batch.len()..].to_vec(),
                 offset: lb.offset,
             };
-            let flat = launch(a, &la, b, &lb, dtype)?;
+            let flat = split_k(a, &la, b, &lb, dtype)?;
             return flat.reshape(&out_shape);
         }
     }
-    launch(a, &la, b, &lb, dtype)
+    split_k(a, &la, b, &lb, dtype)
+}
+
+/// Products with few output tiles and a long reduction (weight gradients: `[hidden, hidden]` summed over thousands
+/// of tokens) would leave most of a large GPU idle in one launch. Their reduction is cut into slices, one launch
+/// each: the launches write separate buffers, so they run side by side, and the partial products are then added in
+/// slice order (deterministic, but not the bits of the unsplit sum). Other products run as one launch.
+fn split_k(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Result<Tensor> {
+    let r = la.rank();
+    let (m, k, n) = (la.shape[r - 2], la.shape[r - 1], lb.shape[r - 1]);
+    let tiles = m.div_ceil(64) * n.div_ceil(64) * numel(&la.shape[..r - 2]);
+    let slices = (SPLIT_K_TARGET_TILES / tiles.max(1)).min(k / SPLIT_K_MIN_SLICE);
+    if dtype != DType::F32 || slices < 2 {
+        return launch(a, la, b, lb, dtype);
+    }
+    let len = k.div_ceil(slices).next_multiple_of(4);
+    let mut partials = Vec::with_capacity(slices);
+    let mut start = 0;
+    while start < k {
+        let n_k = len.min(k - start);
+        partials.push(launch(
+            a,
+            &la.narrow(r - 1, start, n_k)?,
+            b,
+            &lb.narrow(r - 2, start, n_k)?,
+            dtype,
+        )?);
+        start += n_k;
+    }
+    crate::autograd::no_grad(|| {
+        let mut sum = partials[0].clone();
+        for p in &partials[1..] {
+            sum = sum.add(p)?;
+        }
+        Ok(sum)
+    })
 }
 
 /// Which dimension consecutive threads walk when fetching an operand slice: the reduced one when it has the

@@ -12,7 +12,11 @@ pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f64> {
         let mut parts = Vec::new();
         for (_, p) in params {
             if let Some(g) = p.grad() {
-                parts.push(g.mul(&g)?.sum(&[], false)?.reshape(&[1])?);
+                // Squares summed along the last dimension first: one workgroup per row, where a sum over a whole
+                // tensor would be a single workgroup walking all of it.
+                let width = g.shape().last().copied().unwrap_or(1).max(1);
+                let rows = g.reshape(&[g.numel() / width, width])?;
+                parts.push(rows.mul(&rows)?.sum(&[-1], false)?);
             }
         }
         if parts.is_empty() {
