@@ -42,7 +42,7 @@ fn main() -> Result<()> {
     let x1 = x.narrow(1, 1, 1)?;
     let y = x0.mul_scalar(3.0)?.sin()?.mul(&x1.mul_scalar(2.0)?.cos()?)?;
 
-    let opt = Sgd::new(0.2);
+    let mut opt = Sgd::new(0.2);
     for step in 0..=300 {
         let diff = model.forward(&x)?.sub(&y)?;
         let loss = diff.mul(&diff)?.mean(&[], false)?;

@@ -26,7 +26,7 @@ fn mlp_learns_a_smooth_function_with_sgd() {
     // y = x0 * x1 + 0.5 x0: needs the hidden layer (the product term is not linear).
     let (x0, x1) = (x.narrow(1, 0, 1).unwrap(), x.narrow(1, 1, 1).unwrap());
     let y = x0.mul(&x1).unwrap().add(&x0.mul_scalar(0.5).unwrap()).unwrap();
-    let opt = Sgd::new(0.3);
+    let mut opt = Sgd::new(0.3);
     let mut losses = Vec::new();
     for _ in 0..200 {
         let diff = fc2

@@ -302,3 +302,58 @@ fn gradient_norm_and_clip_factor_match_torch() {
     assert_eq!(clip_factor(0.5, 1.0), 1.0);
     assert_eq!(clip_factor(100.0, 0.0), 1.0, "0 turns clipping off");
 }
+
+#[test]
+fn sgd_momentum_nesterov_and_weight_decay_follow_torch() {
+    use hierarchos::nn::optim::Sgd;
+    let d = dev();
+    let mut rng = Rng::new("sgd");
+    for (momentum, dampening, weight_decay, nesterov) in [
+        (0.0, 0.0, 0.0, false),
+        (0.9, 0.0, 0.0, false),
+        (0.9, 0.1, 0.01, false),
+        (0.8, 0.0, 0.05, true),
+    ] {
+        let x0 = rng.vec(7, -1.0, 1.0);
+        let p = Tensor::from_slice(&x0, &[7], &d).unwrap().requires_grad_();
+        let mut opt = Sgd::with_momentum(0.1, momentum);
+        (opt.dampening, opt.weight_decay, opt.nesterov) = (dampening, weight_decay, nesterov);
+        let mut x: Vec<f64> = x0.iter().map(|&v| v as f64).collect();
+        let mut buf: Option<Vec<f64>> = None;
+        for _ in 0..3 {
+            let c = rng.vec(7, -1.0, 1.0);
+            // loss = sum(c * p^2): gradient 2 c p.
+            let ct = Tensor::from_slice(&c, &[7], &d).unwrap();
+            p.mul(&p)
+                .unwrap()
+                .mul(&ct)
+                .unwrap()
+                .sum(&[], false)
+                .unwrap()
+                .backward()
+                .unwrap();
+            opt.step(std::slice::from_ref(&p)).unwrap();
+            let g: Vec<f64> = (0..7).map(|i| 2.0 * c[i] as f64 * x[i] + weight_decay * x[i]).collect();
+            let step: Vec<f64> = if momentum == 0.0 {
+                g
+            } else {
+                let b: Vec<f64> = match &buf {
+                    None => g.clone(),
+                    Some(b) => (0..7).map(|i| momentum * b[i] + (1.0 - dampening) * g[i]).collect(),
+                };
+                let s = if nesterov {
+                    (0..7).map(|i| g[i] + momentum * b[i]).collect()
+                } else {
+                    b.clone()
+                };
+                buf = Some(b);
+                s
+            };
+            for i in 0..7 {
+                x[i] -= 0.1 * step[i];
+            }
+        }
+        let what = format!("sgd momentum {momentum} dampening {dampening} wd {weight_decay} nesterov {nesterov}");
+        assert_close(&what, &p.to_vec::<f32>().unwrap(), &x, 1e-5, 1e-6);
+    }
+}
