@@ -12,6 +12,9 @@ use hierarchos_nn::train::data::TokenData;
 use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate};
 use hierarchos_nn::{CausalLm, ModelConfig, Tokenizer, Weights};
 
+/// Optimizer steps of a new run when --steps is not given.
+const DEFAULT_STEPS: usize = 100;
+
 /// What to train, on what, how, and where to write it. Defaults are transformers' `TrainingArguments` defaults.
 #[derive(clap::Args)]
 pub struct TrainArgs {
@@ -26,9 +29,9 @@ pub struct TrainArgs {
     /// defaults to the run's).
     #[arg(long, required_unless_present = "resume")]
     pub data: Option<String>,
-    /// Optimizer steps in all (with --resume: where the run ends).
-    #[arg(long, default_value_t = 100)]
-    pub steps: usize,
+    /// Optimizer steps in all [default: 100; with --resume: the run's, or where the resumed run now ends].
+    #[arg(long)]
+    pub steps: Option<usize>,
     /// Sequences per micro-batch.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
@@ -89,7 +92,8 @@ pub struct TrainArgs {
     /// Output folder: `checkpoint-N/` folders, and the final model at its top.
     #[arg(long)]
     pub out: PathBuf,
-    /// Continue the run saved in this folder (its newest checkpoint) or checkpoint folder.
+    /// Continue the run saved in this folder (its newest checkpoint) or checkpoint folder, with the run's
+    /// settings (only --steps, --data and the output flags may change).
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Append one JSON object per step (and per evaluation) to this file.
@@ -161,8 +165,9 @@ fn pad_id(tokenizer: Option<&Tokenizer>) -> u32 {
 
 fn config_from(args: &TrainArgs) -> Result<TrainConfig> {
     let scheduler: LrScheduler = args.lr_scheduler.parse()?;
+    let steps = args.steps.unwrap_or(DEFAULT_STEPS);
     let config = TrainConfig {
-        steps: args.steps,
+        steps,
         batch_size: args.batch_size,
         seq_len: args.seq_len,
         grad_accum: args.grad_accum,
@@ -170,7 +175,7 @@ fn config_from(args: &TrainArgs) -> Result<TrainConfig> {
             lr: args.lr,
             scheduler,
             warmup_steps: args.warmup_steps,
-            total_steps: args.steps,
+            total_steps: steps,
         },
         adamw: AdamWConfig {
             beta1: args.adam_beta1,
@@ -221,10 +226,10 @@ pub fn train(args: &TrainArgs) -> Result<()> {
             (source, config_from(args)?, data, None)
         }
     };
-    if resumed.is_some() && args.steps != config.steps {
+    if let Some(steps) = args.steps.filter(|&s| resumed.is_some() && s != config.steps) {
         // Extending (or shortening) a run moves where a decaying schedule ends.
-        config.steps = args.steps;
-        config.schedule.total_steps = args.steps;
+        config.steps = steps;
+        config.schedule.total_steps = steps;
     }
     let tokenizer = source.tokenizer.as_ref();
     let mut data =

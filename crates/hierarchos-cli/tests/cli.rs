@@ -365,6 +365,20 @@ fn train_saves_resumes_exactly_and_evaluates() {
         std::fs::read(straight.join("model.safetensors")).unwrap()
     );
 
+    // Resuming from a given checkpoint folder without --steps runs to the run's own end (4): the same model again.
+    let again = dir.join("again");
+    ok(&[
+        "train",
+        "--resume",
+        straight.join("checkpoint-2").to_str().unwrap(),
+        "--out",
+        again.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        std::fs::read(again.join("model.safetensors")).unwrap(),
+        std::fs::read(straight.join("model.safetensors")).unwrap()
+    );
+
     let out = ok(&[
         "eval",
         "-m",
