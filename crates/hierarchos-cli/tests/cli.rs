@@ -410,3 +410,85 @@ fn train_saves_resumes_exactly_and_evaluates() {
     ]);
     assert!(err.contains("no checkpoint"), "{err}");
 }
+
+#[test]
+fn a_killed_run_leaves_only_whole_checkpoints_and_resumes() {
+    let dir = scratch("kill");
+    let data = dir.join("rows.jsonl");
+    let rows: Vec<String> = (0..6u32)
+        .map(|r| {
+            let ids: Vec<u32> = (0..10).map(|i| (r * 13 + i * 7) % 300).collect();
+            serde_json::json!({ "input_ids": ids }).to_string()
+        })
+        .collect();
+    std::fs::write(&data, rows.join("\n")).unwrap();
+    let out = dir.join("out");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "train",
+            "--data",
+            data.to_str().unwrap(),
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "10",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(
+            [
+                "--save-every",
+                "1",
+                "--save-total-limit",
+                "0",
+                "--out",
+                out.to_str().unwrap(),
+            ]
+            .map(String::from),
+        );
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    // Saving every step, the process is killed (SIGKILL) once its first checkpoint exists, very likely in the middle
+    // of writing a later one.
+    let model = fixture("llama");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hierarchos"))
+        .args(args(&["-m", model.to_str().unwrap(), "--steps", "1000"]))
+        .env("HF_HUB_OFFLINE", "1")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !out.join("checkpoint-1").exists() {
+        assert!(start.elapsed().as_secs() < 120, "no checkpoint appeared");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Every checkpoint folder is whole: it evaluates, and the newest one resumes to the end of a short run.
+    let mut done = Vec::new();
+    for entry in std::fs::read_dir(&out).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(step) = name.strip_prefix("checkpoint-") {
+            done.push(step.parse::<usize>().unwrap());
+            ok(&[
+                "eval",
+                "-m",
+                entry.path().to_str().unwrap(),
+                "--data",
+                data.to_str().unwrap(),
+                "--seq-len",
+                "10",
+            ]);
+        }
+    }
+    let last = *done.iter().max().expect("at least one checkpoint");
+    let end = (last + 2).to_string();
+    ok(&args(&["--resume", out.to_str().unwrap(), "--steps", &end])
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
+    assert!(out.join(format!("checkpoint-{end}")).join("model.safetensors").exists());
+}
