@@ -3,16 +3,12 @@
 //! resumption, and padded batches.
 
 mod common;
+use common::hub::{Commits, HubServer, Repo};
 use common::tmpdir;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use hierarchos::nn::hub::HubOptions;
 use hierarchos::nn::train::data::{Batch, Batcher, BatcherState, IGNORE_INDEX, TokenData, make_batch};
@@ -610,7 +606,7 @@ fn ids_row(ids: &[u32]) -> String {
 
 /// Repository contents per commit: `main` has train shards and a test file under `data/`, `v1` train and valid
 /// files at the root and a `train` folder (and a file whose name only contains "train"), `v2` no split names.
-fn commits() -> HashMap<&'static str, Vec<(&'static str, Vec<u8>)>> {
+fn commits() -> Commits {
     let file = |ids: &[u32]| ids_row(ids).into_bytes();
     HashMap::from([
         (
@@ -639,149 +635,6 @@ fn commits() -> HashMap<&'static str, Vec<(&'static str, Vec<u8>)>> {
     ])
 }
 
-/// A Hub-like server for one dataset: `/api/datasets/{repo}/revision/{rev}` answers the commit and its file
-/// list, `/datasets/{repo}/resolve/{rev}/{file}` serves files with the headers `hf-hub` reads. It logs each
-/// request path and stops when dropped, after 60 s, or after 500 requests.
-struct Server {
-    endpoint: String,
-    log: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Server {
-    fn start() -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (log2, stop2) = (log.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let commits = commits();
-            let start = Instant::now();
-            let mut served = 0;
-            while !stop2.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(60) && served < 500 {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        served += 1;
-                        handle(stream, &commits, &log2);
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                }
-            }
-        });
-        Server {
-            endpoint,
-            log,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn handle(
-    stream: TcpStream,
-    commits: &HashMap<&'static str, Vec<(&'static str, Vec<u8>)>>,
-    log: &Mutex<Vec<String>>,
-) -> Option<()> {
-    stream.set_nonblocking(false).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let mut reader = BufReader::new(stream.try_clone().ok()?);
-    let mut request = String::new();
-    reader.read_line(&mut request).ok()?;
-    let mut range = None;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).ok()? == 0 || line.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':')
-            && k.trim().eq_ignore_ascii_case("range")
-        {
-            range = v.trim().strip_prefix("bytes=").map(str::to_string);
-        }
-    }
-    let path = request.split_whitespace().nth(1)?.to_string();
-    log.lock().unwrap().push(path.clone());
-    let resolve = |rev: &str| match rev {
-        "main" => Some(MAIN_SHA),
-        "v1" => Some(V1_SHA),
-        "v2" => Some(V2_SHA),
-        sha => commits.keys().find(|k| **k == sha).copied(),
-    };
-    let info_prefix = format!("/api/datasets/{REPO}/revision/");
-    let file_prefix = format!("/datasets/{REPO}/resolve/");
-    let (status, extra, body): (u16, Vec<(String, String)>, Vec<u8>) =
-        if let Some(sha) = path.strip_prefix(&info_prefix).and_then(resolve) {
-            let siblings: Vec<String> = commits[sha]
-                .iter()
-                .map(|(name, _)| format!(r#"{{"rfilename": "{name}"}}"#))
-                .collect();
-            let body = format!(
-                r#"{{"id": "{REPO}", "sha": "{sha}", "siblings": [{}]}}"#,
-                siblings.join(",")
-            );
-            (
-                200,
-                vec![("content-type".into(), "application/json".into())],
-                body.into_bytes(),
-            )
-        } else if let Some((sha, data)) = path
-            .strip_prefix(&file_prefix)
-            .and_then(|rest| rest.split_once('/'))
-            .and_then(|(rev, file)| Some((resolve(rev)?, file)))
-            .and_then(|(sha, file)| Some((sha, &commits[sha].iter().find(|(name, _)| *name == file)?.1)))
-        {
-            let etag = format!("\"{:016x}\"", fnv(data));
-            let mut h = vec![("x-repo-commit".into(), sha.to_string()), ("etag".into(), etag)];
-            match range {
-                Some(range) => {
-                    let (a, b) = range.split_once('-')?;
-                    let a: usize = a.parse().ok()?;
-                    let b: usize = if b.is_empty() { data.len() - 1 } else { b.parse().ok()? };
-                    let b = b.min(data.len() - 1);
-                    h.push(("content-range".into(), format!("bytes {a}-{b}/{}", data.len())));
-                    (206, h, data[a..=b].to_vec())
-                }
-                None => (200, h, data.clone()),
-            }
-        } else {
-            (404, vec![], b"not found".to_vec())
-        };
-    let mut head = format!(
-        "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in extra {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut out = stream;
-    out.write_all(head.as_bytes()).ok()?;
-    out.write_all(&body).ok()?;
-    out.flush().ok()
-}
-
-fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
 fn options(endpoint: &str, cache: &Path, offline: bool) -> HubOptions {
     HubOptions {
         endpoint: endpoint.to_string(),
@@ -798,7 +651,13 @@ fn hub_load(source: &str, opts: &HubOptions) -> hierarchos::nn::Result<TokenData
 
 #[test]
 fn hub_dataset_train_split_then_offline() {
-    let server = Server::start();
+    let server = HubServer::start(Repo {
+        id: REPO,
+        dataset: true,
+        revisions: &[("main", MAIN_SHA), ("v1", V1_SHA), ("v2", V2_SHA)],
+        commits: commits(),
+        token: None,
+    });
     let cache = tmpdir("data-hub-cache");
     let opts = options(&server.endpoint, &cache, false);
     let snapshot = cache.join("datasets--tiny-org--tiny-stories/snapshots");
@@ -813,11 +672,11 @@ fn hub_dataset_train_split_then_offline() {
         ]
     );
     let log = server.requests();
-    assert_eq!(log[0], format!("/api/datasets/{REPO}/revision/main"), "{log:#?}");
+    assert_eq!(log[0], format!("GET /api/datasets/{REPO}/revision/main "), "{log:#?}");
     assert!(
         log[1..]
             .iter()
-            .all(|l| l.starts_with(&format!("/datasets/{REPO}/resolve/{MAIN_SHA}/data/train-"))),
+            .all(|l| l.starts_with(&format!("GET /datasets/{REPO}/resolve/{MAIN_SHA}/data/train-"))),
         "{log:#?}"
     );
     // A second load re-resolves the revision but downloads nothing.

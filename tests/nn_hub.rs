@@ -2,16 +2,11 @@
 //! temporary cache, at a revision, with a token, and then offline from the cache alone.
 
 mod common;
+use common::hub::{Commits, HubServer, Repo};
 use common::tmpdir;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use hierarchos::nn::hub::{HubOptions, resolve_model, resolve_model_with};
 use hierarchos::nn::weights::{INDEX_FILE, save_f32};
@@ -41,7 +36,7 @@ fn safetensors(name: &str, data: &[f32]) -> Vec<u8> {
 
 /// Repository contents per commit: `main` is sharded with a tokenizer, `v1` has a single file and a different
 /// config.
-fn commits() -> HashMap<&'static str, Vec<(&'static str, Vec<u8>)>> {
+fn commits() -> Commits {
     let index = r#"{"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
         "b": "model-00002-of-00002.safetensors"}}"#;
     HashMap::from([
@@ -66,152 +61,14 @@ fn commits() -> HashMap<&'static str, Vec<(&'static str, Vec<u8>)>> {
     ])
 }
 
-/// A Hub-like server: `/api/models/{repo}/revision/{rev}` answers the commit and its file list, and
-/// `/{repo}/resolve/{rev}/{file}` serves files with the headers `hf-hub` reads (`x-repo-commit`, `etag`,
-/// `content-range` for range requests). It requires the bearer token when one is given, logs each request line,
-/// and stops when dropped, after 60 s, or after 500 requests, whichever comes first.
-struct Server {
-    endpoint: String,
-    log: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Server {
-    fn start(token: Option<&'static str>) -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (log2, stop2) = (log.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let commits = commits();
-            let start = Instant::now();
-            let mut served = 0;
-            while !stop2.load(Ordering::Relaxed) && start.elapsed() < Duration::from_secs(60) && served < 500 {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        served += 1;
-                        handle(stream, &commits, token, &log2);
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                }
-            }
-        });
-        Server {
-            endpoint,
-            log,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Logs "GET path [auth]" of one request, then answers it and closes the connection. The line is logged before
-/// the answer goes out, so a client that got its answer finds its request in the log.
-fn handle(
-    stream: TcpStream,
-    commits: &HashMap<&'static str, Vec<(&'static str, Vec<u8>)>>,
-    token: Option<&str>,
-    log: &Mutex<Vec<String>>,
-) -> Option<()> {
-    stream.set_nonblocking(false).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let mut reader = BufReader::new(stream.try_clone().ok()?);
-    let mut request = String::new();
-    reader.read_line(&mut request).ok()?;
-    let mut headers = HashMap::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).ok()? == 0 || line.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    let path = request.split_whitespace().nth(1)?.to_string();
-    let auth = headers.get("authorization").cloned().unwrap_or_default();
-    log.lock().unwrap().push(format!("GET {path} {auth}"));
-    let resolve = |rev: &str| match rev {
-        "main" => Some(MAIN_SHA),
-        "v1" => Some(V1_SHA),
-        sha => commits.keys().find(|k| **k == sha).copied(),
-    };
-    let authorized = token.is_none_or(|t| auth == format!("Bearer {t}"));
-    let mut out = stream;
-    let info_prefix = format!("/api/models/{REPO}/revision/");
-    let file_prefix = format!("/{REPO}/resolve/");
-    let response: (u16, Vec<(String, String)>, Vec<u8>) = if !authorized {
-        (401, vec![], b"unauthorized".to_vec())
-    } else if let Some(sha) = path.strip_prefix(&info_prefix).and_then(resolve) {
-        let siblings: Vec<String> = commits[sha]
-            .iter()
-            .map(|(name, _)| format!(r#"{{"rfilename": "{name}"}}"#))
-            .collect();
-        let body = format!(
-            r#"{{"id": "{REPO}", "sha": "{sha}", "siblings": [{}]}}"#,
-            siblings.join(",")
-        );
-        (
-            200,
-            vec![("content-type".into(), "application/json".into())],
-            body.into_bytes(),
-        )
-    } else if let Some(data) = path
-        .strip_prefix(&file_prefix)
-        .and_then(|rest| rest.split_once('/'))
-        .and_then(|(rev, file)| Some((resolve(rev)?, file)))
-        .and_then(|(sha, file)| Some((sha, &commits[sha].iter().find(|(name, _)| *name == file)?.1)))
-    {
-        let (sha, data) = data;
-        let etag = format!("\"{:016x}\"", fnv(data));
-        let mut h = vec![("x-repo-commit".into(), sha.to_string()), ("etag".into(), etag)];
-        match headers.get("range").and_then(|r| r.strip_prefix("bytes=")) {
-            Some(range) => {
-                let (a, b) = range.split_once('-')?;
-                let a: usize = a.parse().ok()?;
-                let b: usize = if b.is_empty() { data.len() - 1 } else { b.parse().ok()? };
-                let b = b.min(data.len() - 1);
-                h.push(("content-range".into(), format!("bytes {a}-{b}/{}", data.len())));
-                (206, h, data[a..=b].to_vec())
-            }
-            None => (200, h, data.clone()),
-        }
-    } else {
-        (404, vec![], b"not found".to_vec())
-    };
-    let (status, extra, body) = response;
-    let mut head = format!(
-        "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in extra {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    out.write_all(head.as_bytes()).ok()?;
-    out.write_all(&body).ok()?;
-    out.flush().ok()
-}
-
-fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+/// The test repository served with `token` required.
+fn server(token: Option<&'static str>) -> HubServer {
+    HubServer::start(Repo {
+        id: REPO,
+        dataset: false,
+        revisions: &[("main", MAIN_SHA), ("v1", V1_SHA)],
+        commits: commits(),
+        token,
     })
 }
 
@@ -227,7 +84,7 @@ fn options(endpoint: &str, cache: &Path, offline: bool) -> HubOptions {
 
 #[test]
 fn fetch_at_revision_then_offline() {
-    let server = Server::start(Some(TOKEN));
+    let server = server(Some(TOKEN));
     let cache = tmpdir("hub-cache");
     let opts = options(&server.endpoint, &cache, false);
 
@@ -351,7 +208,7 @@ fn local_folders_and_bad_arguments() {
 /// The only test that touches the process environment (tests run as threads of one process).
 #[test]
 fn environment_variables() {
-    let server = Server::start(Some(TOKEN));
+    let server = server(Some(TOKEN));
     let home = tmpdir("hub-home");
     // SAFETY: no other test in this binary reads these variables.
     unsafe {
