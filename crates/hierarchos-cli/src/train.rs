@@ -10,6 +10,7 @@ use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::train::checkpoint::{self, ModelFiles};
 use hierarchos_nn::train::data::TokenData;
 use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate};
+use hierarchos_nn::weights::{INDEX_FILE, SINGLE_FILE};
 use hierarchos_nn::{CausalLm, ModelConfig, Tokenizer, Weights};
 
 /// Optimizer steps of a new run when --steps is not given.
@@ -131,9 +132,7 @@ struct Source {
 /// Loads `dir` for training: its weights if it has any, else random weights from `seed`.
 fn load_source(dir: &Path, seed: u64, device: &Device) -> Result<Source> {
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
-    let has_weights = ["model.safetensors", "model.safetensors.index.json"]
-        .iter()
-        .any(|f| dir.join(f).is_file());
+    let has_weights = [SINGLE_FILE, INDEX_FILE].iter().any(|f| dir.join(f).is_file());
     let lm = if has_weights {
         CausalLm::load_trainable(&config, &Weights::open(dir)?, device)?
     } else {
@@ -143,15 +142,10 @@ fn load_source(dir: &Path, seed: u64, device: &Device) -> Result<Source> {
         );
         CausalLm::init_random(&config, seed, device)?
     };
-    let tokenizer = if dir.join("tokenizer.json").is_file() {
-        Some(Tokenizer::from_dir(dir)?)
-    } else {
-        None
-    };
     Ok(Source {
         lm,
         files: ModelFiles::read(dir)?,
-        tokenizer,
+        tokenizer: Tokenizer::from_dir_if_present(dir)?,
     })
 }
 
@@ -199,17 +193,12 @@ pub fn train(args: &TrainArgs) -> Result<()> {
             let dir = checkpoint::resolve_resume(dir)?;
             let ckpt =
                 checkpoint::load(&dir, &device).with_context(|| format!("reading checkpoint {}", dir.display()))?;
-            let tokenizer = if dir.join("tokenizer.json").is_file() {
-                Some(Tokenizer::from_dir(&dir)?)
-            } else {
-                None
-            };
             let data = args.data.clone().unwrap_or_else(|| ckpt.state.data.clone());
             eprintln!("resuming {} at step {}", dir.display(), ckpt.state.step);
             let source = Source {
                 lm: ckpt.lm,
                 files: ckpt.files,
-                tokenizer,
+                tokenizer: Tokenizer::from_dir_if_present(&dir)?,
             };
             (
                 source,

@@ -53,11 +53,7 @@ impl Model {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let weights = Weights::open(dir)?;
         let lm = CausalLm::load(&config, &weights, device)?;
-        let tokenizer = if dir.join("tokenizer.json").exists() {
-            Some(Tokenizer::from_dir(dir)?)
-        } else {
-            None
-        };
+        let tokenizer = Tokenizer::from_dir_if_present(dir)?;
         // transformers stops on generation_config.json's ids, else config.json's; the tokenizer's EOS is the
         // last resort for folders that have neither.
         let eos_ids = match generation_eos_ids(dir)? {

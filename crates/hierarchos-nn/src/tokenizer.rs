@@ -128,6 +128,15 @@ fn tokenizer_error(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 impl Tokenizer {
+    /// The tokenizer of a model folder, or `None` when it has no `tokenizer.json` (ids still work without one).
+    pub fn from_dir_if_present(dir: &Path) -> Result<Option<Tokenizer>> {
+        if dir.join("tokenizer.json").is_file() {
+            Tokenizer::from_dir(dir).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
     /// Reads `tokenizer.json` (required) and, where present, `tokenizer_config.json`, `generation_config.json`,
     /// `chat_template.jinja` and `chat_template.json` from a model folder.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
