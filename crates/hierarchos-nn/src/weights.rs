@@ -316,16 +316,24 @@ pub fn save_f32(path: &Path, tensors: &[(&str, &[usize], &[f32])]) -> Result<()>
             bytes.extend_from_slice(&v.to_le_bytes());
         }
     }
-    let file_name = path.file_name().ok_or_else(|| bad("not a file path".into()))?;
+    if path.file_name().is_none() {
+        return Err(bad("not a file path".into()));
+    }
+    write_atomic(path, &bytes)
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder renamed into place, so that a crash never
+/// leaves a truncated file under `path`.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(file_name);
+    tmp_name.push(path.file_name().unwrap_or_default());
     tmp_name.push(format!(".{}.tmp", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
-    let io = |source| Error::Io {
+    std::fs::write(&tmp, bytes).map_err(|source| Error::Io {
         path: tmp.clone(),
         source,
-    };
-    std::fs::write(&tmp, &bytes).map_err(io)?;
+    })?;
     std::fs::rename(&tmp, path).map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
         Error::Io {

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::optim::{AdamW, Moments};
 use crate::train::data::BatcherState;
 use crate::train::trainer::TrainConfig;
-use crate::weights::Weights;
+use crate::weights::{Weights, write_atomic};
 use crate::{CausalLm, ModelConfig};
 
 /// The model files copied from the source folder into every checkpoint, when it has them.
@@ -259,20 +259,4 @@ fn sorted(map: &HashMap<String, Moments>) -> Vec<(&String, &Moments)> {
     let mut v: Vec<_> = map.iter().collect();
     v.sort_by(|a, b| a.0.cmp(b.0));
     v
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same folder renamed into place.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut name = std::ffi::OsString::from(".");
-    name.push(path.file_name().unwrap_or_default());
-    name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = path.with_file_name(name);
-    std::fs::write(&tmp, bytes).map_err(|source| Error::Io {
-        path: tmp.clone(),
-        source,
-    })?;
-    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
 }
