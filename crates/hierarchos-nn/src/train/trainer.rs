@@ -10,7 +10,7 @@ use crate::CausalLm;
 use crate::error::{Error, Result};
 use crate::optim::{AdamW, AdamWConfig, Moments, clip_factor, grad_norm};
 use crate::train::checkpoint::TrainingState;
-use crate::train::data::{Batcher, TokenData, make_batch};
+use crate::train::data::{Batch, Batcher, TokenData, make_batch};
 use crate::train::schedule::Schedule;
 
 /// The settings of a training run (saved in each checkpoint; a resumed run must keep those that shape it).
@@ -175,10 +175,7 @@ impl<'m> Trainer<'m> {
             let indices = self.batcher.next_indices(self.config.batch_size);
             let batch = make_batch(data, &indices, self.pad_id);
             tokens += batch.labels.iter().filter(|&&l| l != -100).count();
-            let device = self.lm.device();
-            let ids = Tensor::from_slice(&batch.ids, &[batch.batch, batch.len], device)?;
-            let labels = Tensor::from_slice(&batch.labels, &[batch.batch, batch.len], device)?;
-            let loss = self.lm.loss(&ids, &labels)?;
+            let loss = batch_loss(self.lm, &batch)?;
             // The mean over micro-batches, as transformers' Trainer divides each by the accumulation steps.
             loss.mul_scalar(1.0 / accum as f64)?.backward()?;
             losses.push(loss.detach().reshape(&[1])?);
@@ -207,6 +204,14 @@ impl<'m> Trainer<'m> {
             secs: start.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// The model's loss on a host batch (its ids and labels uploaded).
+fn batch_loss(lm: &CausalLm, batch: &Batch) -> Result<Tensor> {
+    let shape = [batch.batch, batch.len];
+    let ids = Tensor::from_slice(&batch.ids, &shape, lm.device())?;
+    let labels = Tensor::from_slice(&batch.labels, &shape, lm.device())?;
+    lm.loss(&ids, &labels)
 }
 
 /// Loss over a whole dataset.
@@ -240,10 +245,7 @@ pub fn evaluate(lm: &CausalLm, data: &TokenData, batch_size: usize, pad_id: u32)
         if predicted == 0 {
             continue;
         }
-        let device = lm.device();
-        let ids = Tensor::from_slice(&batch.ids, &[batch.batch, batch.len], device)?;
-        let labels = Tensor::from_slice(&batch.labels, &[batch.batch, batch.len], device)?;
-        let loss = no_grad(|| lm.loss(&ids, &labels))?.to_vec::<f32>()?[0] as f64;
+        let loss = no_grad(|| batch_loss(lm, &batch))?.to_vec::<f32>()?[0] as f64;
         sum += loss * predicted as f64;
         count += predicted;
     }
