@@ -2,6 +2,8 @@
 """Runs `hierarchos bench ops --json` and the same shapes in PyTorch on the same GPU; prints both and the ratio.
 
 Usage: python3 scripts/bench_ops.py PATH_TO_HIERARCHOS_BINARY [--sizes 512,1024,2048,4096] [--rows-cols 8192,4096]
+    [--linear 4096x768x768,...]
+Cases without a PyTorch counterpart (launch latency, decode attention) print Hierarchos' figure alone.
 """
 import argparse
 import json
@@ -21,7 +23,7 @@ def bench(fn, iters):
     return (time.perf_counter() - start) / iters
 
 
-def torch_cases(sizes, rows, cols, iters):
+def torch_cases(sizes, linear, rows, cols, iters):
     out = {}
     dt = {"f32": torch.float32, "f16": torch.float16}
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -31,6 +33,15 @@ def torch_cases(sizes, rows, cols, iters):
             b = torch.randn(n, n, device="cuda", dtype=dtype)
             s = bench(lambda: a @ b, iters)
             out[("matmul", f"{n}x{n}x{n}", name)] = (s, 2 * n**3 / s / 1e12)
+    for case in linear:
+        tokens, inputs, outputs = (int(v) for v in case.split("x"))
+        x = torch.randn(tokens, inputs, device="cuda")
+        w = torch.randn(outputs, inputs, device="cuda")
+        g = torch.randn(tokens, outputs, device="cuda")
+        flops = 2 * tokens * inputs * outputs
+        for name, fn in [("x@W.t", lambda: x @ w.t()), ("g@W", lambda: g @ w), ("g.t@x", lambda: g.t() @ x)]:
+            s = bench(fn, iters)
+            out[("linear", f"{case} {name}", "f32")] = (s, flops / s / 1e12)
     x = torch.randn(rows, cols, device="cuda")
     y = torch.randn(rows, cols, device="cuda")
     nbytes = rows * cols * 4
@@ -49,21 +60,26 @@ def main():
     p.add_argument("binary")
     p.add_argument("--sizes", default="512,1024,2048,4096")
     p.add_argument("--rows-cols", default="8192,4096")
+    p.add_argument("--linear", default="4096x768x768,4096x768x3072,4096x3072x768,4096x768x32000")
     p.add_argument("--iters", type=int, default=10)
     a = p.parse_args()
     sizes = [int(v) for v in a.sizes.split(",")]
     rows, cols = (int(v) for v in a.rows_cols.split(","))
-    cmd = [a.binary, "bench", "ops", "--json", "--sizes", a.sizes, "--rows-cols", a.rows_cols, "--iters", str(a.iters)]
+    cmd = [a.binary, "bench", "ops", "--json", "--sizes", a.sizes, "--rows-cols", a.rows_cols, "--linear", a.linear,
+           "--iters", str(a.iters)]
     lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
     ours = {}
     for line in lines:
         r = json.loads(line)
         ours[(r["op"], r["shape"], r["dtype"])] = (r["ms"] / 1e3, r["value"], r["unit"])
-    theirs = torch_cases(sizes, rows, cols, a.iters)
+    theirs = torch_cases(sizes, a.linear.split(","), rows, cols, a.iters)
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__} (TF32 off)")
     print(f"| op | shape | dtype | Hierarchos | PyTorch | ratio |")
     print(f"|---|---|---|---|---|---|")
     for key, (s, v, unit) in ours.items():
+        if key not in theirs:
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {v:.1f} {unit} | | |")
+            continue
         ts, tv = theirs[key]
         print(f"| {key[0]} | {key[1]} | {key[2]} | {v:.1f} {unit} | {tv:.1f} {unit} | {v / tv:.2f} |")
 

@@ -258,6 +258,36 @@ fn large_tiles() {
     check_shapes(&mut rng, &[2000, 4], &[4, 2111], DType::F16);
 }
 
+/// Every pairing of operand layouts (A unit-stride along K or M, B along K or N), where the f32 operands load as
+/// vec4s (dimensions, offsets and strides multiples of 4) and where one of them cannot (an offset of 1, a
+/// dimension of 4n + 2), in both tile sizes with partial edge tiles.
+#[test]
+fn every_operand_layout() {
+    let mut rng = Rng::new("every_operand_layout");
+    for (batch, m, k, n, shift) in [
+        (1, 68, 36, 132, 4),
+        (1, 4, 4, 4, 0),
+        (1, 70, 38, 130, 1),
+        (3, 36, 20, 12, 1),
+        (3, 1156, 8, 1036, 4),
+    ] {
+        // Each operand comes as a narrowed row-major matrix and as the transpose of one.
+        let (ar, var) = random(&mut rng, &[batch, m, k + shift], DType::F32);
+        let (at, vat) = random(&mut rng, &[batch, k, m + shift], DType::F32);
+        let (br, vbr) = random(&mut rng, &[batch, k, n + shift], DType::F32);
+        let (bt, vbt) = random(&mut rng, &[batch, n, k + shift], DType::F32);
+        let a_rows = ar.narrow(2, shift, k).unwrap();
+        let a_cols = at.narrow(2, shift, m).unwrap().transpose(1, 2).unwrap();
+        let b_rows = br.narrow(2, shift, n).unwrap();
+        let b_cols = bt.narrow(2, shift, k).unwrap().transpose(1, 2).unwrap();
+        for (an, a, va) in [("a", &a_rows, &var), ("a^T", &a_cols, &vat)] {
+            for (bn, b, vb) in [("b", &b_rows, &vbr), ("b^T", &b_cols, &vbt)] {
+                check(&format!("{an} @ {bn} {batch}x{m}x{k}x{n} shift {shift}"), a, va, b, vb);
+            }
+        }
+    }
+}
+
 #[test]
 fn gradients() {
     let mut rng = Rng::new("gradients");
@@ -374,8 +404,8 @@ fn rng_vec(n: usize) -> Vec<f32> {
 
 #[test]
 fn long_reductions_split_into_slices() {
-    // Few output tiles and a long K: the product runs as several launches over slices of K (one not a multiple of
-    // the slice length), then adds them; as a weight gradient (a^T @ g) and batched.
+    // Few output tiles and a long K: the product runs over slices of K side by side (the last one shorter than the
+    // others), then adds them; as a weight gradient (a^T @ g) and batched.
     let mut rng = Rng::new("split_k");
     check_shapes(&mut rng, &[3, 2050], &[2050, 5], DType::F32);
     let (a, va) = random(&mut rng, &[1537, 17], DType::F32);

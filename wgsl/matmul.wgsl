@@ -1,17 +1,20 @@
 // Tiled matrix product template. One workgroup of 256 threads (16 x 16) computes a BM x BN tile of one batch
-// entry of C = A @ B. BK-deep slices of A and B are staged k-major in workgroup memory (each k row padded by one
-// vec4 so that stores along k spread over the banks); each thread accumulates a TM x TN micro-tile in registers
-// (f32) from vec4 reads, and fetches the next slice from global memory into registers while the current one is
-// multiplied. Operands are read through their strides; A_ALONG_K / B_ALONG_K pick which dimension consecutive
-// threads walk when fetching, so that the unit-stride dimension is read coalesced.
+// entry of C = A @ B over one slice of the reduction (the whole of K unless the product is split: then slice s
+// covers K_SLICE steps from s * K_SLICE and writes its own partial product, which the split-sum kernel adds).
+// BK-deep slices of A and B are staged k-major in workgroup memory (each k row padded by one vec4 so that stores
+// along k spread over the banks); each thread accumulates a TM x TN micro-tile in registers (f32) from vec4
+// reads, and fetches the next slice from global memory into registers while the current one is multiplied.
+// A_ALONG_K / B_ALONG_K pick which dimension consecutive fetches walk (the unit-stride one, so that reads are
+// coalesced). With A_VEC4 / B_VEC4 a thread fetches four consecutive elements along it as one vec4 (`load_x4`);
+// otherwise single elements, consecutive threads taking consecutive ones.
 //
-// The Rust side prepends bindings (out, lhs, rhs), their load/store functions, the constants BM, BN, TM, TN,
-// A_ALONG_K, B_ALONG_K and PACKED_OUT, and replaces the generated blocks marked `//@NAME` (register declarations,
-// fetch, stash, the multiply-add step of one k and the final store), which are unrolled over the micro-tile.
+// The Rust side prepends bindings (out, lhs, rhs), their load/store functions, the constants BK, BM, BN, A_ALONG_K,
+// B_ALONG_K, A_VEC4, B_VEC4 and PACKED_OUT, and replaces the generated blocks marked `//@NAME` (register
+// declarations, fetch, stash, the multiply-add steps over the BK staged rows and the final store), which are
+// unrolled over the micro-tile: each thread fetches TM / 4 groups of four elements of A and TN / 4 of B per slice.
 //
-// Parameters: see matmul_batch.wgsl.
+// Parameters: see matmul_batch.wgsl, then [K_SLICE, slices].
 
-const BK: u32 = 16u;
 const GROUP_M: u32 = 8u;
 const AS4: u32 = BM / 4u + 1u;
 const BS4: u32 = BN / 4u + 1u;
@@ -24,49 +27,138 @@ var<private> tile_m: u32;
 var<private> tile_n: u32;
 var<private> a_base: u32;
 var<private> b_base: u32;
+// The end of this workgroup's slice of K.
+var<private> k_end: u32;
 
-// Element `e` of this thread's share of the A slice: (m, k) within the tile.
-fn a_slot(e: u32) -> vec2<u32> {
-    let i = e * 256u + lid;
+// Element `j` of this thread's share of the A slice, fetched singly: (m, k) within the tile.
+fn a_slot(j: u32) -> vec2<u32> {
+    let i = j * 256u + lid;
     if (A_ALONG_K) {
         return vec2<u32>(i / BK, i % BK);
     }
     return vec2<u32>(i % BM, i / BM);
 }
 
-// Element `e` of this thread's share of the B slice: (k, n) within the tile.
-fn b_slot(e: u32) -> vec2<u32> {
-    let i = e * 256u + lid;
+// Element `j` of this thread's share of the B slice, fetched singly: (k, n) within the tile.
+fn b_slot(j: u32) -> vec2<u32> {
+    let i = j * 256u + lid;
     if (B_ALONG_K) {
         return vec2<u32>(i % BK, i / BK);
     }
     return vec2<u32>(i / BN, i % BN);
 }
 
-// Out-of-range elements read as 0; their addresses are clamped so that every load stays inside the operand.
-fn fetch_a(e: u32, k0: u32) -> f32 {
-    let s = a_slot(e);
+// Where group `e` of this thread's share of the A slice starts when fetched as vec4s: (m, k) within the tile,
+// the four elements following along k when A_ALONG_K, else along m.
+fn a_origin(e: u32) -> vec2<u32> {
+    let i = e * 256u + lid;
+    if (A_ALONG_K) {
+        return vec2<u32>(i / (BK / 4u), (i % (BK / 4u)) * 4u);
+    }
+    return vec2<u32>((i % (BM / 4u)) * 4u, i / (BM / 4u));
+}
+
+// Where group `e` of this thread's share of the B slice starts when fetched as vec4s: (k, n) within the tile.
+fn b_origin(e: u32) -> vec2<u32> {
+    let i = e * 256u + lid;
+    if (B_ALONG_K) {
+        return vec2<u32>((i % (BK / 4u)) * 4u, i / (BK / 4u));
+    }
+    return vec2<u32>(i / (BN / 4u), (i % (BN / 4u)) * 4u);
+}
+
+// Out-of-range elements read as 0; addresses are clamped so that every load stays inside the operand. A vec4
+// group is in or out of range as a whole (its walked dimension is a multiple of 4, as is K_SLICE).
+fn fetch_a(e: u32, k0: u32) -> vec4<f32> {
+    if (A_VEC4) {
+        let s = a_origin(e);
+        let m = tile_m + s.x;
+        let k = k0 + s.y;
+        let v = load_lhs4(a_base + min(m, p[0] - 1u) * p[6] + min(k, k_end - 1u) * p[7]);
+        return select(vec4<f32>(), v, (m < p[0]) && (k < k_end));
+    }
+    return vec4<f32>(fetch_a1(4u * e, k0), fetch_a1(4u * e + 1u, k0), fetch_a1(4u * e + 2u, k0),
+                     fetch_a1(4u * e + 3u, k0));
+}
+
+fn fetch_a1(j: u32, k0: u32) -> f32 {
+    let s = a_slot(j);
     let m = tile_m + s.x;
     let k = k0 + s.y;
-    let v = f32(load_lhs(a_base + min(m, p[0] - 1u) * p[6] + min(k, p[2] - 1u) * p[7]));
-    return select(0.0, v, (m < p[0]) && (k < p[2]));
+    let v = f32(load_lhs(a_base + min(m, p[0] - 1u) * p[6] + min(k, k_end - 1u) * p[7]));
+    return select(0.0, v, (m < p[0]) && (k < k_end));
 }
 
-fn fetch_b(e: u32, k0: u32) -> f32 {
-    let s = b_slot(e);
+fn fetch_b(e: u32, k0: u32) -> vec4<f32> {
+    if (B_VEC4) {
+        let s = b_origin(e);
+        let k = k0 + s.x;
+        let n = tile_n + s.y;
+        let v = load_rhs4(b_base + min(k, k_end - 1u) * p[9] + min(n, p[1] - 1u) * p[10]);
+        return select(vec4<f32>(), v, (k < k_end) && (n < p[1]));
+    }
+    return vec4<f32>(fetch_b1(4u * e, k0), fetch_b1(4u * e + 1u, k0), fetch_b1(4u * e + 2u, k0),
+                     fetch_b1(4u * e + 3u, k0));
+}
+
+fn fetch_b1(j: u32, k0: u32) -> f32 {
+    let s = b_slot(j);
     let k = k0 + s.x;
     let n = tile_n + s.y;
-    let v = f32(load_rhs(b_base + min(k, p[2] - 1u) * p[9] + min(n, p[1] - 1u) * p[10]));
-    return select(0.0, v, (k < p[2]) && (n < p[1]));
+    let v = f32(load_rhs(b_base + min(k, k_end - 1u) * p[9] + min(n, p[1] - 1u) * p[10]));
+    return select(0.0, v, (k < k_end) && (n < p[1]));
 }
 
-fn stash_a(e: u32, v: f32) {
-    let s = a_slot(e);
+// Vector components are named, not indexed, so that the compiler keeps them in registers.
+fn stash_a(e: u32, v: vec4<f32>) {
+    if (A_VEC4) {
+        let s = a_origin(e);
+        let at = s.y * AS4 + s.x / 4u;
+        if (A_ALONG_K) {
+            let c = s.x % 4u;
+            As[at][c] = v.x;
+            As[at + AS4][c] = v.y;
+            As[at + 2u * AS4][c] = v.z;
+            As[at + 3u * AS4][c] = v.w;
+        } else {
+            As[at] = v;
+        }
+        return;
+    }
+    stash_a1(4u * e, v.x);
+    stash_a1(4u * e + 1u, v.y);
+    stash_a1(4u * e + 2u, v.z);
+    stash_a1(4u * e + 3u, v.w);
+}
+
+fn stash_a1(j: u32, v: f32) {
+    let s = a_slot(j);
     As[s.y * AS4 + s.x / 4u][s.x % 4u] = v;
 }
 
-fn stash_b(e: u32, v: f32) {
-    let s = b_slot(e);
+fn stash_b(e: u32, v: vec4<f32>) {
+    if (B_VEC4) {
+        let s = b_origin(e);
+        let at = s.x * BS4 + s.y / 4u;
+        if (B_ALONG_K) {
+            let c = s.y % 4u;
+            Bs[at][c] = v.x;
+            Bs[at + BS4][c] = v.y;
+            Bs[at + 2u * BS4][c] = v.z;
+            Bs[at + 3u * BS4][c] = v.w;
+        } else {
+            Bs[at] = v;
+        }
+        return;
+    }
+    stash_b1(4u * e, v.x);
+    stash_b1(4u * e + 1u, v.y);
+    stash_b1(4u * e + 2u, v.z);
+    stash_b1(4u * e + 3u, v.w);
+}
+
+fn stash_b1(j: u32, v: f32) {
+    let s = b_slot(j);
     Bs[s.x * BS4 + s.y / 4u][s.y % 4u] = v;
 }
 
@@ -106,13 +198,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tiles_m = (M + BM - 1u) / BM;
     let tiles_n = (N + BN - 1u) / BN;
     let per_batch = tiles_m * tiles_n;
+    let per_slice = per_batch * p[3];
     let t = wid.x + wid.y * nwg.x;
-    if (t >= per_batch * p[3]) {
+    if (t >= per_slice * p[30]) {
         return;
     }
     lid = local;
+    let slice = t / per_slice;
+    let k_begin = slice * p[29];
+    k_end = min(K, k_begin + p[29]);
     // Groups of GROUP_M tile rows are walked column by column, so that tiles running together share operands in L2.
-    let batch = t / per_batch;
+    let batch = (t % per_slice) / per_batch;
     let r = t % per_batch;
     let per_group = GROUP_M * tiles_n;
     let first_m = (r / per_group) * GROUP_M;
@@ -125,23 +221,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tx = local % 16u;
     let ty = local / 16u;
     //@DECL
-    let k_tiles = (K + BK - 1u) / BK;
+    let k_tiles = (k_end - k_begin + BK - 1u) / BK;
     if (k_tiles > 0u) {
-        let k0 = 0u;
+        let k0 = k_begin;
         //@FETCH
     }
     for (var kt = 0u; kt < k_tiles; kt = kt + 1u) {
         //@STASH
         workgroupBarrier();
         if (kt + 1u < k_tiles) {
-            let k0 = (kt + 1u) * BK;
+            let k0 = k_begin + (kt + 1u) * BK;
             //@FETCH
         }
-        for (var k = 0u; k < BK; k = k + 1u) {
-            //@STEP
-        }
+        //@STEPS
         workgroupBarrier();
     }
-    let out_base = batch * M * N;
+    let out_base = (slice * p[3] + batch) * M * N;
     //@STORE
 }

@@ -18,6 +18,15 @@ pub struct OpsArgs {
     /// Square matmul sizes.
     #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096")]
     pub sizes: Vec<usize>,
+    /// Linear layers `TOKENSxINxOUT` whose three training products are timed: the forward `x @ W.t()`, the
+    /// input gradient `g @ W` and the weight gradient `g.t() @ x` (the defaults are the 110M Llama shape's
+    /// projections, MLP and head at 8 x 512 tokens).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "4096x768x768,4096x768x3072,4096x3072x768,4096x768x32000"
+    )]
+    pub linear: Vec<String>,
     /// Rows × columns of the softmax, elementwise and reduction benchmarks.
     #[arg(long, value_delimiter = ',', default_value = "8192,4096")]
     pub rows_cols: Vec<usize>,
@@ -49,7 +58,7 @@ fn report(json: bool, op: &str, shape: &str, dtype: DType, secs: f64, value: f64
         );
     } else {
         println!(
-            "{op:<12} {shape:<16} {dtype:<5} {:>10.3} ms {value:>10.1} {unit}",
+            "{op:<12} {shape:<26} {dtype:<5} {:>10.3} ms {value:>10.1} {unit}",
             secs * 1e3
         );
     }
@@ -81,6 +90,37 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
                 dtype,
                 secs,
                 tflops,
+                "TFLOP/s",
+            );
+        }
+    }
+    for case in &args.linear {
+        let dims: Vec<usize> = case
+            .split('x')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("--linear {case}: expected TOKENSxINxOUT"))?;
+        let [tokens, inputs, outputs] = dims[..] else {
+            anyhow::bail!("--linear {case}: expected TOKENSxINxOUT")
+        };
+        let x = Tensor::randn(&[tokens, inputs], 11, 0, DType::F32, &device)?;
+        let w = Tensor::randn(&[outputs, inputs], 12, 0, DType::F32, &device)?;
+        let g = Tensor::randn(&[tokens, outputs], 13, 0, DType::F32, &device)?;
+        let flops = 2.0 * (tokens * inputs * outputs) as f64;
+        for (name, [lhs, rhs]) in [
+            ("x@W.t", [x.clone(), w.t()?]),
+            ("g@W", [g.clone(), w.clone()]),
+            ("g.t@x", [g.t()?, x.clone()]),
+        ] {
+            let secs = time(&device, args.iters, || Ok(lhs.matmul(&rhs)?))?;
+            let shape = format!("{case} {name}");
+            report(
+                args.json,
+                "linear",
+                &shape,
+                DType::F32,
+                secs,
+                flops / secs / 1e12,
                 "TFLOP/s",
             );
         }

@@ -11,7 +11,7 @@ use crate::autograd::{Node, grad_enabled, no_grad};
 use crate::error::{Error, Result};
 use crate::ops::math::MATH_WGSL;
 use crate::ops::matmul::{
-    BIG_TILE_MIN_TILES, MATMUL_BATCH_WGSL, MATMUL_WGSL, MAX_BATCH_DIMS, SKINNY_MAX_ROWS, along_k, unrolled,
+    BIG_TILE_MIN_TILES, MATMUL_BATCH_WGSL, MATMUL_WGSL, MAX_BATCH_DIMS, SKINNY_MAX_ROWS, along_k, load4_fn, unrolled,
 };
 use crate::ops::unary::UnaryOp;
 use crate::tensor::{Device, Tensor};
@@ -585,6 +585,8 @@ fn tiled(x: &Tensor, w: &QTensor) -> Result<Tensor> {
         k as u32,
     ];
     params.extend((0..3 * MAX_BATCH_DIMS).map(|i| u32::from(i < MAX_BATCH_DIMS)));
+    // One slice of K: the whole reduction.
+    params.extend([k as u32, 1]);
     let w_offset_at = params.len();
     params.push(w.offset as u32);
     let out = device.alloc("matmul_q", Tensor::bytes_for(m * n, DType::F32))?;
@@ -596,14 +598,17 @@ fn tiled(x: &Tensor, w: &QTensor) -> Result<Tensor> {
         }
         s.push_str(&bindings(Some(("lhs", access.storage_type()))));
         s.push_str(&access.load_fn("lhs"));
+        s.push_str(&load4_fn("lhs"));
         s.push_str(&Access::new(DType::F32, native_f16).store_fn("out"));
         s.push_str(COMMON_WGSL);
         s.push_str(&format_wgsl(ty));
         let _ = writeln!(
             s,
-            "fn load_rhs(i: u32) -> f32 {{ return deq(p[{w_offset_at}u] + (i / QK) * BW, i % QK); }}\n\
+            "fn load_rhs(i: u32) -> f32 {{ return deq(p[{w_offset_at}u] + (i / QK) * BW, i % QK); }}\n{}\
              const BM: u32 = {bm}u;\nconst BN: u32 = {bn}u;\nconst A_ALONG_K: bool = {a_k};\n\
-             const B_ALONG_K: bool = true;\nconst PACKED_OUT: bool = false;"
+             const B_ALONG_K: bool = true;\nconst A_VEC4: bool = false;\nconst B_VEC4: bool = false;\n\
+             const PACKED_OUT: bool = false;",
+            load4_fn("rhs")
         );
         s.push_str(MATMUL_BATCH_WGSL);
         s.push_str(&unrolled(MATMUL_WGSL, tm, tn));
