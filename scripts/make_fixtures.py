@@ -12,6 +12,10 @@ the Hub serves models, plus references computed in float64 on the CPU:
   `adamw_damped_losses`, [2] f64).
 - reference.json: prompts, decoded greedy text, tokenizer round trips, a rendered chat template, diagnostics
   (among them how far PyTorch's own f32 lands from the references).
+- lora/: a LoRA adapter made with PEFT (random A and B, settings per family in LORA below), as
+  `PeftModel.save_pretrained` writes it, and in reference.safetensors `lora/logits` (the model with the adapter),
+  `lora/adamw/<PEFT tensor name>` (the adapter after two AdamW steps with torch's defaults and weight decay 0.01,
+  batch A then batch B, the base frozen) and `lora/adamw_losses`, all float64.
 
 transformers computes RMSNorm, the attention softmax, RoPE's cos/sin and the loss in float32 even when the model
 is float64, so the reference model replaces those four pieces with the same formulas in float64; the script
@@ -28,6 +32,7 @@ import sys
 import types
 from pathlib import Path
 
+import peft
 import safetensors.torch
 import tokenizers
 import torch
@@ -51,6 +56,19 @@ ADAMW = {
     "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
     "adamw_damped": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.1),
 }
+
+# The adapter of each family's fixture: different targets, ranks, scalings and patterns, so that each of PEFT's
+# settings Hierarchos reads is exercised. Dropout is 0 so that training is deterministic.
+LORA = {
+    "llama": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    "llama3_tied": dict(r=8, lora_alpha=16, target_modules="all-linear", use_rslora=True),
+    "mistral": dict(r=4, lora_alpha=6, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                    rank_pattern={"v_proj": 2}, alpha_pattern={"o_proj": 3}),
+    "qwen2": dict(r=4, lora_alpha=8, layers_to_transform=[1],
+                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    "qwen3": dict(r=2, lora_alpha=5, target_modules=r".*mlp\.(gate|up|down)_proj"),
+}
+LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
 # Public domain: Carroll (1865), Austen (1813), Lincoln (1863), Melville (1851), Shelley (1818).
 CORPUS = [
@@ -461,6 +479,7 @@ def make_fixture(name, out_root, tok_cache):
             "max_abs_param_err": max((params32[n].double() - p).abs().max().item() for n, p in params.items()),
             "max_rel_loss_err": ((losses32 - step_losses).abs() / step_losses.abs()).max().item(),
         }
+    lora_report = make_lora(name, out, model32, ids, tensors)
     safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "reference.safetensors"))
 
     checks, chat = tokenizer_report(tok, out)
@@ -479,6 +498,7 @@ def make_fixture(name, out_root, tok_cache):
         "chat": chat,
         "adamw": {k: dict(ADAMW[k], betas=list(ADAMW[k]["betas"]), losses=losses[k]) for k in ADAMW},
         "loss": "mean cross-entropy of logits[:, t] against input_ids[:, t + 1] over all 2 x 23 positions",
+        "lora": lora_report,
         "diagnostics": {
             "max_abs_logit": logits.abs().max().item(),
             "transformers_f32_max_abs_err": (hf32 - logits).abs().max().item(),
@@ -496,6 +516,64 @@ def make_fixture(name, out_root, tok_cache):
     return covers
 
 
+def lora_steps(model, ids):
+    """Two AdamW steps on the adapter's tensors only (batch A, then batch B); returns them by their saved names."""
+    params = {n.replace(".default", ""): p for n, p in model.named_parameters() if p.requires_grad}
+    opt = torch.optim.AdamW(params.values(), **LORA_ADAMW)
+    losses = []
+    for batch in (ids[:1], ids[1:]):
+        opt.zero_grad()
+        loss = lm_loss(model(batch, use_cache=False).logits, batch)
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+    return {n: p.detach().clone() for n, p in params.items()}, torch.tensor(losses, dtype=torch.float64)
+
+
+def make_lora(name, out, model32, ids, tensors):
+    """The family's PEFT adapter in out/lora and its float64 references in `tensors` (see the module docs)."""
+    settings = LORA[name]
+    torch.manual_seed(7)
+    config = peft.LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, init_lora_weights=False, **settings)
+    made = peft.get_peft_model(copy.deepcopy(model32), config)
+    # B starts random (init_lora_weights=False) so that the adapter changes the logits; scaled so it does not
+    # drown the base model.
+    with torch.no_grad():
+        for n, p in made.named_parameters():
+            if "lora_B" in n:
+                p.mul_(0.5)
+    made.save_pretrained(out / "lora", safe_serialization=True)
+    (out / "lora" / "README.md").unlink()  # PEFT's model card template
+
+    def loaded(base):
+        return peft.PeftModel.from_pretrained(base, out / "lora", is_trainable=True)
+
+    model64 = loaded(float64_model(model32)).double()
+    with torch.no_grad():
+        logits = model64(ids, use_cache=False).logits
+        logits32 = loaded(copy.deepcopy(model32)).eval()(ids, use_cache=False).logits.double()
+        merged = loaded(float64_model(model32)).double().merge_and_unload()(ids, use_cache=False).logits
+    if (logits32 - logits).abs().max() > 1e-4:
+        raise SystemExit(f"{name}: LoRA float64 reference is {(logits32 - logits).abs().max():.2e} from PEFT's f32")
+    tensors["lora/logits"] = logits
+    params, losses = lora_steps(model64, ids)
+    params32, losses32 = lora_steps(loaded(copy.deepcopy(model32)).eval(), ids)
+    saved = set(safetensors.torch.load_file(str(out / "lora" / "adapter_model.safetensors")))
+    if set(params) != saved:
+        raise SystemExit(f"{name}: trained adapter names {sorted(params)} differ from the saved {sorted(saved)}")
+    tensors.update({f"lora/adamw/{n}": p for n, p in params.items()})
+    tensors["lora/adamw_losses"] = losses
+    return {
+        "settings": {k: (sorted(v) if isinstance(v, set) else v) for k, v in settings.items()},
+        "adamw": dict(LORA_ADAMW, betas=list(LORA_ADAMW["betas"]), losses=losses.tolist()),
+        "peft_f32_max_abs_logit_err": (logits32 - logits).abs().max().item(),
+        "merge_and_unload_max_abs_logit_err": (merged - logits).abs().max().item(),
+        "peft_f32_adamw_max_abs_param_err": max((params32[n].double() - p).abs().max().item()
+                                                for n, p in params.items()),
+        "peft_f32_adamw_max_rel_loss_err": ((losses32 - losses).abs() / losses.abs()).max().item(),
+    }
+
+
 def versions():
     return {
         "python": platform.python_version(),
@@ -503,6 +581,7 @@ def versions():
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
         "safetensors": getattr(safetensors, "__version__", "unknown"),
+        "peft": peft.__version__,
     }
 
 
@@ -512,10 +591,11 @@ def write_readme(out_root, covered):
     (out_root / "README.md").write_text(f"""# Reference fixtures
 
 Tiny random causal LMs, one per supported family, with references computed by Hugging Face transformers.
-Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (on the H200 machine; everything runs on the CPU)
-with Python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, tokenizers {v['tokenizers']},
-safetensors {v['safetensors']}. Rerunning it with these versions gives the same files, except that another CPU
-may change the last bits of the float64 references (a run on a 2-core x86 box differed by at most 2e-13).
+Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (everything runs on the CPU) with Python
+{v['python']}, torch {v['torch']}, transformers {v['transformers']}, tokenizers {v['tokenizers']}, safetensors
+{v['safetensors']}, peft {v['peft']}. Rerunning it with these versions gives the same files, except that another
+CPU may change the last bits of the float64 references (runs on the H200 machine and on a 2-core x86 box
+differed by at most 2e-13); the model, tokenizer and adapter files come out byte for byte the same.
 
 Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU), vocab 300, f32 weights
 (all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
@@ -539,6 +619,15 @@ Files in each folder:
     applies to every parameter. Step 1 trains on `input_ids[0]` (batch A), step 2 on `input_ids[1]` (batch B);
     the loss is the mean cross-entropy of `logits[:, t]` against `input_ids[:, t+1]` over the batch's 23
     positions; `adamw_losses` / `adamw_damped_losses` [2] f64 hold the loss before each step.
+- `lora/`: a LoRA adapter made by PEFT (`get_peft_model` with `init_lora_weights=False`, B scaled by 1/2, then
+  `save_pretrained`): `adapter_config.json` and `adapter_model.safetensors` as PEFT writes them. Each family's
+  adapter uses other settings (`LORA` in the script; `lora.settings` in reference.json): targets by name list,
+  `all-linear` and regular expression, rsLoRA, `rank_pattern` / `alpha_pattern`, `layers_to_transform`.
+  `reference.safetensors` holds, in float64: `lora/logits` [2, 24, 300] (the model with the adapter, through
+  `PeftModel.from_pretrained`), `lora/adamw/<tensor name as saved>` (the adapter after two `torch.optim.AdamW`
+  steps with torch's defaults and weight decay 0.01, lr 1e-3, batch A then batch B, only the adapter training)
+  and `lora/adamw_losses` [2]. reference.json's `lora` section says how far PEFT's own f32 lands (logits, trained
+  adapter, losses) and how far `merge_and_unload` lands from the unmerged float64 logits.
 - `reference.json`: prompt texts, decoded greedy text, tokenizer round trips (ids with and without special
   tokens, decoded text), the chat template rendered by transformers for a sample conversation (encode it without
   adding special tokens), and diagnostics: how far transformers' own f32 and its unpatched `model.double()` are

@@ -3,8 +3,9 @@
 //! non-finite loss that stops the run, and saved models that load back.
 
 mod common;
+use common::fixtures::*;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use hierarchos::core::Tensor;
 use hierarchos::nn::optim::{AdamW, AdamWConfig};
@@ -13,8 +14,6 @@ use hierarchos::nn::train::data::TokenData;
 use hierarchos::nn::train::{LrScheduler, Schedule, TrainConfig, Trainer};
 use hierarchos::nn::{CausalLm, Error, Model, ModelConfig, Weights};
 
-const FAMILIES: [&str; 5] = ["llama", "llama3_tied", "mistral", "qwen2", "qwen3"];
-
 /// The bound on any parameter after the two damped steps, unless PyTorch's own f32 lands further from the
 /// float64 reference on a fixture (2.0e-7..4.3e-7 here, mostly the rounding of norm weights near 1): then 1.5x
 /// PyTorch's error.
@@ -22,43 +21,6 @@ const PARAM_ATOL: f64 = 2.5e-7;
 const TORCH_F32_FACTOR: f64 = 1.5;
 /// Relative bound on the two losses (the first is the forward pass alone, the second follows one update).
 const LOSS_RTOL: f64 = 1e-6;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
-}
-
-/// Every f64 tensor of the reference file whose name starts with `prefix`, by the rest of the name.
-fn reference_tensors(dir: &Path, prefix: &str) -> Vec<(String, Vec<f64>)> {
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut out: Vec<(String, Vec<f64>)> = st
-        .tensors()
-        .into_iter()
-        .filter_map(|(name, t)| {
-            let rest = name.strip_prefix(prefix)?.to_string();
-            let v = t
-                .data()
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            Some((rest, v))
-        })
-        .collect();
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
-fn input_ids(dir: &Path) -> Tensor {
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor("input_ids").unwrap();
-    let ids: Vec<u32> = t
-        .data()
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-        .collect();
-    Tensor::from_slice(&ids, t.shape(), &dev()).unwrap()
-}
 
 /// The fixture model with every parameter trainable.
 fn trainable(dir: &Path) -> CausalLm {
@@ -119,9 +81,7 @@ fn two_adamw_steps_match_pytorch_float64() {
                 worst = (d, pname.clone());
             }
         }
-        let report: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-        let torch = report["diagnostics"]["transformers_f32_adamw"]["adamw_damped"]["max_abs_param_err"]
+        let torch = report(&dir)["diagnostics"]["transformers_f32_adamw"]["adamw_damped"]["max_abs_param_err"]
             .as_f64()
             .unwrap();
         let bound = PARAM_ATOL.max(TORCH_F32_FACTOR * torch);

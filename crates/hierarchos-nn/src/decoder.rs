@@ -10,6 +10,7 @@ use crate::embedding::Embedding;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, LinearWeight, prefixed};
+use crate::lora::LoraConfig;
 use crate::mlp::Mlp;
 use crate::norm::RmsNorm;
 use crate::rope::RotaryEmbedding;
@@ -92,6 +93,8 @@ pub struct CausalLm {
     /// While the embedding requires grad the tied matrix itself is used, so that training sees one matrix.
     pub lm_head: Option<Linear>,
     rotary: RotaryEmbedding,
+    /// The settings of the LoRA adapter attached to some of the linear layers (see `lora.rs`).
+    pub(crate) adapter: Option<Box<LoraConfig>>,
 }
 
 impl CausalLm {
@@ -235,6 +238,7 @@ impl CausalLm {
             quantized("model.embed_tokens.weight", [c.vocab_size, hidden])?.map(|q| Linear {
                 weight: LinearWeight::Quantized(q),
                 bias: None,
+                lora: None,
             })
         } else {
             Some(linear(tensor, quantized, "lm_head", c.vocab_size, hidden, false)?)
@@ -246,6 +250,7 @@ impl CausalLm {
             norm: final_norm,
             lm_head,
             rotary: RotaryEmbedding::new(d, &c.rope)?,
+            adapter: None,
         })
     }
 
@@ -399,6 +404,53 @@ impl CausalLm {
         }
     }
 
+    /// The linear layers with their module paths (`model.layers.0.self_attn.q_proj`, ..., `lm_head`), the
+    /// names PEFT targets adapters by.
+    pub fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut v = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let (a, m) = (&layer.self_attn, &layer.mlp);
+            for (name, l) in [
+                ("self_attn.q_proj", &a.q_proj),
+                ("self_attn.k_proj", &a.k_proj),
+                ("self_attn.v_proj", &a.v_proj),
+                ("self_attn.o_proj", &a.o_proj),
+                ("mlp.gate_proj", &m.gate_proj),
+                ("mlp.up_proj", &m.up_proj),
+                ("mlp.down_proj", &m.down_proj),
+            ] {
+                v.push((format!("model.layers.{i}.{name}"), l));
+            }
+        }
+        if let Some(head) = &self.lm_head {
+            v.push(("lm_head".to_string(), head));
+        }
+        v
+    }
+
+    /// [`CausalLm::linears`], mutable.
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut v = Vec::new();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
+            for (name, l) in [
+                ("self_attn.q_proj", &mut a.q_proj),
+                ("self_attn.k_proj", &mut a.k_proj),
+                ("self_attn.v_proj", &mut a.v_proj),
+                ("self_attn.o_proj", &mut a.o_proj),
+                ("mlp.gate_proj", &mut m.gate_proj),
+                ("mlp.up_proj", &mut m.up_proj),
+                ("mlp.down_proj", &mut m.down_proj),
+            ] {
+                v.push((format!("model.layers.{i}.{name}"), l));
+            }
+        }
+        if let Some(head) = &mut self.lm_head {
+            v.push(("lm_head".to_string(), head));
+        }
+        v
+    }
+
     /// Every parameter with its exact Hugging Face name (`model.layers.0.self_attn.q_proj.weight`, ...); a tied
     /// output head is listed once, as `model.embed_tokens.weight`.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
@@ -448,6 +500,7 @@ fn linear(
         } else {
             None
         },
+        lora: None,
     })
 }
 

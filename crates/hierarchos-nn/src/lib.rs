@@ -16,6 +16,7 @@ pub mod hub;
 mod init;
 mod kv_cache;
 mod linear;
+pub mod lora;
 mod mlp;
 #[cfg(not(target_arch = "wasm32"))]
 mod model;

@@ -4,6 +4,7 @@ use hierarchos_core::quant::{Fusion, QTensor};
 use hierarchos_core::{DType, Device, Result, Tensor, UnaryOp, no_grad};
 
 use crate::init::ParamRng;
+use crate::lora::Lora;
 use crate::norm::RmsNorm;
 
 /// The weight matrix of a layer: dense (trainable), or ggml blocks kept quantized on the GPU (frozen, read by
@@ -23,6 +24,8 @@ pub struct Linear {
     pub weight: LinearWeight,
     /// `[out_features]`, if the layer has a bias.
     pub bias: Option<Tensor>,
+    /// A LoRA adapter whose low-rank update is added to the output (unless merged into `weight`).
+    pub lora: Option<Lora>,
 }
 
 impl Linear {
@@ -46,17 +49,22 @@ impl Linear {
         Ok(Linear {
             weight: LinearWeight::Dense(weight),
             bias,
+            lora: None,
         })
     }
 
-    /// `x Wᵀ + b` over the last dimension of `x`.
+    /// `x Wᵀ + b` over the last dimension of `x`, plus the adapter's update when it has an unmerged one.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
             LinearWeight::Quantized(q) => x.matmul_q(q)?,
         };
-        match &self.bias {
-            Some(b) => y.add(b),
+        let y = match &self.bias {
+            Some(b) => y.add(b)?,
+            None => y,
+        };
+        match self.lora.as_ref().filter(|l| !l.merged) {
+            Some(lora) => y.add(&lora.forward(x)?),
             None => Ok(y),
         }
     }
@@ -71,7 +79,7 @@ impl Linear {
         gate: Option<UnaryOp>,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
-        if let (LinearWeight::Quantized(q), None) = (&self.weight, &self.bias) {
+        if let (LinearWeight::Quantized(q), None, true) = (&self.weight, &self.bias, self.fuses()) {
             let fusion = Fusion {
                 norm: norm.map(|n| (&n.weight, n.eps)),
                 gate,
@@ -96,9 +104,15 @@ impl Linear {
         }
     }
 
-    /// Whether [`Linear::forward_fused`] runs as one launch at decode: quantized weights, no bias.
+    /// Whether [`Linear::forward_fused`] runs as one launch at decode: quantized weights, no bias, no unmerged
+    /// adapter.
     pub fn fuses(&self) -> bool {
-        matches!((&self.weight, &self.bias), (LinearWeight::Quantized(_), None))
+        matches!((&self.weight, &self.bias), (LinearWeight::Quantized(_), None)) && !self.has_active_lora()
+    }
+
+    /// Whether an adapter's update is added to the output (one is attached and not merged into the weight).
+    pub fn has_active_lora(&self) -> bool {
+        self.lora.as_ref().is_some_and(|l| !l.merged)
     }
 
     /// Puts the weights (and biases) of `layers`, which read the same input, back to back in one buffer and
@@ -175,21 +189,30 @@ impl Linear {
         } else {
             None
         };
-        Ok(Some(Linear { weight, bias }))
+        Ok(Some(Linear {
+            weight,
+            bias,
+            lora: None,
+        }))
     }
 
     /// Whether this stacked layer still holds `parts`' weights (each a view of its buffer, as
-    /// [`Linear::stack`] left them): a part whose weight was replaced since would be computed from stale
-    /// values, so callers take the separate layers then.
+    /// [`Linear::stack`] left them) and computes what they do: a part whose weight was replaced since would be
+    /// computed from stale values, and one with an unmerged adapter adds its update, so callers take the separate
+    /// layers then.
     pub fn holds(&self, parts: &[&Linear]) -> bool {
-        parts.iter().all(|p| match (&self.weight, &p.weight) {
-            (LinearWeight::Dense(w), LinearWeight::Dense(v)) => std::ptr::eq(w.buffer(), v.buffer()),
-            (LinearWeight::Quantized(w), LinearWeight::Quantized(v)) => w.shares_blocks(v),
-            _ => false,
-        } && match (&self.bias, &p.bias) {
-            (Some(b), Some(c)) => std::ptr::eq(b.buffer(), c.buffer()),
-            (None, None) => true,
-            _ => false,
+        parts.iter().all(|p| {
+            !p.has_active_lora()
+                && match (&self.weight, &p.weight) {
+                    (LinearWeight::Dense(w), LinearWeight::Dense(v)) => std::ptr::eq(w.buffer(), v.buffer()),
+                    (LinearWeight::Quantized(w), LinearWeight::Quantized(v)) => w.shares_blocks(v),
+                    _ => false,
+                }
+                && match (&self.bias, &p.bias) {
+                    (Some(b), Some(c)) => std::ptr::eq(b.buffer(), c.buffer()),
+                    (None, None) => true,
+                    _ => false,
+                }
         })
     }
 

@@ -1,0 +1,599 @@
+//! LoRA adapters as Hugging Face PEFT defines and stores them. A frozen linear layer `y = x Wᵀ + b` gains a
+//! trainable low-rank update, `y + scaling · (dropout(x) Aᵀ) Bᵀ` with `A` `[r, in]` and `B` `[out, r]`, so that
+//! fine-tuning trains and stores a few matrices instead of the model. The files are PEFT's: `adapter_config.json`
+//! and `adapter_model.safetensors` with tensors named `base_model.model.<module path>.lora_A.weight` and
+//! `.lora_B.weight`, so adapters move between Hierarchos and `peft.PeftModel` in both directions.
+
+use std::collections::BTreeMap;
+#[cfg(not(target_arch = "wasm32"))]
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hierarchos_core::{CmpOp, DType, Tensor, grad_enabled, no_grad};
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::CausalLm;
+use crate::error::{Error, Result};
+use crate::init::ParamRng;
+use crate::linear::LinearWeight;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::weights::{Weights, write_atomic};
+
+/// The adapter's settings file in a PEFT adapter folder.
+pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
+/// The adapter's tensors in a PEFT adapter folder.
+pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
+/// What PEFT puts before a module path in tensor names (the `PeftModel` wrapping a `LoraModel` wrapping the model).
+const PEFT_PREFIX: &str = "base_model.model.";
+
+/// Which linear layers get adapters (PEFT's `target_modules`, and `exclude_modules` for those to leave out).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TargetModules {
+    /// Module names: a layer matches when its path is one of them or ends with `.` and one of them
+    /// (`q_proj` matches `model.layers.3.self_attn.q_proj`).
+    Names(Vec<String>),
+    /// A regular expression the whole module path must match; `all-linear` is every linear layer but the
+    /// output head.
+    Pattern(String),
+}
+
+impl TargetModules {
+    /// Parses the CLI's `--lora-targets`: `all-linear`, or a comma-separated list of module names.
+    pub fn parse(list: &str) -> TargetModules {
+        if list == ALL_LINEAR {
+            TargetModules::Pattern(ALL_LINEAR.into())
+        } else {
+            TargetModules::Names(
+                list.split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect(),
+            )
+        }
+    }
+
+    fn matches(&self, path: &str) -> Result<bool> {
+        Ok(match self {
+            TargetModules::Pattern(p) if p == ALL_LINEAR => path != "lm_head",
+            TargetModules::Pattern(p) => full_match(p)?.is_match(path),
+            TargetModules::Names(names) => names
+                .iter()
+                .any(|n| path == n || path.strip_suffix(n.as_str()).is_some_and(|rest| rest.ends_with('.'))),
+        })
+    }
+}
+
+const ALL_LINEAR: &str = "all-linear";
+
+fn full_match(pattern: &str) -> Result<Regex> {
+    Regex::new(&format!("^(?:{pattern})$")).map_err(|e| {
+        Error::Invalid(format!(
+            "LoRA module pattern '{pattern}' is not a regular expression: {e}"
+        ))
+    })
+}
+
+/// PEFT's `adapter_config.json` for a LoRA adapter. Fields Hierarchos does not interpret are kept as they were
+/// read and written back unchanged; those that would change the computation (DoRA, bias training, extra trained
+/// modules, ...) are refused by [`LoraConfig::validate`] unless they hold their defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoraConfig {
+    /// Always `LORA`.
+    pub peft_type: String,
+    /// `CAUSAL_LM` for the models Hierarchos trains.
+    #[serde(default)]
+    pub task_type: Option<String>,
+    /// The model the adapter was trained on (a folder or a Hub id).
+    #[serde(default)]
+    pub base_model_name_or_path: Option<String>,
+    /// Rank of the update.
+    pub r: usize,
+    /// The update is scaled by `lora_alpha / r` (`lora_alpha / sqrt(r)` with rsLoRA).
+    pub lora_alpha: f64,
+    /// Dropout probability on the adapter's input while training.
+    #[serde(default)]
+    pub lora_dropout: f64,
+    /// The adapted layers.
+    pub target_modules: TargetModules,
+    /// Layers matching these are not adapted even when targeted.
+    #[serde(default)]
+    pub exclude_modules: Option<TargetModules>,
+    /// rsLoRA's scaling, `lora_alpha / sqrt(r)`.
+    #[serde(default)]
+    pub use_rslora: bool,
+    /// Ranks of particular layers (keys are module names or patterns, as PEFT matches them).
+    #[serde(default)]
+    pub rank_pattern: BTreeMap<String, usize>,
+    /// `lora_alpha` of particular layers.
+    #[serde(default)]
+    pub alpha_pattern: BTreeMap<String, f64>,
+    /// Adapt only the decoder layers with these indices (one index or a list).
+    #[serde(default)]
+    pub layers_to_transform: Option<LayerIndices>,
+    /// Must be `none`: biases stay frozen.
+    #[serde(default = "bias_none")]
+    pub bias: String,
+    /// PEFT's fields that Hierarchos does not interpret, as read.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// `layers_to_transform`: one layer index or several.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum LayerIndices {
+    /// One layer.
+    One(usize),
+    /// Several layers.
+    Many(Vec<usize>),
+}
+
+fn bias_none() -> String {
+    "none".into()
+}
+
+/// PEFT fields that change what an adapter computes, with the default Hierarchos requires.
+const MUST_BE_DEFAULT: [(&str, &str); 11] = [
+    ("use_dora", "DoRA"),
+    ("fan_in_fan_out", "transposed (Conv1D) weights"),
+    ("modules_to_save", "extra fully trained modules"),
+    ("lora_bias", "trained biases in lora_B"),
+    ("layer_replication", "layer replication"),
+    ("target_parameters", "adapted parameters (MoE experts)"),
+    ("trainable_token_indices", "trained token embeddings"),
+    ("use_qalora", "QA-LoRA"),
+    ("use_bdlora", "block-diagonal LoRA"),
+    ("alora_invocation_tokens", "activated LoRA"),
+    ("layers_pattern", "a custom layers pattern"),
+];
+
+impl LoraConfig {
+    /// A new adapter's settings, written the way PEFT writes them.
+    pub fn new(r: usize, lora_alpha: f64, lora_dropout: f64, target_modules: TargetModules) -> LoraConfig {
+        let mut other = serde_json::Map::new();
+        for (key, value) in [
+            ("fan_in_fan_out", Value::Bool(false)),
+            ("inference_mode", Value::Bool(true)),
+            ("init_lora_weights", Value::Bool(true)),
+            ("layers_pattern", Value::Null),
+            ("modules_to_save", Value::Null),
+            ("revision", Value::Null),
+            ("use_dora", Value::Bool(false)),
+        ] {
+            other.insert(key.into(), value);
+        }
+        LoraConfig {
+            peft_type: "LORA".into(),
+            task_type: Some("CAUSAL_LM".into()),
+            base_model_name_or_path: None,
+            r,
+            lora_alpha,
+            lora_dropout,
+            target_modules,
+            exclude_modules: None,
+            use_rslora: false,
+            rank_pattern: BTreeMap::new(),
+            alpha_pattern: BTreeMap::new(),
+            layers_to_transform: None,
+            bias: bias_none(),
+            other,
+        }
+    }
+
+    /// Reads `dir/adapter_config.json` and checks that Hierarchos computes what it describes.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read(dir: &Path) -> Result<LoraConfig> {
+        let path = dir.join(ADAPTER_CONFIG_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let config: LoraConfig = serde_json::from_str(&text).map_err(|e| Error::Config {
+            path: path.clone(),
+            message: format!("not a PEFT LoRA adapter config: {e}"),
+        })?;
+        config.validate().map_err(|message| Error::Config { path, message })?;
+        Ok(config)
+    }
+
+    /// Why Hierarchos cannot run this adapter as PEFT would, if it cannot.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.peft_type != "LORA" {
+            return Err(format!("peft_type '{}' is not LORA", self.peft_type));
+        }
+        if self.r == 0 || self.rank_pattern.values().any(|&r| r == 0) {
+            return Err("a rank (r or rank_pattern) of 0".into());
+        }
+        if !(0.0..1.0).contains(&self.lora_dropout) {
+            return Err(format!("lora_dropout {} is not in [0, 1)", self.lora_dropout));
+        }
+        if !self.lora_alpha.is_finite() {
+            return Err(format!("lora_alpha {} is not finite", self.lora_alpha));
+        }
+        if self.bias != "none" {
+            return Err(format!(
+                "bias '{}': only 'none' (frozen biases) is supported",
+                self.bias
+            ));
+        }
+        for (key, what) in MUST_BE_DEFAULT {
+            let set = match self.other.get(key) {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+                Some(Value::Array(a)) => !a.is_empty(),
+                Some(Value::Object(o)) => !o.is_empty(),
+                Some(_) => true,
+            };
+            if set {
+                return Err(format!("{key} ({what}) is not supported"));
+            }
+        }
+        for pattern in self.rank_pattern.keys().chain(self.alpha_pattern.keys()) {
+            pattern_regex(pattern).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Whether the layer at module path `path` (in decoder layer `layer`, if any) gets an adapter.
+    pub fn targets(&self, path: &str, layer: Option<usize>) -> Result<bool> {
+        if !self.target_modules.matches(path)? {
+            return Ok(false);
+        }
+        if let Some(exclude) = &self.exclude_modules
+            && exclude.matches(path)?
+        {
+            return Ok(false);
+        }
+        Ok(match (&self.layers_to_transform, layer) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(LayerIndices::One(i)), Some(l)) => *i == l,
+            (Some(LayerIndices::Many(v)), Some(l)) => v.contains(&l),
+        })
+    }
+
+    /// The rank and scaling of the adapter of the layer at `path` (`rank_pattern` and `alpha_pattern` applied).
+    pub fn rank_and_scaling(&self, path: &str) -> Result<(usize, f64)> {
+        let r = match pattern_value(&self.rank_pattern, path)? {
+            Some(&r) => r,
+            None => self.r,
+        };
+        let alpha = match pattern_value(&self.alpha_pattern, path)? {
+            Some(&a) => a,
+            None => self.lora_alpha,
+        };
+        let scaling = if self.use_rslora {
+            alpha / (r as f64).sqrt()
+        } else {
+            alpha / r as f64
+        };
+        Ok((r, scaling))
+    }
+
+    /// Writes the config as `dir/adapter_config.json` (through a temporary file).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn write(&self, dir: &Path) -> Result<()> {
+        let json = serde_json::to_string_pretty(self).map_err(|e| Error::Invalid(format!("adapter config: {e}")))?;
+        write_atomic(&dir.join(ADAPTER_CONFIG_FILE), json.as_bytes())
+    }
+}
+
+/// PEFT's matching of `rank_pattern` / `alpha_pattern` keys: a key matches a module path that is the key or ends
+/// with `.` and the key, the key read as a regular expression; the first matching key wins.
+fn pattern_value<'a, T>(patterns: &'a BTreeMap<String, T>, path: &str) -> Result<Option<&'a T>> {
+    for (key, value) in patterns {
+        if pattern_regex(key)?.is_match(path) {
+            return Ok(Some(value));
+        }
+    }
+    Ok(None)
+}
+
+fn pattern_regex(key: &str) -> Result<Regex> {
+    Regex::new(&format!("^(?:.*\\.)?(?:{key})$")).map_err(|e| {
+        Error::Invalid(format!(
+            "LoRA rank/alpha pattern '{key}' is not a regular expression: {e}"
+        ))
+    })
+}
+
+/// The counter-based stream the dropout masks of one model's adapters are drawn from. A training step sets where
+/// it starts ([`CausalLm::seed_lora_dropout`]), so that a resumed run draws the same masks.
+#[derive(Debug, Default)]
+pub struct DropoutStream {
+    seed: AtomicU64,
+    next: AtomicU64,
+}
+
+impl DropoutStream {
+    /// The offsets of `n` fresh draws.
+    fn take(&self, n: usize) -> (u64, u64) {
+        (
+            self.seed.load(Ordering::Relaxed),
+            self.next.fetch_add(n as u64, Ordering::Relaxed),
+        )
+    }
+}
+
+/// The adapter of one linear layer.
+#[derive(Clone, Debug)]
+pub struct Lora {
+    /// `lora_A.weight`, `[r, in_features]`.
+    pub a: Tensor,
+    /// `lora_B.weight`, `[out_features, r]`.
+    pub b: Tensor,
+    /// Factor of the update: `lora_alpha / r`, or `lora_alpha / sqrt(r)` with rsLoRA.
+    pub scaling: f64,
+    /// Dropout probability on the adapter's input while it trains.
+    pub dropout: f64,
+    /// Whether the update is currently added into the layer's weight (then the layer does not add it again).
+    pub merged: bool,
+    stream: Arc<DropoutStream>,
+}
+
+impl Lora {
+    /// `scaling · (dropout(x) Aᵀ) Bᵀ`, in PEFT's order of operations. Dropout applies only while the adapter
+    /// trains (gradients on, `A` trainable).
+    pub fn forward(&self, x: &Tensor) -> hierarchos_core::Result<Tensor> {
+        let x = if self.dropout > 0.0 && grad_enabled() && self.a.requires_grad() {
+            let (seed, offset) = self.stream.take(x.numel());
+            let keep = Tensor::rand(x.shape(), seed, offset, DType::F32, x.device())?
+                .compare_scalar(self.dropout, CmpOp::Ge)?
+                .to_dtype(x.dtype())?;
+            x.mul(&keep.mul_scalar(1.0 / (1.0 - self.dropout))?)?
+        } else {
+            x.clone()
+        };
+        let a = self.a.to_dtype(x.dtype())?;
+        let b = self.b.to_dtype(x.dtype())?;
+        x.matmul(&a.t()?)?.matmul(&b.t()?)?.mul_scalar(self.scaling)
+    }
+
+    /// The update as a weight matrix, `scaling · B A` (`[out, in]`, f32).
+    pub fn delta(&self) -> hierarchos_core::Result<Tensor> {
+        no_grad(|| self.b.matmul(&self.a)?.mul_scalar(self.scaling))
+    }
+}
+
+impl CausalLm {
+    /// Attaches fresh adapters to the layers `config` targets, initialized as PEFT does (`A` Kaiming-uniform,
+    /// i.e. uniform in ±1/√in, drawn from `seed`; `B` zero, so the model starts unchanged), and freezes every
+    /// other parameter. Errors when no layer matches.
+    pub fn add_lora(&mut self, config: &LoraConfig, seed: u64) -> Result<()> {
+        config.validate().map_err(Error::Invalid)?;
+        let device = self.device().clone();
+        let mut rng = ParamRng::new(seed);
+        self.attach(config, &mut |_, [out, inp], r| {
+            let bound = 1.0 / (inp as f64).sqrt();
+            Ok((
+                rng.uniform(&[r, inp], -bound, bound, &device)?,
+                Tensor::zeros(&[out, r], DType::F32, &device)?,
+            ))
+        })
+    }
+
+    /// Attaches the PEFT adapter in folder `dir` (`adapter_config.json`, `adapter_model.safetensors`);
+    /// `trainable` makes its tensors collect gradients. Every other parameter is frozen. Errors name the file and
+    /// tensor at fault: a missing or misshapen tensor, or one no adapted layer claims.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn load_adapter(&mut self, dir: &Path, trainable: bool) -> Result<LoraConfig> {
+        let config = LoraConfig::read(dir)?;
+        let path = dir.join(ADAPTER_WEIGHTS_FILE);
+        if !path.is_file() && dir.join("adapter_model.bin").is_file() {
+            return Err(Error::Weights {
+                path: dir.join("adapter_model.bin"),
+                message: "pickled adapters are not read (save the adapter with safe_serialization=True)".into(),
+            });
+        }
+        let weights = Weights::open_file(&path)?;
+        let device = self.device().clone();
+        let mut claimed = Vec::new();
+        self.attach(&config, &mut |module, [out, inp], r| {
+            let name = |m: &str| format!("{PEFT_PREFIX}{module}.{m}.weight");
+            let (a, b) = (name("lora_A"), name("lora_B"));
+            let tensors = (
+                weights.load(&a, &[r, inp], &device)?,
+                weights.load(&b, &[out, r], &device)?,
+            );
+            claimed.extend([a, b]);
+            Ok(tensors)
+        })?;
+        if let Some(extra) = weights.names().into_iter().find(|n| !claimed.contains(n)) {
+            return Err(Error::Weights {
+                path,
+                message: format!(
+                    "tensor '{extra}' belongs to no layer adapter_config.json targets in this model (another base \
+                     model?)"
+                ),
+            });
+        }
+        if !trainable {
+            for layer in self.linears_mut() {
+                if let Some(lora) = &mut layer.1.lora {
+                    lora.a = lora.a.detach();
+                    lora.b = lora.b.detach();
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// Attaches an adapter, with tensors from `make(module path, [out, in], rank)`, to every layer `config`
+    /// targets, and freezes the model's own parameters.
+    fn attach(&mut self, config: &LoraConfig, make: AdapterSource) -> Result<()> {
+        if self.linears_mut().iter().any(|(_, l)| l.lora.is_some()) {
+            return Err(Error::Invalid("the model already has an adapter".into()));
+        }
+        let stream = Arc::new(DropoutStream::default());
+        let mut count = 0;
+        for (path, layer) in self.linears_mut() {
+            if !config.targets(&path, layer_index(&path))? {
+                continue;
+            }
+            if let LinearWeight::Quantized(_) = layer.weight {
+                return Err(Error::Invalid(format!(
+                    "{path}: adapters on quantized (GGUF) weights are not supported; load the model dequantized"
+                )));
+            }
+            let (r, scaling) = config.rank_and_scaling(&path)?;
+            let (a, b) = make(&path, layer.weight_shape(), r)?;
+            layer.lora = Some(Lora {
+                a: a.requires_grad_(),
+                b: b.requires_grad_(),
+                scaling,
+                dropout: config.lora_dropout,
+                merged: false,
+                stream: stream.clone(),
+            });
+            count += 1;
+        }
+        if count == 0 {
+            return Err(Error::Invalid(format!(
+                "no linear layer of this model matches the LoRA targets {:?}",
+                config.target_modules
+            )));
+        }
+        self.freeze_base();
+        self.adapter = Some(Box::new(config.clone()));
+        Ok(())
+    }
+
+    /// The settings of the attached adapter, if any.
+    pub fn adapter_config(&self) -> Option<&LoraConfig> {
+        self.adapter.as_deref()
+    }
+
+    /// The adapter tensors with PEFT's names (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`),
+    /// in module order.
+    pub fn adapter_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut p = Vec::new();
+        for (path, layer) in self.linears() {
+            if let Some(lora) = &layer.lora {
+                p.push((format!("{PEFT_PREFIX}{path}.lora_A.weight"), lora.a.clone()));
+                p.push((format!("{PEFT_PREFIX}{path}.lora_B.weight"), lora.b.clone()));
+            }
+        }
+        p
+    }
+
+    /// Writes the adapter as a PEFT folder: `adapter_config.json` (with `base_model_name_or_path` set to
+    /// `base_model`) and `adapter_model.safetensors` (f32), each through a temporary file renamed into place.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn save_adapter(&self, dir: &Path, base_model: Option<&str>) -> Result<()> {
+        let Some(config) = self.adapter_config() else {
+            return Err(Error::Invalid("the model has no adapter to save".into()));
+        };
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        Weights::save(&dir.join(ADAPTER_WEIGHTS_FILE), &self.adapter_parameters())?;
+        let mut config = config.clone();
+        if let TargetModules::Pattern(p) = &config.target_modules
+            && p == ALL_LINEAR
+        {
+            let names = self
+                .linears()
+                .into_iter()
+                .filter(|(_, l)| l.lora.is_some())
+                .map(|(p, _)| p);
+            config.target_modules = TargetModules::Names(names.collect());
+        }
+        if let Some(base) = base_model {
+            config.base_model_name_or_path = Some(base.to_string());
+        }
+        config.write(dir)
+    }
+
+    /// Adds every adapter's update into its layer's weight (`W + scaling · B A`, in the weight's dtype), so the
+    /// model runs at the base model's speed; the adapters stay attached, marked merged, for
+    /// [`CausalLm::unmerge_adapters`].
+    pub fn merge_adapters(&mut self) -> Result<()> {
+        self.shift_adapters(true)
+    }
+
+    /// Takes the merged updates back out of the weights (`W - scaling · B A`; equal to the weights before the
+    /// merge up to rounding).
+    pub fn unmerge_adapters(&mut self) -> Result<()> {
+        self.shift_adapters(false)
+    }
+
+    fn shift_adapters(&mut self, merge: bool) -> Result<()> {
+        for (path, layer) in self.linears_mut() {
+            let Some(lora) = &mut layer.lora else {
+                continue;
+            };
+            if lora.merged == merge {
+                continue;
+            }
+            let LinearWeight::Dense(w) = &layer.weight else {
+                return Err(Error::Invalid(format!("{path}: cannot merge into a quantized weight")));
+            };
+            let delta = lora.delta()?.to_dtype(w.dtype())?;
+            let shifted = no_grad(|| if merge { w.add(&delta) } else { w.sub(&delta) })?;
+            layer.weight = LinearWeight::Dense(shifted);
+            lora.merged = merge;
+        }
+        Ok(())
+    }
+
+    /// Drops the adapters (after a merge, to save the merged model as a plain one).
+    pub fn remove_adapters(&mut self) {
+        for (_, layer) in self.linears_mut() {
+            layer.lora = None;
+        }
+        self.adapter = None;
+    }
+
+    /// Where the adapters' dropout masks of the coming training step are drawn from: `(seed, step)` fixes them,
+    /// so that a resumed run repeats them.
+    pub fn seed_lora_dropout(&self, seed: u64, step: usize) {
+        for (_, layer) in self.linears() {
+            if let Some(lora) = &layer.lora {
+                lora.stream.seed.store(seed, Ordering::Relaxed);
+                lora.stream.next.store((step as u64) << 40, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+
+    /// Freezes the model's own parameters: they collect no gradients and get no optimizer state.
+    pub fn freeze_base(&mut self) {
+        self.embed_tokens.weight = self.embed_tokens.weight.detach();
+        self.norm.weight = self.norm.weight.detach();
+        for layer in &mut self.layers {
+            for norm in [&mut layer.input_layernorm, &mut layer.post_attention_layernorm] {
+                norm.weight = norm.weight.detach();
+            }
+            for norm in [&mut layer.self_attn.q_norm, &mut layer.self_attn.k_norm]
+                .into_iter()
+                .flatten()
+            {
+                norm.weight = norm.weight.detach();
+            }
+        }
+        for (_, layer) in self.linears_mut() {
+            if let LinearWeight::Dense(w) = &layer.weight {
+                layer.weight = LinearWeight::Dense(w.detach());
+            }
+            layer.bias = layer.bias.as_ref().map(Tensor::detach);
+        }
+    }
+}
+
+/// Tensors `(A, B)` of the adapter of the layer at a module path, given its `[out, in]` shape and rank.
+type AdapterSource<'a> = &'a mut dyn FnMut(&str, [usize; 2], usize) -> Result<(Tensor, Tensor)>;
+
+/// The decoder layer index in a module path `model.layers.N. ...`.
+fn layer_index(path: &str) -> Option<usize> {
+    path.strip_prefix("model.layers.")?.split('.').next()?.parse().ok()
+}
+
+/// Whether `dir` holds a PEFT adapter (rather than a model).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn is_adapter_dir(dir: &Path) -> bool {
+    dir.join(ADAPTER_CONFIG_FILE).is_file()
+}

@@ -1,0 +1,55 @@
+//! The transformers fixtures under tests/fixtures (see its README.md): folders and the float64 references.
+
+use std::path::{Path, PathBuf};
+
+use hierarchos::core::Tensor;
+
+use super::dev;
+
+/// The fixture families, one tiny random model each.
+pub const FAMILIES: [&str; 5] = ["llama", "llama3_tied", "mistral", "qwen2", "qwen3"];
+
+/// The folder of fixture `name`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// Every f64 tensor of `dir/reference.safetensors` whose name starts with `prefix`, by the rest of the name,
+/// sorted by it.
+pub fn reference_tensors(dir: &Path, prefix: &str) -> Vec<(String, Vec<f64>)> {
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<f64>)> = st
+        .tensors()
+        .into_iter()
+        .filter_map(|(name, t)| {
+            let rest = name.strip_prefix(prefix)?.to_string();
+            let v = t
+                .data()
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            Some((rest, v))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The two prompts of the fixture, `[2, 24]` token ids.
+pub fn input_ids(dir: &Path) -> Tensor {
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("input_ids").unwrap();
+    let ids: Vec<u32> = t
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect();
+    Tensor::from_slice(&ids, t.shape(), &dev()).unwrap()
+}
+
+/// `reference.json` of the fixture.
+pub fn report(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
