@@ -16,6 +16,9 @@ pub struct ForwardArgs {
     /// Hub revision (branch, tag or commit) when MODEL is a Hub id.
     #[arg(long)]
     pub revision: Option<String>,
+    /// A PEFT LoRA adapter folder to apply (`adapter_config.json`, `adapter_model.safetensors`).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
     /// Token ids, comma-separated.
     #[arg(
         long,
@@ -34,7 +37,7 @@ pub struct ForwardArgs {
 
 pub fn run(args: &ForwardArgs) -> Result<()> {
     let device = default_device().context("opening the default GPU")?;
-    let model = crate::load_model(&args.model, args.revision.as_deref(), &device)?;
+    let model = crate::load_model(&args.model, args.revision.as_deref(), args.adapter.as_deref(), &device)?;
     let ids = match &args.text {
         Some(text) => model.tokenizer()?.encode(text, true)?,
         None => args.ids.clone(),

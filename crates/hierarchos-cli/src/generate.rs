@@ -1,6 +1,7 @@
 //! `hierarchos generate`: text (or ids) in, tokens streamed to stdout as they are chosen, speed on stderr.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use hierarchos_core::default_device;
@@ -15,6 +16,9 @@ pub struct GenerateArgs {
     /// Hub revision (branch, tag or commit) when MODEL is a Hub id.
     #[arg(long)]
     pub revision: Option<String>,
+    /// A PEFT LoRA adapter folder to apply (`adapter_config.json`, `adapter_model.safetensors`).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
     /// Prompt text.
     #[arg(short, long, required_unless_present = "ids", conflicts_with = "ids")]
     pub prompt: Option<String>,
@@ -71,7 +75,7 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     let sampling = args.sampling();
     sampling.validate()?;
     let device = default_device().context("opening the default GPU")?;
-    let model = crate::load_model(&args.model, args.revision.as_deref(), &device)?;
+    let model = crate::load_model(&args.model, args.revision.as_deref(), args.adapter.as_deref(), &device)?;
     let prompt_ids = match &args.prompt {
         Some(text) => model.encode_prompt(text, args.chat)?,
         None => args.ids.clone(),

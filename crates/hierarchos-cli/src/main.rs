@@ -4,6 +4,7 @@ mod bench;
 mod forward;
 mod generate;
 mod info;
+mod merge;
 mod train;
 
 use anyhow::{Context, Result};
@@ -33,6 +34,8 @@ enum Command {
     Train(Box<train::TrainArgs>),
     /// Loss and perplexity of a model on a dataset.
     Eval(train::EvalArgs),
+    /// Add a LoRA adapter into its base model's weights and save the result as a plain model folder.
+    Merge(merge::MergeArgs),
 }
 
 #[derive(Subcommand)]
@@ -61,14 +64,28 @@ fn main() -> Result<()> {
         Command::Generate(args) => generate::run(&args),
         Command::Train(args) => train::train(&args),
         Command::Eval(args) => train::eval(&args),
+        Command::Merge(args) => merge::run(&args),
     }
 }
 
-/// Loads a model folder or Hub id with a spinner on stderr (drawn only when stderr is a terminal).
-fn load_model(arg: &str, revision: Option<&str>, device: &hierarchos_core::Device) -> Result<hierarchos_nn::Model> {
+/// Loads a model folder or Hub id, and the PEFT adapter folder `adapter` onto it if given, with a spinner on stderr
+/// (drawn only when stderr is a terminal).
+fn load_model(
+    arg: &str,
+    revision: Option<&str>,
+    adapter: Option<&std::path::Path>,
+    device: &hierarchos_core::Device,
+) -> Result<hierarchos_nn::Model> {
     let spinner = indicatif::ProgressBar::new_spinner().with_message(format!("loading {arg}"));
     spinner.enable_steady_tick(std::time::Duration::from_millis(100));
     let model = hierarchos_nn::Model::load(arg, revision, device).with_context(|| format!("loading model {arg}"));
     spinner.finish_and_clear();
-    model
+    let mut model = model?;
+    if let Some(dir) = adapter {
+        model
+            .lm
+            .load_adapter(dir, false)
+            .with_context(|| format!("applying adapter {}", dir.display()))?;
+    }
+    Ok(model)
 }

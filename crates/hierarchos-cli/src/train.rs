@@ -1,11 +1,13 @@
-//! `hierarchos train` and `hierarchos eval`: full-parameter training with a progress bar, metrics as JSON lines
-//! and checkpoints under `--out` that transformers loads as they are; `--resume` continues a run exactly.
+//! `hierarchos train` and `hierarchos eval`: full-parameter or LoRA training with a progress bar, metrics as JSON
+//! lines and checkpoints under `--out` that transformers (or PEFT, for adapters) loads as they are; `--resume`
+//! continues a run exactly.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use hierarchos_core::{Device, default_device};
+use hierarchos_nn::lora::{LoraConfig, TargetModules};
 use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::train::checkpoint::{self, ModelFiles};
 use hierarchos_nn::train::data::TokenData;
@@ -100,6 +102,26 @@ pub struct TrainArgs {
     /// Append one JSON object per step (and per evaluation) to this file.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
+    /// Train a new LoRA adapter of this rank instead of every parameter (the model stays frozen); --out then
+    /// holds PEFT adapter folders.
+    #[arg(long, conflicts_with = "adapter")]
+    pub lora_r: Option<usize>,
+    /// LoRA's alpha: the update is scaled by alpha / r (PEFT's default).
+    #[arg(long, default_value_t = 8.0, requires = "lora_r")]
+    pub lora_alpha: f64,
+    /// Dropout on the adapters' inputs while training.
+    #[arg(long, default_value_t = 0.0, requires = "lora_r")]
+    pub lora_dropout: f64,
+    /// The layers to adapt: `all-linear`, or module names (comma-separated; a name matches every layer's module
+    /// of that name).
+    #[arg(long, default_value = "q_proj,v_proj", requires = "lora_r")]
+    pub lora_targets: String,
+    /// Scale by alpha / sqrt(r) (rsLoRA) instead of alpha / r.
+    #[arg(long, requires = "lora_r")]
+    pub use_rslora: bool,
+    /// Continue training this PEFT LoRA adapter folder on MODEL (a new run: fresh optimizer state).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
 }
 
 /// A model and data to evaluate.
@@ -111,6 +133,9 @@ pub struct EvalArgs {
     /// Hub revision when MODEL is a Hub id.
     #[arg(long)]
     pub revision: Option<String>,
+    /// A PEFT LoRA adapter folder to apply.
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
     /// Data: a .txt, .jsonl or .parquet file, a folder of them, or a Hub dataset id.
     #[arg(long)]
     pub data: String,
@@ -129,18 +154,63 @@ struct Source {
     tokenizer: Option<Tokenizer>,
 }
 
-/// Loads `dir` for training: its weights if it has any, else random weights from `seed`.
-fn load_source(dir: &Path, seed: u64, device: &Device) -> Result<Source> {
+/// What a run trains: every parameter, a new LoRA adapter, or an existing one.
+enum Trained<'a> {
+    All,
+    NewAdapter(Box<LoraConfig>),
+    Adapter(&'a Path),
+}
+
+impl<'a> Trained<'a> {
+    fn of(args: &'a TrainArgs) -> Trained<'a> {
+        match (&args.adapter, args.lora_r) {
+            (Some(dir), _) => Trained::Adapter(dir),
+            (None, Some(r)) => {
+                let mut config = LoraConfig::new(
+                    r,
+                    args.lora_alpha,
+                    args.lora_dropout,
+                    TargetModules::parse(&args.lora_targets),
+                );
+                config.use_rslora = args.use_rslora;
+                Trained::NewAdapter(Box::new(config))
+            }
+            (None, None) => Trained::All,
+        }
+    }
+}
+
+/// Loads `dir` for training: its weights if it has any, else random weights from `seed`; with an adapter to
+/// train, the weights frozen and the adapter attached (`base` is what its config records as the base model).
+fn load_source(dir: &Path, base: &str, trained: &Trained, seed: u64, device: &Device) -> Result<Source> {
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let has_weights = [SINGLE_FILE, INDEX_FILE].iter().any(|f| dir.join(f).is_file());
-    let lm = if has_weights {
-        CausalLm::load_trainable(&config, &Weights::open(dir)?, device)?
-    } else {
-        tracing::info!(
-            "{} has no weights: training from random weights (seed {seed})",
-            dir.display()
-        );
-        CausalLm::init_random(&config, seed, device)?
+    let frozen = || -> Result<CausalLm> {
+        anyhow::ensure!(has_weights, "{}: an adapter needs a model with weights", dir.display());
+        Ok(CausalLm::load(&config, &Weights::open(dir)?, device)?)
+    };
+    let lm = match trained {
+        Trained::All if has_weights => CausalLm::load_trainable(&config, &Weights::open(dir)?, device)?,
+        Trained::All => {
+            tracing::info!(
+                "{} has no weights: training from random weights (seed {seed})",
+                dir.display()
+            );
+            CausalLm::init_random(&config, seed, device)?
+        }
+        Trained::NewAdapter(lora) => {
+            let mut lm = frozen()?;
+            lm.add_lora(lora, seed)?;
+            lm.set_adapter_base(base);
+            lm
+        }
+        Trained::Adapter(adapter) => {
+            let mut lm = frozen()?;
+            lm.load_adapter(adapter, true)
+                .with_context(|| format!("loading adapter {}", adapter.display()))?;
+            lm.set_adapter_base(base);
+            lm
+        }
     };
     Ok(Source {
         lm,
@@ -210,7 +280,13 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         None => {
             let model = args.model.as_deref().expect("clap requires --model without --resume");
             let dir = hierarchos_nn::hub::resolve_model(model, args.revision.as_deref())?;
-            let source = load_source(&dir, args.seed, &device).with_context(|| format!("loading model {model}"))?;
+            // A resumed adapter run loads its base from here: a folder by its absolute path, else the Hub id.
+            let base = match std::fs::canonicalize(model) {
+                Ok(path) => path.display().to_string(),
+                Err(_) => model.to_string(),
+            };
+            let source = load_source(&dir, &base, &Trained::of(args), args.seed, &device)
+                .with_context(|| format!("loading model {model}"))?;
             let data = args.data.clone().expect("clap requires --data without --resume");
             (source, config_from(args)?, data, None)
         }
@@ -262,8 +338,13 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         Ok(())
     };
     eprintln!(
-        "training {} parameters on {} sequences of up to {} tokens ({} eval), {} steps of {} x {}",
-        lm.parameters().iter().map(|(_, p)| p.numel()).sum::<usize>(),
+        "training {} {} on {} sequences of up to {} tokens ({} eval), {} steps of {} x {}",
+        lm.trainable_parameters().iter().map(|(_, p)| p.numel()).sum::<usize>(),
+        if lm.adapter_config().is_some() {
+            "adapter parameters (the model is frozen)"
+        } else {
+            "parameters"
+        },
         data.sequences.len(),
         config.seq_len,
         eval.as_ref().map_or(0, |e| e.sequences.len()),
@@ -355,7 +436,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
 
 pub fn eval(args: &EvalArgs) -> Result<()> {
     let device = default_device().context("opening the default GPU")?;
-    let model = crate::load_model(&args.model, args.revision.as_deref(), &device)?;
+    let model = crate::load_model(&args.model, args.revision.as_deref(), args.adapter.as_deref(), &device)?;
     let data = TokenData::load(&args.data, model.tokenizer.as_ref(), args.seq_len)
         .with_context(|| format!("loading data {}", args.data))?;
     if data.sequences.is_empty() {

@@ -479,10 +479,28 @@ impl CausalLm {
         p
     }
 
-    /// Writes the adapter as a PEFT folder: `adapter_config.json` (with `base_model_name_or_path` set to
-    /// `base_model`) and `adapter_model.safetensors` (f32), each through a temporary file renamed into place.
+    /// The tensors training updates: the adapter's when one is attached (PEFT's names), else every parameter
+    /// (Hugging Face names).
+    pub fn trainable_parameters(&self) -> Vec<(String, Tensor)> {
+        if self.adapter.is_some() {
+            self.adapter_parameters()
+        } else {
+            self.parameters()
+        }
+    }
+
+    /// Records the model the adapter applies to (`base_model_name_or_path`: a folder or Hub id), which resuming
+    /// an adapter's training loads.
+    pub fn set_adapter_base(&mut self, base: &str) {
+        if let Some(config) = &mut self.adapter {
+            config.base_model_name_or_path = Some(base.to_string());
+        }
+    }
+
+    /// Writes the adapter as a PEFT folder: `adapter_config.json` and `adapter_model.safetensors` (f32), each
+    /// through a temporary file renamed into place.
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn save_adapter(&self, dir: &Path, base_model: Option<&str>) -> Result<()> {
+    pub fn save_adapter(&self, dir: &Path) -> Result<()> {
         let Some(config) = self.adapter_config() else {
             return Err(Error::Invalid("the model has no adapter to save".into()));
         };
@@ -501,9 +519,6 @@ impl CausalLm {
                 .filter(|(_, l)| l.lora.is_some())
                 .map(|(p, _)| p);
             config.target_modules = TargetModules::Names(names.collect());
-        }
-        if let Some(base) = base_model {
-            config.base_model_name_or_path = Some(base.to_string());
         }
         config.write(dir)
     }

@@ -1,7 +1,9 @@
 //! Checkpoints: a folder transformers loads as is (`config.json`, `model.safetensors` with Hugging Face names, the
-//! tokenizer files) plus what resuming needs (`optimizer.safetensors` with AdamW's moments, `trainer_state.json`
-//! with the step, the data position and the settings). A checkpoint is written whole into a temporary folder and
-//! renamed into place, so a crash or a kill mid-save never damages an earlier checkpoint.
+//! tokenizer files), or for a model training a LoRA adapter a folder PEFT loads (`adapter_config.json`,
+//! `adapter_model.safetensors`, the tokenizer files), plus what resuming needs (`optimizer.safetensors` with
+//! AdamW's moments, `trainer_state.json` with the step, the data position and the settings). A checkpoint is
+//! written whole into a temporary folder and renamed into place, so a crash or a kill mid-save never damages an
+//! earlier checkpoint.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -10,6 +12,7 @@ use hierarchos_core::Device;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::lora::{ADAPTER_CONFIG_FILE, LoraConfig, is_adapter_dir};
 use crate::optim::{AdamW, Moments};
 use crate::train::data::BatcherState;
 use crate::train::trainer::TrainConfig;
@@ -131,14 +134,19 @@ pub fn save(
 }
 
 /// Writes `config.json`, `model.safetensors` (every parameter by its Hugging Face name, f32) and the copied
-/// files into `dir`, each through a temporary file renamed into place.
+/// files into `dir`, each through a temporary file renamed into place; for a model with an adapter, the adapter
+/// (PEFT's two files) and the copied files.
 pub fn write_model(dir: &Path, lm: &CausalLm, files: &ModelFiles) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
         source,
     })?;
-    Weights::save(&dir.join("model.safetensors"), &lm.parameters())?;
-    write_atomic(&dir.join("config.json"), files.config_json.as_bytes())?;
+    if lm.adapter_config().is_some() {
+        lm.save_adapter(dir)?;
+    } else {
+        Weights::save(&dir.join("model.safetensors"), &lm.parameters())?;
+        write_atomic(&dir.join("config.json"), files.config_json.as_bytes())?;
+    }
     for (name, bytes) in &files.files {
         write_atomic(&dir.join(name), bytes)?;
     }
@@ -190,7 +198,7 @@ pub fn resolve_resume(arg: &Path) -> Result<PathBuf> {
 
 /// A checkpoint read back: the trainable model, the optimizer moments and the training state.
 pub struct Checkpoint {
-    /// The model with every parameter trainable.
+    /// The model with every parameter trainable, or the base model with the checkpoint's adapter trainable.
     pub lm: CausalLm,
     /// The files to carry into later checkpoints.
     pub files: ModelFiles,
@@ -217,11 +225,27 @@ pub fn load(dir: &Path, device: &Device) -> Result<Checkpoint> {
             message: format!("format '{}' is not {STATE_FORMAT}", state.format),
         });
     }
-    let config = ModelConfig::from_file(&dir.join("config.json"))?;
-    let lm = CausalLm::load_trainable(&config, &Weights::open(dir)?, device)?;
+    let (lm, files) = if is_adapter_dir(dir) {
+        let adapter = LoraConfig::read(dir)?;
+        let Some(base) = adapter.base_model_name_or_path.as_deref() else {
+            return Err(Error::Config {
+                path: dir.join(ADAPTER_CONFIG_FILE),
+                message: "base_model_name_or_path is not set: which model does the adapter belong to?".into(),
+            });
+        };
+        let base_dir = crate::hub::resolve_model(base, None)?;
+        let config = ModelConfig::from_file(&base_dir.join("config.json"))?;
+        let mut lm = CausalLm::load(&config, &Weights::open(&base_dir)?, device)?;
+        lm.load_adapter(dir, true)?;
+        (lm, ModelFiles::read(&base_dir)?)
+    } else {
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let lm = CausalLm::load_trainable(&config, &Weights::open(dir)?, device)?;
+        (lm, ModelFiles::read(dir)?)
+    };
     let optimizer = Weights::open_file(&dir.join(OPTIMIZER_FILE))?;
     let mut moments = HashMap::new();
-    for (name, p) in lm.parameters() {
+    for (name, p) in lm.trainable_parameters() {
         let Some(&step) = state.param_steps.get(&name) else {
             continue;
         };
@@ -237,7 +261,7 @@ pub fn load(dir: &Path, device: &Device) -> Result<Checkpoint> {
     }
     Ok(Checkpoint {
         lm,
-        files: ModelFiles::read(dir)?,
+        files,
         moments,
         state,
     })

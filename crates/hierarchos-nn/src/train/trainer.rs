@@ -98,13 +98,14 @@ impl<'m> Trainer<'m> {
     /// A run at step 0 over `sequences` training sequences; `pad_id` fills short rows (their labels are skipped).
     pub fn new(lm: &'m CausalLm, config: TrainConfig, sequences: usize, pad_id: u32) -> Result<Trainer<'m>> {
         config.validate()?;
-        let params = lm.parameters();
+        let params = lm.trainable_parameters();
         if let Some((name, _)) = params
             .iter()
             .find(|(_, p)| !p.requires_grad() || p.dtype() != DType::F32)
         {
             return Err(Error::Invalid(format!(
-                "parameter {name} is not a trainable f32 tensor (load the model with CausalLm::load_trainable)"
+                "parameter {name} is not a trainable f32 tensor (load the model with CausalLm::load_trainable, or \
+                 attach an adapter)"
             )));
         }
         if sequences == 0 {
@@ -171,7 +172,9 @@ impl<'m> Trainer<'m> {
         let accum = self.config.grad_accum;
         let mut losses = Vec::with_capacity(accum);
         let mut tokens = 0;
-        for _ in 0..accum {
+        for micro in 0..accum {
+            // Each micro-batch draws its own adapter dropout masks, the same ones when a run is resumed.
+            self.lm.seed_lora_dropout(self.config.seed, self.step * accum + micro);
             let indices = self.batcher.next_indices(self.config.batch_size);
             let batch = make_batch(data, &indices, self.pad_id);
             tokens += batch.labels.iter().filter(|&&l| l != -100).count();
