@@ -290,3 +290,70 @@ fn bad_adapter_folders_name_the_file_and_tensor() {
         assert!(err.contains(want), "expected '{want}' in: {err}");
     }
 }
+
+#[test]
+fn a_base_held_in_16_bits_computes_as_its_rounded_f32_copy() {
+    for (name, dtype) in [
+        ("llama3_tied", hierarchos::core::DType::BF16),
+        ("qwen2", hierarchos::core::DType::F16),
+    ] {
+        let dir = fixture(name);
+        let ids = input_ids(&dir);
+        let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+        let weights = Weights::open(&dir).unwrap();
+        // The same base with its matrices rounded to `dtype` and held in f32.
+        let mut rounded = CausalLm::build(&config, &mut |n, shape| {
+            let t = weights.load(n, shape, &dev())?;
+            Ok(if shape.len() == 2 {
+                t.to_dtype(dtype)?.to_dtype(hierarchos::core::DType::F32)?
+            } else {
+                t
+            })
+        })
+        .unwrap();
+        let mut held = base(&dir);
+        for lm in [&mut rounded, &mut held] {
+            lm.load_adapter(&dir.join("lora"), true).unwrap();
+        }
+        let (before, after) = held.store_frozen_in(dtype).unwrap();
+        assert_eq!(before, 2 * after, "{name}: {before} -> {after} bytes");
+        let mut opts = [&rounded, &held].map(|_| AdamW::new(AdamWConfig::default()).unwrap());
+        for row in 0..2 {
+            let batch = ids.narrow(0, row, 1).unwrap();
+            let mut losses = Vec::new();
+            for (lm, opt) in [&rounded, &held].into_iter().zip(&mut opts) {
+                let loss = lm.loss(&batch, &batch).unwrap();
+                losses.push(loss.to_vec::<f32>().unwrap()[0]);
+                loss.backward().unwrap();
+                opt.step(&lm.adapter_parameters(), 1e-3, 1.0).unwrap();
+            }
+            assert!((losses[0] - losses[1]).abs() <= 1e-5, "{name}: losses {losses:?}");
+        }
+        let worst = rounded
+            .adapter_parameters()
+            .iter()
+            .zip(&held.adapter_parameters())
+            .map(|((_, a), (_, b))| {
+                max_diff(
+                    b,
+                    &a.to_vec::<f32>().unwrap().iter().map(|&x| x as f64).collect::<Vec<_>>(),
+                )
+            })
+            .fold(0.0, f64::max);
+        assert!(worst <= 1e-6, "{name}: adapters differ by {worst:.2e} after two steps");
+        let logits = rounded.forward(&ids, None).unwrap().to_vec::<f32>().unwrap();
+        let d = max_diff(
+            &held.forward(&ids, None).unwrap(),
+            &logits.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+        );
+        assert!(d <= 1e-5, "{name}: logits differ by {d:.2e}");
+    }
+    let mut full = CausalLm::load_trainable(
+        &ModelConfig::from_file(&fixture("llama").join("config.json")).unwrap(),
+        &Weights::open(&fixture("llama")).unwrap(),
+        &dev(),
+    )
+    .unwrap();
+    let err = full.store_frozen_in(hierarchos::core::DType::F16).unwrap_err();
+    assert!(err.to_string().contains("trains"), "{err}");
+}

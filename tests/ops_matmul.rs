@@ -356,7 +356,10 @@ fn refused_inputs() {
     assert!(t(&[3], f).matmul(&scalar).is_err(), "rank 0 right");
     assert!(t(&[2, 3], f).matmul(&t(&[4, 5], f)).is_err(), "K mismatch");
     assert!(t(&[3], f).matmul(&t(&[4], f)).is_err(), "dot length mismatch");
-    assert!(t(&[2, 3], f).matmul(&t(&[3, 5], DType::F16)).is_err(), "dtype mismatch");
+    assert!(
+        t(&[2, 3], f).matmul(&t(&[3, 5], DType::U32)).is_err(),
+        "float times integer"
+    );
     assert!(
         t(&[2, 3], DType::U32).matmul(&t(&[3, 5], DType::U32)).is_err(),
         "integer dtype"
@@ -365,6 +368,39 @@ fn refused_inputs() {
         t(&[2, 4, 3], f).matmul(&t(&[3, 3, 5], f)).is_err(),
         "batch dims do not broadcast"
     );
+}
+
+/// f32 activations against a 16-bit weight (a frozen base held in f16 or bf16) and the other way round multiply
+/// in f32 into an f32 result, in the tiled kernel (both tile sizes) and the skinny one; the gradient reaches the
+/// f32 operand in f32 and a 16-bit one in its dtype.
+#[test]
+fn mixed_dtypes_multiply_in_f32() {
+    let mut rng = Rng::new("mixed");
+    for half in [DType::F16, DType::BF16] {
+        for (m, k, n) in [(3, 17, 5), (70, 33, 130), (4, 64, 2500), (2300, 8, 260)] {
+            let (x, vx) = random(&mut rng, &[m, k], DType::F32);
+            let (w, vw) = random(&mut rng, &[n, k], half);
+            let what = format!("f32 {m}x{k} @ {half} [{n}, {k}]^T");
+            let got = x.matmul(&w.t().unwrap()).unwrap();
+            assert_eq!(got.dtype(), DType::F32, "{what}");
+            let (want, _) = reference(&host(&x, &vx), x.shape(), &host(&w.t().unwrap(), &vw), &[k, n]);
+            assert_close(&what, &got.to_f32_vec().unwrap(), &want, 1e-5, 1e-6 * k as f64);
+            let back = w.matmul(&x.t().unwrap()).unwrap();
+            assert_eq!(back.dtype(), DType::F32, "{half} @ f32");
+        }
+    }
+    let (x, _) = random(&mut rng, &[5, 12], DType::F32);
+    let (w, _) = random(&mut rng, &[7, 12], DType::BF16);
+    let x = x.requires_grad_();
+    let w = w.requires_grad_();
+    x.matmul(&w.t().unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(x.grad().unwrap().dtype(), DType::F32);
+    assert_eq!(w.grad().unwrap().dtype(), DType::BF16);
 }
 
 /// Few rows against a transposed weight (`x @ W.t()`, the decode shape) take the skinny kernel.

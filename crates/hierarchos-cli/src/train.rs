@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use hierarchos_core::{Device, default_device};
+use hierarchos_core::{DType, Device, default_device};
 use hierarchos_nn::lora::{LoraConfig, TargetModules};
 use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::train::checkpoint::{self, ModelFiles};
@@ -122,6 +122,10 @@ pub struct TrainArgs {
     /// Continue training this PEFT LoRA adapter folder on MODEL (a new run: fresh optimizer state).
     #[arg(long)]
     pub adapter: Option<PathBuf>,
+    /// While an adapter trains, hold the frozen model's matrices in this dtype (f16 or bf16 halve their memory;
+    /// activations and the adapter stay f32).
+    #[arg(long, default_value = "f32")]
+    pub base_dtype: DType,
 }
 
 /// A model and data to evaluate.
@@ -182,14 +186,15 @@ impl<'a> Trained<'a> {
 
 /// Loads `dir` for training: its weights if it has any, else random weights from `seed`; with an adapter to
 /// train, the weights frozen and the adapter attached (`base` is what its config records as the base model).
-fn load_source(dir: &Path, base: &str, trained: &Trained, seed: u64, device: &Device) -> Result<Source> {
+fn load_source(dir: &Path, base: &str, trained: &Trained, args: &TrainArgs, device: &Device) -> Result<Source> {
+    let seed = args.seed;
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let has_weights = [SINGLE_FILE, INDEX_FILE].iter().any(|f| dir.join(f).is_file());
     let frozen = || -> Result<CausalLm> {
         anyhow::ensure!(has_weights, "{}: an adapter needs a model with weights", dir.display());
         Ok(CausalLm::load(&config, &Weights::open(dir)?, device)?)
     };
-    let lm = match trained {
+    let mut lm = match trained {
         Trained::All if has_weights => CausalLm::load_trainable(&config, &Weights::open(dir)?, device)?,
         Trained::All => {
             tracing::info!(
@@ -212,6 +217,16 @@ fn load_source(dir: &Path, base: &str, trained: &Trained, seed: u64, device: &De
             lm
         }
     };
+    if args.base_dtype != DType::F32 {
+        let (before, after) = lm.store_frozen_in(args.base_dtype)?;
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        eprintln!(
+            "frozen weights held in {}: {:.1} MiB instead of {:.1} MiB",
+            args.base_dtype,
+            mib(after),
+            mib(before)
+        );
+    }
     Ok(Source {
         lm,
         files: ModelFiles::read(dir)?,
@@ -257,6 +272,11 @@ fn config_from(args: &TrainArgs) -> Result<TrainConfig> {
 }
 
 pub fn train(args: &TrainArgs) -> Result<()> {
+    anyhow::ensure!(
+        args.base_dtype == DType::F32 || args.lora_r.is_some() || args.adapter.is_some(),
+        "--base-dtype {} holds a frozen model: it needs --lora-r or --adapter",
+        args.base_dtype
+    );
     let device = default_device().context("opening the default GPU")?;
     let (source, mut config, data_arg, resumed) = match &args.resume {
         Some(dir) => {
@@ -285,7 +305,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
                 Ok(path) => path.display().to_string(),
                 Err(_) => model.to_string(),
             };
-            let source = load_source(&dir, &base, &Trained::of(args), args.seed, &device)
+            let source = load_source(&dir, &base, &Trained::of(args), args, &device)
                 .with_context(|| format!("loading model {model}"))?;
             let data = args.data.clone().expect("clap requires --data without --resume");
             (source, config_from(args)?, data, None)

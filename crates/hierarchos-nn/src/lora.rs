@@ -575,6 +575,54 @@ impl CausalLm {
         }
     }
 
+    /// Holds the frozen model's matrices (linear weights, the embedding table) in `dtype` (f16 or bf16 halve
+    /// them) while activations, norms, biases and adapters stay f32: the products of f32 activations with 16-bit
+    /// weights accumulate in f32. Returns the bytes the matrices took before and after. Errors if a matrix is
+    /// trainable (full fine-tuning keeps f32 weights) or `dtype` is not a float.
+    pub fn store_frozen_in(&mut self, dtype: DType) -> Result<(usize, usize)> {
+        if !dtype.is_float() {
+            return Err(Error::Invalid(format!("cannot hold weights in {dtype}")));
+        }
+        let trainable = self.linears().into_iter().find_map(|(path, l)| match &l.weight {
+            LinearWeight::Dense(w) if w.requires_grad() => Some(path),
+            _ => None,
+        });
+        if let Some(path) = trainable.or(self
+            .embed_tokens
+            .weight
+            .requires_grad()
+            .then(|| "model.embed_tokens".into()))
+        {
+            return Err(Error::Invalid(format!(
+                "{path} trains: only a frozen base (training an adapter) can be held in {dtype}"
+            )));
+        }
+        let (mut before, mut after) = (0, 0);
+        let mut cast = |t: &Tensor| -> Result<Tensor> {
+            let c = t.to_dtype(dtype)?;
+            before += t.numel() * t.dtype().size();
+            after += c.numel() * dtype.size();
+            Ok(c)
+        };
+        self.embed_tokens.weight = cast(&self.embed_tokens.weight)?;
+        for layer in &mut self.layers {
+            // The stacked copies kept for one-launch inference would keep the f32 matrices alive.
+            layer.self_attn.qkv = None;
+            layer.mlp.gate_up = None;
+        }
+        for (_, layer) in self.linears_mut() {
+            if let LinearWeight::Dense(w) = &layer.weight {
+                layer.weight = LinearWeight::Dense(cast(w)?);
+            }
+        }
+        Ok((before, after))
+    }
+
+    /// The 16-bit dtype the frozen matrices are held in ([`CausalLm::store_frozen_in`]), if they are.
+    pub fn frozen_dtype(&self) -> Option<DType> {
+        Some(self.embed_tokens.weight.dtype()).filter(|&d| d != DType::F32)
+    }
+
     /// Freezes the model's own parameters: they collect no gradients and get no optimizer state.
     pub fn freeze_base(&mut self) {
         self.embed_tokens.weight = self.embed_tokens.weight.detach();

@@ -54,6 +54,23 @@ impl DType {
     }
 }
 
+impl std::str::FromStr for DType {
+    type Err = String;
+
+    /// A dtype by its short name (`f32`, `f16`, `bf16`, `u32`, `i32`) or torch's (`float32`, `float16`,
+    /// `bfloat16`), as command lines and config files spell them.
+    fn from_str(s: &str) -> Result<DType, String> {
+        Ok(match s {
+            "f32" | "float32" => DType::F32,
+            "f16" | "float16" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "u32" | "uint32" => DType::U32,
+            "i32" | "int32" => DType::I32,
+            _ => return Err(format!("unknown dtype '{s}' (f32, f16, bf16, u32, i32)")),
+        })
+    }
+}
+
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

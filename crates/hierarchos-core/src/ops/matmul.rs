@@ -99,8 +99,9 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         "matmul",
         &[a, b],
         Box::new(move |g| {
+            // Operands of mixed dtypes give an f32 product; each gradient takes its operand's dtype.
             let ga = if need_a {
-                Some(g.matmul(&sb.t()?)?.sum_to(sa.shape())?)
+                Some(g.matmul(&sb.t()?)?.sum_to(sa.shape())?.to_dtype(sa.dtype())?)
             } else {
                 None
             };
@@ -111,9 +112,9 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 let rows = sa.shape()[..sa.rank() - 1].iter().product();
                 let (k, n) = (sa.shape()[sa.rank() - 1], g.shape()[g.rank() - 1]);
                 let a2 = sa.reshape(&[rows, k])?;
-                Some(a2.t()?.matmul(&g.reshape(&[rows, n])?)?)
+                Some(a2.t()?.matmul(&g.reshape(&[rows, n])?)?.to_dtype(sb.dtype())?)
             } else {
-                Some(sa.t()?.matmul(g)?.sum_to(sb.shape())?)
+                Some(sa.t()?.matmul(g)?.sum_to(sb.shape())?.to_dtype(sb.dtype())?)
             };
             Ok(vec![ga, gb])
         }),
@@ -123,18 +124,11 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// Checks the operands and runs the kernel; the result has no autograd history.
 fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if a.dtype() != b.dtype() {
-        return Err(Error::DTypeMismatch {
-            op: "matmul",
-            expected: a.dtype().to_string(),
-            got: b.dtype(),
-        });
-    }
-    if !a.dtype().is_float() {
+    if let Some(t) = [a, b].into_iter().find(|t| !t.dtype().is_float()) {
         return Err(Error::DTypeMismatch {
             op: "matmul",
             expected: "a float dtype".into(),
-            got: a.dtype(),
+            got: t.dtype(),
         });
     }
     if !Arc::ptr_eq(a.device(), b.device()) {
@@ -168,7 +162,8 @@ fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             got: out_shape,
         });
     }
-    let dtype = a.dtype();
+    // Mixed dtypes (f32 activations times a frozen 16-bit weight, say) multiply in f32 into an f32 result.
+    let dtype = if a.dtype() == b.dtype() { a.dtype() } else { DType::F32 };
     if k == 0 {
         return Tensor::zeros(&out_shape, dtype, a.device());
     }
@@ -220,12 +215,12 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     out_shape.extend([m, n]);
     let device = a.device().clone();
     let native_f16 = device.caps().f16;
-    let in_access = Access::new(dtype, native_f16);
+    let (a_access, b_access) = (Access::new(a.dtype(), native_f16), Access::new(b.dtype(), native_f16));
     let skinny = m <= SKINNY_MAX_ROWS && lb.strides[r - 2] == 1;
     let a_k = along_k(k, la.strides[r - 1], m, la.strides[r - 2]);
     let b_k = along_k(k, lb.strides[r - 2], n, lb.strides[r - 1]);
-    let aligned = |l: &Layout, unit: usize, len: usize| {
-        dtype == DType::F32
+    let aligned = |t: &Tensor, l: &Layout, unit: usize, len: usize| {
+        t.dtype() == DType::F32
             && len.is_multiple_of(4)
             && l.strides[unit] == 1
             && l.offset.is_multiple_of(4)
@@ -238,25 +233,25 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     // other strides multiples of 4, so that every group of four starts a vec4). The skinny kernel reads both
     // operands along K; the tiled one each along the dimension its fetch walks.
     let (vec4_a, vec4_b) = if skinny {
-        let both = aligned(la, r - 1, k) && aligned(lb, r - 2, k);
+        let both = aligned(a, la, r - 1, k) && aligned(b, lb, r - 2, k);
         (both, both)
     } else {
         (
             if a_k {
-                aligned(la, r - 1, k)
+                aligned(a, la, r - 1, k)
             } else {
-                aligned(la, r - 2, m)
+                aligned(a, la, r - 2, m)
             },
             if b_k {
-                aligned(lb, r - 2, k)
+                aligned(b, lb, r - 2, k)
             } else {
-                aligned(lb, r - 1, n)
+                aligned(b, lb, r - 1, n)
             },
         )
     };
     // Packed 16-bit outputs are written in place when every thread owns whole words (N even, tile kernel);
     // otherwise in f32, then cast.
-    let direct = !in_access.packed || (n % 2 == 0 && !skinny);
+    let direct = !Access::new(dtype, native_f16).packed || (n % 2 == 0 && !skinny);
     let out_dtype = if direct { dtype } else { DType::F32 };
     let out_access = Access::new(out_dtype, native_f16);
     let batch_count = numel(batch);
@@ -310,14 +305,17 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     }
     params.extend([slice_len as u32, slices as u32]);
     let key = format!(
-        "matmul:{dtype}:{}:{}:{tm}x{tn}:{a_k}:{b_k}:{}:{vec4_a}:{vec4_b}",
-        in_access.packed,
+        "matmul:{}:{}:{}:{}:{}:{tm}x{tn}:{a_k}:{b_k}:{}:{vec4_a}:{vec4_b}",
+        a.dtype(),
+        a_access.packed,
+        b.dtype(),
+        b_access.packed,
         out_dtype,
         if skinny { m } else { 0 }
     );
     let source = || {
         let mut s = String::new();
-        if native_f16 && dtype == DType::F16 {
+        if native_f16 && [a.dtype(), b.dtype()].contains(&DType::F16) {
             s.push_str("enable f16;\n");
         }
         s.push_str("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
@@ -326,8 +324,9 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
             "@group(0) @binding(1) var<storage, read_write> out: array<{}>;",
             out_access.storage_type()
         );
-        for (i, (name, vec4)) in [("lhs", vec4_a), ("rhs", vec4_b)].into_iter().enumerate() {
-            let ty = if vec4 { "vec4<f32>" } else { in_access.storage_type() };
+        let operands = [("lhs", vec4_a, a_access), ("rhs", vec4_b, b_access)];
+        for (i, (name, vec4, access)) in operands.into_iter().enumerate() {
+            let ty = if vec4 { "vec4<f32>" } else { access.storage_type() };
             let _ = writeln!(
                 s,
                 "@group(0) @binding({}) var<storage, read> {name}: array<{ty}>;",
@@ -336,7 +335,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
             s.push_str(&if vec4 {
                 vec4_load_fns(name)
             } else {
-                in_access.load_fn(name) + &load4_fn(name)
+                access.load_fn(name) + &load4_fn(name)
             });
         }
         s.push_str(&out_access.store_fn("out"));

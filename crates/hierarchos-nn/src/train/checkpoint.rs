@@ -79,6 +79,9 @@ pub struct TrainingState {
     pub config: TrainConfig,
     /// The `--data` argument.
     pub data: String,
+    /// The dtype a frozen base is held in while an adapter trains (`f16`, `bf16`; f32 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_dtype: Option<String>,
 }
 
 /// The folder of the checkpoint after `step` steps under `out`.
@@ -237,6 +240,12 @@ pub fn load(dir: &Path, device: &Device) -> Result<Checkpoint> {
         let config = ModelConfig::from_file(&base_dir.join("config.json"))?;
         let mut lm = CausalLm::load(&config, &Weights::open(&base_dir)?, device)?;
         lm.load_adapter(dir, true)?;
+        if let Some(dtype) = &state.base_dtype {
+            lm.store_frozen_in(dtype.parse().map_err(|e: String| Error::Config {
+                path: path.clone(),
+                message: format!("base_dtype: {e}"),
+            })?)?;
+        }
         (lm, ModelFiles::read(&base_dir)?)
     } else {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
@@ -276,6 +285,7 @@ pub fn initial_state(config: &TrainConfig, data: &str, batcher: BatcherState) ->
         param_steps: BTreeMap::new(),
         config: config.clone(),
         data: data.into(),
+        base_dtype: None,
     }
 }
 

@@ -161,6 +161,7 @@ impl<'m> Trainer<'m> {
     pub fn state(&self, data: &str) -> TrainingState {
         let mut s = crate::train::checkpoint::initial_state(&self.config, data, self.batcher.state());
         s.step = self.step;
+        s.base_dtype = self.lm.frozen_dtype().map(|d| d.to_string());
         s
     }
 
