@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Full-parameter training tokens/s and peak memory of a Llama-shaped model (random f32 weights, AdamW, clipping at
-1.0) in Hierarchos and in PyTorch eager (HF transformers' LlamaForCausalLM, TF32 off) on the same GPU.
+"""Training tokens/s and peak memory of a Llama-shaped model (random f32 weights, AdamW, clipping at 1.0) in
+Hierarchos and in PyTorch eager (HF transformers' LlamaForCausalLM, TF32 off) on the same GPU: full-parameter
+training, and with --lora R also LoRA fine-tuning (rank R, alpha 2R, every linear layer but the head, no dropout)
+beside HF PEFT, with Hierarchos' frozen base held in f32 and in bf16.
 
 Usage: python3 scripts/bench_train.py PATH_TO_HIERARCHOS_BINARY [--batch-size 8] [--seq-len 512] [--steps 5]
+    [--lora 16]
 The default shape is the ~110M Llama: hidden 768, 12 layers, 12 heads, MLP 3072, vocabulary 32000.
 """
 import argparse
@@ -13,36 +16,38 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+SHAPE = dict(hidden=768, layers=12, heads=12, intermediate=3072, vocab=32000)
+MIB = 1 << 20
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("binary")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--steps", type=int, default=5)
-    a = p.parse_args()
-    shape = dict(hidden=768, layers=12, heads=12, intermediate=3072, vocab=32000)
 
+def hierarchos(a, extra):
     cmd = [a.binary, "bench", "train", "--json", "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len),
-           "--steps", str(a.steps)]
-    ours = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+           "--steps", str(a.steps), *extra]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
 
+
+def pytorch(a, lora):
+    """tokens/s, peak bytes, trained parameters of PyTorch eager (with PEFT's LoRA when `lora` is a rank)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
-                         num_attention_heads=shape["heads"], num_key_value_heads=shape["heads"],
-                         intermediate_size=shape["intermediate"], vocab_size=shape["vocab"],
+    config = LlamaConfig(hidden_size=SHAPE["hidden"], num_hidden_layers=SHAPE["layers"],
+                         num_attention_heads=SHAPE["heads"], num_key_value_heads=SHAPE["heads"],
+                         intermediate_size=SHAPE["intermediate"], vocab_size=SHAPE["vocab"],
                          max_position_embeddings=a.seq_len, tie_word_embeddings=False)
     model = LlamaForCausalLM(config).cuda().float().train()
-    params = sum(t.numel() for t in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batches = [torch.randint(0, shape["vocab"], (a.batch_size, a.seq_len), device="cuda") for _ in range(a.steps + 1)]
+    if lora:
+        import peft
+        model = peft.get_peft_model(model, peft.LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0,
+                                                             target_modules="all-linear", task_type="CAUSAL_LM"))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=1e-4)
+    batches = [torch.randint(0, SHAPE["vocab"], (a.batch_size, a.seq_len), device="cuda") for _ in range(a.steps + 1)]
 
     def step(ids):
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
@@ -54,17 +59,39 @@ def main():
     for ids in batches[1:]:
         step(ids)
     torch.cuda.synchronize()
-    torch_tps = a.steps * a.batch_size * a.seq_len / (time.perf_counter() - t0)
-    torch_peak = torch.cuda.max_memory_allocated()
+    tps = a.steps * a.batch_size * a.seq_len / (time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated()
+    n = sum(p.numel() for p in trained)
+    del model, opt
+    torch.cuda.empty_cache()
+    return tps, peak, n
 
-    mib = 1 << 20
-    print(f"Llama shape {shape}, {params / 1e6:.1f}M parameters (Hierarchos {ours['params'] / 1e6:.1f}M), "
-          f"batch {a.batch_size} x {a.seq_len}, f32, AdamW, clip 1.0, {a.steps} timed steps")
-    print("| | Hierarchos | PyTorch eager | ratio |")
-    print("|---|---|---|---|")
-    print(f"| training tokens/s | {ours['tokens_per_sec']:.0f} | {torch_tps:.0f} | {ours['tokens_per_sec'] / torch_tps:.2f} |")
-    print(f"| peak memory in tensors | {ours['peak_bytes'] / mib:.0f} MiB | {torch_peak / mib:.0f} MiB | "
-          f"{ours['peak_bytes'] / torch_peak:.2f} |")
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("binary")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--lora", type=int, help="also LoRA fine-tuning of this rank")
+    a = p.parse_args()
+
+    rows = [("full-parameter", hierarchos(a, []), pytorch(a, None))]
+    if a.lora:
+        peft_run = pytorch(a, a.lora)
+        lora = ["--lora-r", str(a.lora), "--lora-targets", "all-linear"]
+        rows.append((f"LoRA r={a.lora}, base f32", hierarchos(a, lora), peft_run))
+        rows.append((f"LoRA r={a.lora}, base bf16 (Hierarchos) / f32 (PEFT)",
+                     hierarchos(a, lora + ["--base-dtype", "bf16"]), peft_run))
+    print(f"Llama shape {SHAPE}, {rows[0][1]['params'] / 1e6:.1f}M parameters, batch {a.batch_size} x {a.seq_len}, "
+          f"f32 activations, AdamW, clip 1.0, {a.steps} timed steps, PyTorch {torch.__version__} eager (TF32 off)")
+    print("| run | trained parameters | Hierarchos tokens/s | PyTorch tokens/s | ratio | Hierarchos peak | "
+          "PyTorch peak | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, ours, (tps, peak, n) in rows:
+        print(f"| {name} | {ours['trainable_params'] / 1e6:.2f}M / {n / 1e6:.2f}M | {ours['tokens_per_sec']:.0f} | "
+              f"{tps:.0f} | {ours['tokens_per_sec'] / tps:.2f} | {ours['peak_bytes'] / MIB:.0f} MiB | "
+              f"{peak / MIB:.0f} MiB | {ours['peak_bytes'] / peak:.2f} |")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use hierarchos_core::quant::{GgmlType, QTensor};
 use hierarchos_core::{DType, Device, Tensor, default_device};
+use hierarchos_nn::lora::{LoraConfig, TargetModules};
 use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::sampling::argmax;
 use hierarchos_nn::train::data::TokenData;
@@ -550,18 +551,37 @@ pub struct TrainBenchArgs {
     /// Timed steps (after one warm-up step).
     #[arg(long, default_value_t = 5)]
     pub steps: usize,
+    /// Train a LoRA adapter of this rank (alpha 2r, no dropout) instead of every parameter.
+    #[arg(long)]
+    pub lora_r: Option<usize>,
+    /// The layers the adapter targets: `all-linear` or module names.
+    #[arg(long, default_value = "all-linear", requires = "lora_r")]
+    pub lora_targets: String,
+    /// With --lora-r: hold the frozen model's matrices in this dtype.
+    #[arg(long, default_value = "f32", requires = "lora_r")]
+    pub base_dtype: DType,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
-/// Full-parameter training throughput (forward, backward, clipping and the AdamW update, f32) of a random-weight
+/// Full-parameter (or LoRA) training throughput (forward, backward, clipping and the AdamW update, f32) of a random-weight
 /// Llama shape on random token ids, and the peak GPU memory held by tensors.
 pub fn train(args: &TrainBenchArgs) -> Result<()> {
     let device = default_device().context("opening the default GPU")?;
     let config = args.shape.config(args.seq_len)?;
-    let lm = CausalLm::init_random(&config, 0, &device)?;
+    let mut lm = CausalLm::init_random(&config, 0, &device)?;
     let params: usize = lm.parameters().iter().map(|(_, p)| p.numel()).sum();
+    if let Some(r) = args.lora_r {
+        lm.add_lora(
+            &LoraConfig::new(r, 2.0 * r as f64, 0.0, TargetModules::parse(&args.lora_targets)),
+            0,
+        )?;
+        if args.base_dtype != DType::F32 {
+            lm.store_frozen_in(args.base_dtype)?;
+        }
+    }
+    let trainable: usize = lm.trainable_parameters().iter().map(|(_, p)| p.numel()).sum();
     let rows = args.batch_size * (args.steps + 1);
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut next_id = || {
@@ -613,6 +633,9 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
             "{}",
             serde_json::json!({
                 "params": params,
+                "trainable_params": trainable,
+                "lora_r": args.lora_r,
+                "base_dtype": args.base_dtype.to_string(),
                 "batch_size": args.batch_size,
                 "seq_len": args.seq_len,
                 "steps": args.steps,
@@ -630,8 +653,9 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
             device.adapter_info().backend
         );
         println!(
-            "model: {:.1}M parameters, batch {} x {} tokens, f32, AdamW",
+            "model: {:.1}M parameters ({:.2}M trained), batch {} x {} tokens, f32, AdamW",
             params as f64 / 1e6,
+            trainable as f64 / 1e6,
             args.batch_size,
             args.seq_len
         );
