@@ -114,3 +114,32 @@ fn intermediate_buffers_are_released_after_backward() {
     );
     assert!(d.memory().peak_bytes >= before);
 }
+
+#[test]
+fn the_graph_keeps_only_what_gradients_read() {
+    // Adds, subtractions, scaling and a frozen weight's product need none of their inputs for the backward:
+    // once the caller drops an intermediate, its buffer goes (LoRA on a frozen model would otherwise hold every
+    // layer's outputs twice). A product or a `mul` with a frozen operand keeps that operand (which the gradient
+    // reads, and which is alive anyway) but not the other one.
+    let d = own_dev();
+    let n = 1 << 16;
+    let x = Tensor::from_slice(&vec![0.5f32; n], &[256, 256], &d)
+        .unwrap()
+        .requires_grad_();
+    let w = Tensor::from_slice(&vec![0.25f32; n], &[256, 256], &d).unwrap();
+    d.synchronize().unwrap();
+    let base = d.memory().live_bytes;
+    let block = 4 * n as u64;
+    let y = {
+        let doubled = x.mul_scalar(2.0).unwrap();
+        let shifted = doubled.add_scalar(1.0).unwrap();
+        let summed = shifted.add(&doubled).unwrap().mul(&w).unwrap();
+        let diff = summed.sub(&x).unwrap();
+        diff.matmul(&w).unwrap()
+    };
+    d.synchronize().unwrap();
+    // Alive: y only (x and w are counted in `base`).
+    assert_eq!(d.memory().live_bytes, base + block, "intermediates kept by the graph");
+    y.sum_all().unwrap().backward().unwrap();
+    assert!(x.grad().is_some());
+}

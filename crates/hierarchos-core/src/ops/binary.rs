@@ -93,6 +93,17 @@ impl BinaryOp {
         }
     }
 
+    /// For the gradient of each operand (`a`, then `b`), whether its expression above reads `a` and `b`: what
+    /// the backward must keep alive (a residual `add` keeps neither of its inputs, so they can be freed).
+    fn reads(self) -> [(bool, bool); 2] {
+        match self {
+            BinaryOp::Add | BinaryOp::Sub => [(false, false), (false, false)],
+            BinaryOp::Mul => [(false, true), (true, false)],
+            BinaryOp::Div => [(false, true), (true, true)],
+            BinaryOp::Pow | BinaryOp::Maximum | BinaryOp::Minimum => [(true, true), (true, true)],
+        }
+    }
+
     fn float_only(self) -> bool {
         matches!(self, BinaryOp::Pow)
     }
@@ -160,27 +171,35 @@ impl Tensor {
         if !grad_enabled() || !(self.requires_grad() || rhs.requires_grad()) {
             return Ok(out);
         }
-        let (a, b) = (self.detach(), rhs.detach());
         let (need_a, need_b) = (self.requires_grad(), rhs.requires_grad());
+        // Only the operands a needed gradient reads are kept for the backward.
+        let [(a_reads_a, a_reads_b), (b_reads_a, b_reads_b)] = op.reads();
+        let keep_a = (need_a && a_reads_a) || (need_b && b_reads_a);
+        let keep_b = (need_a && a_reads_b) || (need_b && b_reads_b);
+        let a = keep_a.then(|| self.detach());
+        let b = keep_b.then(|| rhs.detach());
+        let (shape_a, shape_b) = (self.shape().to_vec(), rhs.shape().to_vec());
         let node = Node::record(
             op.name(),
             &[self, rhs],
             Box::new(move |g| {
                 let (ga, gb) = op.backward();
-                let grad = |expr: &str, target: &Tensor| -> Result<Tensor> {
+                let grad = |expr: &str, target: &[usize]| -> Result<Tensor> {
                     let full = match expr {
                         "g" => g.clone(),
                         "-g" => g.neg()?,
                         _ => {
+                            // An operand the expression does not read is not kept: `g` stands in for it.
                             let body = format!("let g = x0; let a = x1; let b = x2; return {expr};");
-                            Map::elementwise(op.name(), &[g, &a, &b], g.dtype(), body)?.run()?
+                            let inputs = [g, a.as_ref().unwrap_or(g), b.as_ref().unwrap_or(g)];
+                            Map::elementwise(op.name(), &inputs, g.dtype(), body)?.run()?
                         }
                     };
-                    full.sum_to(target.shape())
+                    full.sum_to(target)
                 };
                 Ok(vec![
-                    if need_a { Some(grad(ga, &a)?) } else { None },
-                    if need_b { Some(grad(gb, &b)?) } else { None },
+                    if need_a { Some(grad(ga, &shape_a)?) } else { None },
+                    if need_b { Some(grad(gb, &shape_b)?) } else { None },
                 ])
             }),
         );
@@ -210,7 +229,9 @@ impl Tensor {
         if !grad_enabled() || !self.requires_grad() {
             return Ok(out);
         }
-        let x = self.detach();
+        // The tensor is kept for the backward only if the gradient reads it (`x * s` does not).
+        let [(reads_a, _), (_, reads_b)] = op.reads();
+        let x = (if scalar_first { reads_b } else { reads_a }).then(|| self.detach());
         let node = Node::record(
             op.name(),
             &[self],
@@ -218,8 +239,8 @@ impl Tensor {
                 let (ga, gb) = op.backward();
                 let expr = if scalar_first { gb } else { ga };
                 let body = format!("let g = x0; let x = x1; {prelude} return {expr};");
-                let mut map = Map::elementwise(op.name(), &[g, &x], g.dtype(), body)?;
-                map.extras.push(scalar_bits(s, x.dtype()));
+                let mut map = Map::elementwise(op.name(), &[g, x.as_ref().unwrap_or(g)], g.dtype(), body)?;
+                map.extras.push(scalar_bits(s, g.dtype()));
                 Ok(vec![Some(map.run()?)])
             }),
         );

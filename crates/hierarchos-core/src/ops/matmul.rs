@@ -94,27 +94,29 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         return Ok(out);
     }
     let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
-    let (sa, sb) = (a.detach(), b.detach());
+    // Each gradient reads the other operand: an operand is kept for the backward only when the other one needs
+    // a gradient (a frozen weight's product does not keep its input alive for a weight gradient).
+    let (sa, sb) = (need_b.then(|| a.detach()), need_a.then(|| b.detach()));
+    let (shape_a, dtype_a, shape_b, dtype_b) = (a.shape().to_vec(), a.dtype(), b.shape().to_vec(), b.dtype());
     let node = Node::record(
         "matmul",
         &[a, b],
         Box::new(move |g| {
             // Operands of mixed dtypes give an f32 product; each gradient takes its operand's dtype.
-            let ga = if need_a {
-                Some(g.matmul(&sb.t()?)?.sum_to(sa.shape())?.to_dtype(sa.dtype())?)
-            } else {
-                None
+            let ga = match &sb {
+                Some(sb) => Some(g.matmul(&sb.t()?)?.sum_to(&shape_a)?.to_dtype(dtype_a)?),
+                None => None,
             };
-            let gb = if !need_b {
-                None
-            } else if sb.rank() == 2 {
-                // Every batch entry of `a` meets the same `b`: fold the batch into the reduced dimension.
-                let rows = sa.shape()[..sa.rank() - 1].iter().product();
-                let (k, n) = (sa.shape()[sa.rank() - 1], g.shape()[g.rank() - 1]);
-                let a2 = sa.reshape(&[rows, k])?;
-                Some(a2.t()?.matmul(&g.reshape(&[rows, n])?)?.to_dtype(sb.dtype())?)
-            } else {
-                Some(sa.t()?.matmul(g)?.sum_to(sb.shape())?.to_dtype(sb.dtype())?)
+            let gb = match &sa {
+                None => None,
+                Some(sa) if shape_b.len() == 2 => {
+                    // Every batch entry of `a` meets the same `b`: fold the batch into the reduced dimension.
+                    let rows = shape_a[..shape_a.len() - 1].iter().product();
+                    let (k, n) = (shape_a[shape_a.len() - 1], g.shape()[g.rank() - 1]);
+                    let a2 = sa.reshape(&[rows, k])?;
+                    Some(a2.t()?.matmul(&g.reshape(&[rows, n])?)?.to_dtype(dtype_b)?)
+                }
+                Some(sa) => Some(sa.t()?.matmul(g)?.sum_to(&shape_b)?.to_dtype(dtype_b)?),
             };
             Ok(vec![ga, gb])
         }),
