@@ -444,10 +444,15 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     checkpoint::write_model(&args.out, lm, &source.files)?;
     let peak = device.memory().peak_bytes;
     eprintln!(
-        "done: {} steps, {:.0} tokens/s, peak GPU memory {:.1} MiB; model in {} (checkpoint {})",
+        "done: {} steps, {:.0} tokens/s, peak GPU memory {:.1} MiB; {} in {} (checkpoint {})",
         trainer.completed_steps(),
         tokens as f64 / secs.max(1e-9),
         peak as f64 / (1 << 20) as f64,
+        if lm.adapter_config().is_some() {
+            "adapter"
+        } else {
+            "model"
+        },
         args.out.display(),
         dir.display()
     );
