@@ -119,7 +119,7 @@ fn two_adamw_steps_on_a_peft_adapter_match_peft_float64() {
         assert!(worst <= ADAPTER_ATOL, "{name}: {worst:.2e}");
         // Saved under PEFT's names with the config PEFT wrote, and read back the same.
         let out = tmpdir("lora-save");
-        lm.set_adapter_base("base");
+        lm.set_adapter_base("base", None);
         lm.save_adapter(&out).unwrap();
         let saved = Weights::open_file(&out.join("adapter_model.safetensors")).unwrap();
         let mut names = saved.names();
@@ -356,4 +356,66 @@ fn a_base_held_in_16_bits_computes_as_its_rounded_f32_copy() {
     .unwrap();
     let err = full.store_frozen_in(hierarchos::core::DType::F16).unwrap_err();
     assert!(err.to_string().contains("trains"), "{err}");
+}
+
+#[test]
+fn peft_matching_rules_for_patterns_and_layer_lists() {
+    // From JSON text: key order matters, and `json!` would sort the keys.
+    let config = |extra: &str| -> LoraConfig {
+        let text = format!(
+            r#"{{"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                "target_modules": ["q_proj", "model.layers.0.mlp.up_proj"] {extra}}}"#
+        );
+        let c: LoraConfig = serde_json::from_str(&text).unwrap();
+        c.validate().unwrap();
+        c
+    };
+    // rank_pattern keys are tried in the file's order.
+    let c = config(r#", "rank_pattern": {"q_proj": 2, "model.layers.0.self_attn.q_proj": 8}"#);
+    assert_eq!(c.rank_and_scaling("model.layers.0.self_attn.q_proj").unwrap(), (2, 4.0));
+    let c = config(r#", "rank_pattern": {"model.layers.0.self_attn.q_proj": 8, "q_proj": 2}"#);
+    assert_eq!(c.rank_and_scaling("model.layers.0.self_attn.q_proj").unwrap(), (8, 1.0));
+    assert_eq!(c.rank_and_scaling("model.layers.1.self_attn.q_proj").unwrap(), (2, 4.0));
+    // The layer list filters suffix matches only; a full path is adapted whatever it says; [] filters nothing.
+    let c = config(r#", "layers_to_transform": [1]"#);
+    assert!(!c.targets("model.layers.0.self_attn.q_proj", Some(0)).unwrap());
+    assert!(c.targets("model.layers.1.self_attn.q_proj", Some(1)).unwrap());
+    assert!(c.targets("model.layers.0.mlp.up_proj", Some(0)).unwrap());
+    let c = config(r#", "layers_to_transform": []"#);
+    assert!(c.targets("model.layers.0.self_attn.q_proj", Some(0)).unwrap());
+    let mut c = config("");
+    c.target_modules = TargetModules::Pattern(".*q_proj".into());
+    c.layers_to_transform = Some(hierarchos::nn::lora::LayerIndices::One(0));
+    assert!(c.validate().unwrap_err().contains("layers_to_transform"));
+    // Settings that would change the computation are refused, bookkeeping is not.
+    let mut c = config(r#", "inference_mode": true, "peft_version": "0.99""#);
+    assert!(c.validate().is_ok());
+    c.other.insert("velora_config".into(), serde_json::json!({"rank": 2}));
+    assert!(c.validate().unwrap_err().contains("velora_config"));
+}
+
+#[test]
+fn a_failed_load_leaves_the_model_as_it_was_and_merges_restack() {
+    let dir = fixture("mistral");
+    let ids = input_ids(&dir);
+    let mut lm = base(&dir);
+    let broken = tmpdir("broken-lora");
+    std::fs::copy(
+        dir.join("lora/adapter_model.safetensors"),
+        broken.join("adapter_model.safetensors"),
+    )
+    .unwrap();
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("lora/adapter_config.json")).unwrap()).unwrap();
+    c["target_modules"] = serde_json::json!(["q_proj", "k_proj", "v_proj", "o_proj", "up_proj"]);
+    std::fs::write(broken.join("adapter_config.json"), c.to_string()).unwrap();
+    assert!(lm.load_adapter(&broken, false).is_err(), "up_proj has no tensors");
+    assert!(lm.adapter_config().is_none() && lm.linears().iter().all(|(_, l)| l.lora.is_none()));
+    lm.load_adapter(&dir.join("lora"), false).unwrap();
+    let want = reference_tensors(&dir, "lora/logits").remove(0).1;
+    lm.merge_adapters().unwrap();
+    let a = &lm.layers[0].self_attn;
+    let stacked = a.qkv.as_ref().unwrap().holds(&[&a.q_proj, &a.k_proj, &a.v_proj]);
+    assert!(stacked, "merged Q/K/V run as one product again");
+    assert!(max_diff(&hierarchos::core::no_grad(|| lm.forward(&ids, None)).unwrap(), &want) <= LOGIT_ATOL);
 }

@@ -28,11 +28,6 @@ pub struct MergeArgs {
 pub fn run(args: &MergeArgs) -> Result<()> {
     let device = default_device().context("opening the default GPU")?;
     let mut model = crate::load_model(&args.model, args.revision.as_deref(), Some(&args.adapter), &device)?;
-    anyhow::ensure!(
-        model.dir.is_dir(),
-        "merge: {} is not a model folder (GGUF files cannot take adapters)",
-        args.model
-    );
     model.lm.merge_adapters().context("merging the adapter")?;
     model.lm.remove_adapters();
     let files = ModelFiles::read(&model.dir)?;

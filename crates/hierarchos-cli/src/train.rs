@@ -3,17 +3,17 @@
 //! continues a run exactly.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use hierarchos_core::{DType, Device, default_device};
+use hierarchos_core::{DType, default_device};
+use hierarchos_nn::Tokenizer;
 use hierarchos_nn::lora::{LoraConfig, TargetModules};
 use hierarchos_nn::optim::AdamWConfig;
-use hierarchos_nn::train::checkpoint::{self, ModelFiles};
+use hierarchos_nn::train::checkpoint;
 use hierarchos_nn::train::data::TokenData;
+use hierarchos_nn::train::setup::{Source, Trained, load_source, pad_id};
 use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate};
-use hierarchos_nn::weights::{INDEX_FILE, SINGLE_FILE};
-use hierarchos_nn::{CausalLm, ModelConfig, Tokenizer, Weights};
 
 /// Optimizer steps of a new run when --steps is not given.
 const DEFAULT_STEPS: usize = 100;
@@ -104,7 +104,7 @@ pub struct TrainArgs {
     pub metrics: Option<PathBuf>,
     /// Train a new LoRA adapter of this rank instead of every parameter (the model stays frozen); --out then
     /// holds PEFT adapter folders.
-    #[arg(long, conflicts_with = "adapter")]
+    #[arg(long, conflicts_with_all = ["adapter", "resume"])]
     pub lora_r: Option<usize>,
     /// LoRA's alpha: the update is scaled by alpha / r (PEFT's default).
     #[arg(long, default_value_t = 8.0, requires = "lora_r")]
@@ -120,11 +120,11 @@ pub struct TrainArgs {
     #[arg(long, requires = "lora_r")]
     pub use_rslora: bool,
     /// Continue training this PEFT LoRA adapter folder on MODEL (a new run: fresh optimizer state).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resume")]
     pub adapter: Option<PathBuf>,
     /// While an adapter trains, hold the frozen model's matrices in this dtype (f16 or bf16 halve their memory;
     /// activations and the adapter stay f32).
-    #[arg(long, default_value = "f32")]
+    #[arg(long, default_value = "f32", conflicts_with = "resume")]
     pub base_dtype: DType,
 }
 
@@ -151,95 +151,22 @@ pub struct EvalArgs {
     pub seq_len: usize,
 }
 
-/// The model to train and what to carry into its checkpoints.
-struct Source {
-    lm: CausalLm,
-    files: ModelFiles,
-    tokenizer: Option<Tokenizer>,
-}
-
-/// What a run trains: every parameter, a new LoRA adapter, or an existing one.
-enum Trained<'a> {
-    All,
-    NewAdapter(Box<LoraConfig>),
-    Adapter(&'a Path),
-}
-
-impl<'a> Trained<'a> {
-    fn of(args: &'a TrainArgs) -> Trained<'a> {
-        match (&args.adapter, args.lora_r) {
-            (Some(dir), _) => Trained::Adapter(dir),
-            (None, Some(r)) => {
-                let mut config = LoraConfig::new(
-                    r,
-                    args.lora_alpha,
-                    args.lora_dropout,
-                    TargetModules::parse(&args.lora_targets),
-                );
-                config.use_rslora = args.use_rslora;
-                Trained::NewAdapter(Box::new(config))
-            }
-            (None, None) => Trained::All,
-        }
-    }
-}
-
-/// Loads `dir` for training: its weights if it has any, else random weights from `seed`; with an adapter to
-/// train, the weights frozen and the adapter attached (`base` is what its config records as the base model).
-fn load_source(dir: &Path, base: &str, trained: &Trained, args: &TrainArgs, device: &Device) -> Result<Source> {
-    let seed = args.seed;
-    let config = ModelConfig::from_file(&dir.join("config.json"))?;
-    let has_weights = [SINGLE_FILE, INDEX_FILE].iter().any(|f| dir.join(f).is_file());
-    let frozen = || -> Result<CausalLm> {
-        anyhow::ensure!(has_weights, "{}: an adapter needs a model with weights", dir.display());
-        Ok(CausalLm::load(&config, &Weights::open(dir)?, device)?)
-    };
-    let mut lm = match trained {
-        Trained::All if has_weights => CausalLm::load_trainable(&config, &Weights::open(dir)?, device)?,
-        Trained::All => {
-            tracing::info!(
-                "{} has no weights: training from random weights (seed {seed})",
-                dir.display()
+/// What the arguments ask to train.
+fn trained(args: &TrainArgs) -> Trained {
+    match (&args.adapter, args.lora_r) {
+        (Some(dir), _) => Trained::Adapter(dir.clone()),
+        (None, Some(r)) => {
+            let mut config = LoraConfig::new(
+                r,
+                args.lora_alpha,
+                args.lora_dropout,
+                TargetModules::parse(&args.lora_targets),
             );
-            CausalLm::init_random(&config, seed, device)?
+            config.use_rslora = args.use_rslora;
+            Trained::NewAdapter(Box::new(config))
         }
-        Trained::NewAdapter(lora) => {
-            let mut lm = frozen()?;
-            lm.add_lora(lora, seed)?;
-            lm.set_adapter_base(base);
-            lm
-        }
-        Trained::Adapter(adapter) => {
-            let mut lm = frozen()?;
-            lm.load_adapter(adapter, true)
-                .with_context(|| format!("loading adapter {}", adapter.display()))?;
-            lm.set_adapter_base(base);
-            lm
-        }
-    };
-    if args.base_dtype != DType::F32 {
-        let (before, after) = lm.store_frozen_in(args.base_dtype)?;
-        let mib = |b: usize| b as f64 / (1 << 20) as f64;
-        eprintln!(
-            "frozen weights held in {}: {:.1} MiB instead of {:.1} MiB",
-            args.base_dtype,
-            mib(after),
-            mib(before)
-        );
+        (None, None) => Trained::All,
     }
-    Ok(Source {
-        lm,
-        files: ModelFiles::read(dir)?,
-        tokenizer: Tokenizer::from_dir_if_present(dir)?,
-    })
-}
-
-/// The id that fills short rows: the tokenizer's pad token, else its first end-of-sequence token, else 0 (their
-/// labels are skipped either way).
-fn pad_id(tokenizer: Option<&Tokenizer>) -> u32 {
-    tokenizer
-        .and_then(|t| t.pad_id().or_else(|| t.eos_ids().first().copied()))
-        .unwrap_or(0)
 }
 
 fn config_from(args: &TrainArgs) -> Result<TrainConfig> {
@@ -289,6 +216,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
                 lm: ckpt.lm,
                 files: ckpt.files,
                 tokenizer: Tokenizer::from_dir_if_present(&dir)?,
+                frozen_bytes: None,
             };
             (
                 source,
@@ -305,8 +233,26 @@ pub fn train(args: &TrainArgs) -> Result<()> {
                 Ok(path) => path.display().to_string(),
                 Err(_) => model.to_string(),
             };
-            let source = load_source(&dir, &base, &Trained::of(args), args, &device)
-                .with_context(|| format!("loading model {model}"))?;
+            let revision = args.revision.as_deref();
+            let source = load_source(
+                &dir,
+                &base,
+                revision,
+                &trained(args),
+                args.base_dtype,
+                args.seed,
+                &device,
+            )
+            .with_context(|| format!("loading model {model}"))?;
+            if let Some((before, after)) = source.frozen_bytes {
+                let mib = |b: usize| b as f64 / (1 << 20) as f64;
+                eprintln!(
+                    "frozen weights held in {}: {:.1} MiB instead of {:.1} MiB",
+                    args.base_dtype,
+                    mib(after),
+                    mib(before)
+                );
+            }
             let data = args.data.clone().expect("clap requires --data without --resume");
             (source, config_from(args)?, data, None)
         }

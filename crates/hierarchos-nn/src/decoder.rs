@@ -16,6 +16,17 @@ use crate::norm::RmsNorm;
 use crate::rope::RotaryEmbedding;
 use crate::weights::Weights;
 
+/// The paths of a decoder layer's linear layers inside it, in module order.
+const LAYER_LINEARS: [&str; 7] = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
 /// One pre-norm decoder block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
 #[derive(Clone, Debug)]
 pub struct DecoderLayer {
@@ -64,6 +75,34 @@ impl DecoderLayer {
     /// Whether [`DecoderLayer::forward_fused`] is the faster way: every projection quantized, without bias.
     pub fn fuses(&self) -> bool {
         self.self_attn.fuses() && self.mlp.fuses()
+    }
+
+    /// The linear layers, in the order of [`LAYER_LINEARS`].
+    fn linears(&self) -> [&Linear; 7] {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        [
+            &a.q_proj,
+            &a.k_proj,
+            &a.v_proj,
+            &a.o_proj,
+            &m.gate_proj,
+            &m.up_proj,
+            &m.down_proj,
+        ]
+    }
+
+    /// [`DecoderLayer::linears`], mutable.
+    fn linears_mut(&mut self) -> [&mut Linear; 7] {
+        let (a, m) = (&mut self.self_attn, &mut self.mlp);
+        [
+            &mut a.q_proj,
+            &mut a.k_proj,
+            &mut a.v_proj,
+            &mut a.o_proj,
+            &mut m.gate_proj,
+            &mut m.up_proj,
+            &mut m.down_proj,
+        ]
     }
 
     /// The parameters with their Hugging Face names relative to the layer.
@@ -409,16 +448,7 @@ impl CausalLm {
     pub fn linears(&self) -> Vec<(String, &Linear)> {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
-            let (a, m) = (&layer.self_attn, &layer.mlp);
-            for (name, l) in [
-                ("self_attn.q_proj", &a.q_proj),
-                ("self_attn.k_proj", &a.k_proj),
-                ("self_attn.v_proj", &a.v_proj),
-                ("self_attn.o_proj", &a.o_proj),
-                ("mlp.gate_proj", &m.gate_proj),
-                ("mlp.up_proj", &m.up_proj),
-                ("mlp.down_proj", &m.down_proj),
-            ] {
+            for (name, l) in LAYER_LINEARS.iter().zip(layer.linears()) {
                 v.push((format!("model.layers.{i}.{name}"), l));
             }
         }
@@ -432,16 +462,7 @@ impl CausalLm {
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter_mut().enumerate() {
-            let (a, m) = (&mut layer.self_attn, &mut layer.mlp);
-            for (name, l) in [
-                ("self_attn.q_proj", &mut a.q_proj),
-                ("self_attn.k_proj", &mut a.k_proj),
-                ("self_attn.v_proj", &mut a.v_proj),
-                ("self_attn.o_proj", &mut a.o_proj),
-                ("mlp.gate_proj", &mut m.gate_proj),
-                ("mlp.up_proj", &mut m.up_proj),
-                ("mlp.down_proj", &mut m.down_proj),
-            ] {
+            for (name, l) in LAYER_LINEARS.iter().zip(layer.linears_mut()) {
                 v.push((format!("model.layers.{i}.{name}"), l));
             }
         }
@@ -449,6 +470,18 @@ impl CausalLm {
             v.push(("lm_head".to_string(), head));
         }
         v
+    }
+
+    /// Stacks Q/K/V and gate/up anew from the layers' current weights (after weights were replaced: merged
+    /// adapters, another dtype), so that inference runs them as one product again and the old stacks are freed.
+    pub(crate) fn restack(&mut self) -> Result<()> {
+        for layer in &mut self.layers {
+            let a = &mut layer.self_attn;
+            a.qkv = Linear::stack(&mut [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
+            let m = &mut layer.mlp;
+            m.gate_up = Linear::stack(&mut [&mut m.gate_proj, &mut m.up_proj])?;
+        }
+        Ok(())
     }
 
     /// Every parameter with its exact Hugging Face name (`model.layers.0.self_attn.q_proj.weight`, ...); a tied

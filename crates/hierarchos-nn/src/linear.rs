@@ -228,9 +228,14 @@ impl Linear {
         matches!(&self.weight, LinearWeight::Dense(w) if w.requires_grad())
     }
 
-    /// Whether a gradient may flow into this layer's parameters.
+    /// Whether a gradient may flow into this layer's parameters or its adapter's.
     pub fn requires_grad(&self) -> bool {
-        self.weight_requires_grad() || self.bias.as_ref().is_some_and(Tensor::requires_grad)
+        self.weight_requires_grad()
+            || self.bias.as_ref().is_some_and(Tensor::requires_grad)
+            || self
+                .lora
+                .as_ref()
+                .is_some_and(|l| l.a.requires_grad() || l.b.requires_grad())
     }
 
     /// The parameters with their Hugging Face names (`weight`, `bias`); a quantized weight is frozen and not

@@ -4,13 +4,13 @@
 //! and `adapter_model.safetensors` with tensors named `base_model.model.<module path>.lora_A.weight` and
 //! `.lora_B.weight`, so adapters move between Hierarchos and `peft.PeftModel` in both directions.
 
-use std::collections::BTreeMap;
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hierarchos_core::{CmpOp, DType, Tensor, grad_enabled, no_grad};
+use indexmap::IndexMap;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -56,14 +56,38 @@ impl TargetModules {
         }
     }
 
-    fn matches(&self, path: &str) -> Result<bool> {
+    /// How `path` matches: exactly (a pattern, `all-linear`, or a name equal to the whole path), by a name
+    /// suffix, or not at all. PEFT applies `layers_to_transform` to suffix matches only.
+    fn matches(&self, path: &str) -> Result<Match> {
         Ok(match self {
-            TargetModules::Pattern(p) if p == ALL_LINEAR => path != "lm_head",
-            TargetModules::Pattern(p) => full_match(p)?.is_match(path),
-            TargetModules::Names(names) => names
-                .iter()
-                .any(|n| path == n || path.strip_suffix(n.as_str()).is_some_and(|rest| rest.ends_with('.'))),
+            TargetModules::Pattern(p) if p.eq_ignore_ascii_case(ALL_LINEAR) => Match::exact(path != "lm_head"),
+            TargetModules::Pattern(p) => Match::exact(full_match(p)?.is_match(path)),
+            TargetModules::Names(names) if names.iter().any(|n| n == path) => Match::Exact,
+            TargetModules::Names(names) => {
+                if names
+                    .iter()
+                    .any(|n| path.strip_suffix(n.as_str()).is_some_and(|rest| rest.ends_with('.')))
+                {
+                    Match::Suffix
+                } else {
+                    Match::None
+                }
+            }
         })
+    }
+}
+
+/// How a module path matches [`TargetModules`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Match {
+    None,
+    Exact,
+    Suffix,
+}
+
+impl Match {
+    fn exact(yes: bool) -> Match {
+        if yes { Match::Exact } else { Match::None }
     }
 }
 
@@ -105,12 +129,13 @@ pub struct LoraConfig {
     /// rsLoRA's scaling, `lora_alpha / sqrt(r)`.
     #[serde(default)]
     pub use_rslora: bool,
-    /// Ranks of particular layers (keys are module names or patterns, as PEFT matches them).
+    /// Ranks of particular layers (keys are module names or patterns, as PEFT matches them, in the file's
+    /// order: the first key that matches wins).
     #[serde(default)]
-    pub rank_pattern: BTreeMap<String, usize>,
-    /// `lora_alpha` of particular layers.
+    pub rank_pattern: IndexMap<String, usize>,
+    /// `lora_alpha` of particular layers (matched as `rank_pattern`).
     #[serde(default)]
-    pub alpha_pattern: BTreeMap<String, f64>,
+    pub alpha_pattern: IndexMap<String, f64>,
     /// Adapt only the decoder layers with these indices (one index or a list).
     #[serde(default)]
     pub layers_to_transform: Option<LayerIndices>,
@@ -136,19 +161,26 @@ fn bias_none() -> String {
     "none".into()
 }
 
-/// PEFT fields that change what an adapter computes, with the default Hierarchos requires.
-const MUST_BE_DEFAULT: [(&str, &str); 11] = [
-    ("use_dora", "DoRA"),
-    ("fan_in_fan_out", "transposed (Conv1D) weights"),
-    ("modules_to_save", "extra fully trained modules"),
-    ("lora_bias", "trained biases in lora_B"),
-    ("layer_replication", "layer replication"),
-    ("target_parameters", "adapted parameters (MoE experts)"),
-    ("trainable_token_indices", "trained token embeddings"),
-    ("use_qalora", "QA-LoRA"),
-    ("use_bdlora", "block-diagonal LoRA"),
-    ("alora_invocation_tokens", "activated LoRA"),
-    ("layers_pattern", "a custom layers pattern"),
+/// PEFT fields that Hierarchos may ignore whatever they hold: bookkeeping, and settings that only shape how an
+/// adapter was initialized (a trained adapter's tensors say all there is). Any other field Hierarchos does not
+/// interpret must hold its default (null, false, empty), or the adapter is refused: it would compute something
+/// else here than in PEFT (DoRA, trained biases, extra trained modules, newer LoRA variants...).
+const IGNORED_FIELDS: [&str; 15] = [
+    "inference_mode",
+    "init_lora_weights",
+    "revision",
+    "peft_version",
+    "auto_mapping",
+    "megatron_config",
+    "megatron_core",
+    "loftq_config",
+    "eva_config",
+    "corda_config",
+    "lora_ga_config",
+    "qalora_group_size",
+    "ensure_weight_tying",
+    "layers_pattern",
+    "fan_in_fan_out",
 ];
 
 impl LoraConfig {
@@ -176,8 +208,8 @@ impl LoraConfig {
             target_modules,
             exclude_modules: None,
             use_rslora: false,
-            rank_pattern: BTreeMap::new(),
-            alpha_pattern: BTreeMap::new(),
+            rank_pattern: IndexMap::new(),
+            alpha_pattern: IndexMap::new(),
             layers_to_transform: None,
             bias: bias_none(),
             other,
@@ -220,16 +252,35 @@ impl LoraConfig {
                 self.bias
             ));
         }
-        for (key, what) in MUST_BE_DEFAULT {
-            let set = match self.other.get(key) {
-                None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-                Some(Value::Array(a)) => !a.is_empty(),
-                Some(Value::Object(o)) => !o.is_empty(),
-                Some(_) => true,
+        for (key, value) in &self.other {
+            let default = match value {
+                Value::Null | Value::Bool(false) => true,
+                Value::Array(a) => a.is_empty(),
+                Value::Object(o) => o.is_empty(),
+                _ => false,
             };
-            if set {
-                return Err(format!("{key} ({what}) is not supported"));
+            if !default && !IGNORED_FIELDS.contains(&key.as_str()) {
+                return Err(format!("{key} = {value} is not supported (Hierarchos runs plain LoRA)"));
             }
+        }
+        // Which decoder layer a module is in comes from `model.layers.N.`; PEFT's default pattern finds the same.
+        match self.other.get("layers_pattern") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(p)) if p == "layers" => {}
+            Some(Value::Array(a)) if a.iter().all(|v| v == "layers") => {}
+            Some(other) => return Err(format!("layers_pattern {other} is not supported")),
+        }
+        if self
+            .other
+            .get("fan_in_fan_out")
+            .is_some_and(|v| v == &Value::Bool(true))
+        {
+            return Err("fan_in_fan_out (transposed Conv1D weights) is not supported".into());
+        }
+        if matches!(self.target_modules, TargetModules::Pattern(_)) && self.layers_to_transform.is_some() {
+            return Err(
+                "layers_to_transform cannot be combined with a target_modules pattern (PEFT refuses it)".into(),
+            );
         }
         for pattern in self.rank_pattern.keys().chain(self.alpha_pattern.keys()) {
             pattern_regex(pattern).map_err(|e| e.to_string())?;
@@ -239,16 +290,20 @@ impl LoraConfig {
 
     /// Whether the layer at module path `path` (in decoder layer `layer`, if any) gets an adapter.
     pub fn targets(&self, path: &str, layer: Option<usize>) -> Result<bool> {
-        if !self.target_modules.matches(path)? {
+        let found = self.target_modules.matches(path)?;
+        if found == Match::None {
             return Ok(false);
         }
         if let Some(exclude) = &self.exclude_modules
-            && exclude.matches(path)?
+            && exclude.matches(path)? != Match::None
         {
             return Ok(false);
         }
+        // As PEFT: the layer list filters name-suffix matches only, and an empty list filters nothing.
         Ok(match (&self.layers_to_transform, layer) {
+            _ if found == Match::Exact => true,
             (None, _) => true,
+            (Some(LayerIndices::Many(v)), _) if v.is_empty() => true,
             (Some(_), None) => false,
             (Some(LayerIndices::One(i)), Some(l)) => *i == l,
             (Some(LayerIndices::Many(v)), Some(l)) => v.contains(&l),
@@ -282,8 +337,8 @@ impl LoraConfig {
 }
 
 /// PEFT's matching of `rank_pattern` / `alpha_pattern` keys: a key matches a module path that is the key or ends
-/// with `.` and the key, the key read as a regular expression; the first matching key wins.
-fn pattern_value<'a, T>(patterns: &'a BTreeMap<String, T>, path: &str) -> Result<Option<&'a T>> {
+/// with `.` and the key, the key read as a regular expression; the first matching key in the file's order wins.
+fn pattern_value<'a, T>(patterns: &'a IndexMap<String, T>, path: &str) -> Result<Option<&'a T>> {
     for (key, value) in patterns {
         if pattern_regex(key)?.is_match(path) {
             return Ok(Some(value));
@@ -299,6 +354,9 @@ fn pattern_regex(key: &str) -> Result<Regex> {
         ))
     })
 }
+
+/// Mixed into the run's seed for the dropout stream.
+const DROPOUT_STREAM: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// The counter-based stream the dropout masks of one model's adapters are drawn from. A training step sets where
 /// it starts ([`CausalLm::seed_lora_dropout`]), so that a resumed run draws the same masks.
@@ -366,18 +424,21 @@ impl CausalLm {
         config.validate().map_err(Error::Invalid)?;
         let device = self.device().clone();
         let mut rng = ParamRng::new(seed);
-        self.attach(config, &mut |_, [out, inp], r| {
+        let adapters = self.build_adapters(config, true, &mut |_, [out, inp], r| {
             let bound = 1.0 / (inp as f64).sqrt();
             Ok((
                 rng.uniform(&[r, inp], -bound, bound, &device)?,
                 Tensor::zeros(&[out, r], DType::F32, &device)?,
             ))
-        })
+        })?;
+        self.install(config, adapters);
+        Ok(())
     }
 
     /// Attaches the PEFT adapter in folder `dir` (`adapter_config.json`, `adapter_model.safetensors`);
     /// `trainable` makes its tensors collect gradients. Every other parameter is frozen. Errors name the file and
-    /// tensor at fault: a missing or misshapen tensor, or one no adapted layer claims.
+    /// tensor at fault: a missing or misshapen tensor, or one no adapted layer claims; the model is then left as
+    /// it was.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load_adapter(&mut self, dir: &Path, trainable: bool) -> Result<LoraConfig> {
         let config = LoraConfig::read(dir)?;
@@ -391,7 +452,7 @@ impl CausalLm {
         let weights = Weights::open_file(&path)?;
         let device = self.device().clone();
         let mut claimed = Vec::new();
-        self.attach(&config, &mut |module, [out, inp], r| {
+        let adapters = self.build_adapters(&config, trainable, &mut |module, [out, inp], r| {
             let name = |m: &str| format!("{PEFT_PREFIX}{module}.{m}.weight");
             let (a, b) = (name("lora_A"), name("lora_B"));
             let tensors = (
@@ -410,26 +471,19 @@ impl CausalLm {
                 ),
             });
         }
-        if !trainable {
-            for layer in self.linears_mut() {
-                if let Some(lora) = &mut layer.1.lora {
-                    lora.a = lora.a.detach();
-                    lora.b = lora.b.detach();
-                }
-            }
-        }
+        self.install(&config, adapters);
         Ok(config)
     }
 
-    /// Attaches an adapter, with tensors from `make(module path, [out, in], rank)`, to every layer `config`
-    /// targets, and freezes the model's own parameters.
-    fn attach(&mut self, config: &LoraConfig, make: AdapterSource) -> Result<()> {
-        if self.linears_mut().iter().any(|(_, l)| l.lora.is_some()) {
+    /// The adapters of every layer `config` targets, with tensors from `make(module path, [out, in], rank)`
+    /// (trainable or not), by module path; nothing is attached yet, so an error leaves the model unchanged.
+    fn build_adapters(&self, config: &LoraConfig, trainable: bool, make: AdapterSource) -> Result<Vec<(String, Lora)>> {
+        if self.adapter.is_some() {
             return Err(Error::Invalid("the model already has an adapter".into()));
         }
         let stream = Arc::new(DropoutStream::default());
-        let mut count = 0;
-        for (path, layer) in self.linears_mut() {
+        let mut adapters = Vec::new();
+        for (path, layer) in self.linears() {
             if !config.targets(&path, layer_index(&path))? {
                 continue;
             }
@@ -440,25 +494,38 @@ impl CausalLm {
             }
             let (r, scaling) = config.rank_and_scaling(&path)?;
             let (a, b) = make(&path, layer.weight_shape(), r)?;
-            layer.lora = Some(Lora {
-                a: a.requires_grad_(),
-                b: b.requires_grad_(),
+            let (a, b) = if trainable {
+                (a.requires_grad_(), b.requires_grad_())
+            } else {
+                (a, b)
+            };
+            let lora = Lora {
+                a,
+                b,
                 scaling,
                 dropout: config.lora_dropout,
                 merged: false,
                 stream: stream.clone(),
-            });
-            count += 1;
+            };
+            adapters.push((path, lora));
         }
-        if count == 0 {
+        if adapters.is_empty() {
             return Err(Error::Invalid(format!(
                 "no linear layer of this model matches the LoRA targets {:?}",
                 config.target_modules
             )));
         }
+        Ok(adapters)
+    }
+
+    /// Attaches `adapters` (from [`CausalLm::build_adapters`]) and freezes the model's own parameters.
+    fn install(&mut self, config: &LoraConfig, adapters: Vec<(String, Lora)>) {
+        let mut adapters: std::collections::HashMap<String, Lora> = adapters.into_iter().collect();
+        for (path, layer) in self.linears_mut() {
+            layer.lora = adapters.remove(&path);
+        }
         self.freeze_base();
         self.adapter = Some(Box::new(config.clone()));
-        Ok(())
     }
 
     /// The settings of the attached adapter, if any.
@@ -489,11 +556,15 @@ impl CausalLm {
         }
     }
 
-    /// Records the model the adapter applies to (`base_model_name_or_path`: a folder or Hub id), which resuming
-    /// an adapter's training loads.
-    pub fn set_adapter_base(&mut self, base: &str) {
+    /// Records the model the adapter applies to (`base_model_name_or_path`: a folder or Hub id, and PEFT's
+    /// `revision` for a Hub id), which resuming an adapter's training loads.
+    pub fn set_adapter_base(&mut self, base: &str, revision: Option<&str>) {
         if let Some(config) = &mut self.adapter {
             config.base_model_name_or_path = Some(base.to_string());
+            config.other.insert(
+                "revision".into(),
+                revision.map_or(Value::Null, |r| Value::String(r.into())),
+            );
         }
     }
 
@@ -523,9 +594,9 @@ impl CausalLm {
         config.write(dir)
     }
 
-    /// Adds every adapter's update into its layer's weight (`W + scaling · B A`, in the weight's dtype), so the
-    /// model runs at the base model's speed; the adapters stay attached, marked merged, for
-    /// [`CausalLm::unmerge_adapters`].
+    /// Adds every adapter's update into its layer's weight (`W + scaling · B A`, computed in f32 and stored in the
+    /// weight's dtype); the adapters stay attached, marked merged, for [`CausalLm::unmerge_adapters`]. The merged
+    /// layers run as plain ones (Q/K/V and gate/up as one product again).
     pub fn merge_adapters(&mut self) -> Result<()> {
         self.shift_adapters(true)
     }
@@ -547,12 +618,16 @@ impl CausalLm {
             let LinearWeight::Dense(w) = &layer.weight else {
                 return Err(Error::Invalid(format!("{path}: cannot merge into a quantized weight")));
             };
-            let delta = lora.delta()?.to_dtype(w.dtype())?;
-            let shifted = no_grad(|| if merge { w.add(&delta) } else { w.sub(&delta) })?;
+            let delta = lora.delta()?;
+            let shifted = no_grad(|| {
+                let w32 = w.to_dtype(DType::F32)?;
+                let sum = if merge { w32.add(&delta)? } else { w32.sub(&delta)? };
+                sum.to_dtype(w.dtype())
+            })?;
             layer.weight = LinearWeight::Dense(shifted);
             lora.merged = merge;
         }
-        Ok(())
+        self.restack()
     }
 
     /// Drops the adapters (after a merge, to save the merged model as a plain one).
@@ -568,7 +643,8 @@ impl CausalLm {
     pub fn seed_lora_dropout(&self, seed: u64, step: usize) {
         for (_, layer) in self.linears() {
             if let Some(lora) = &layer.lora {
-                lora.stream.seed.store(seed, Ordering::Relaxed);
+                // Not the stream `add_lora` drew `A` from with the same seed.
+                lora.stream.seed.store(seed ^ DROPOUT_STREAM, Ordering::Relaxed);
                 lora.stream.next.store((step as u64) << 40, Ordering::Relaxed);
                 return;
             }
@@ -605,16 +681,13 @@ impl CausalLm {
             Ok(c)
         };
         self.embed_tokens.weight = cast(&self.embed_tokens.weight)?;
-        for layer in &mut self.layers {
-            // The stacked copies kept for one-launch inference would keep the f32 matrices alive.
-            layer.self_attn.qkv = None;
-            layer.mlp.gate_up = None;
-        }
         for (_, layer) in self.linears_mut() {
             if let LinearWeight::Dense(w) = &layer.weight {
                 layer.weight = LinearWeight::Dense(cast(w)?);
             }
         }
+        // Stacked anew in the new dtype, so that the old f32 stacks are freed.
+        self.restack()?;
         Ok((before, after))
     }
 

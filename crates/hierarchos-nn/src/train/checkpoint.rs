@@ -236,7 +236,8 @@ pub fn load(dir: &Path, device: &Device) -> Result<Checkpoint> {
                 message: "base_model_name_or_path is not set: which model does the adapter belong to?".into(),
             });
         };
-        let base_dir = crate::hub::resolve_model(base, None)?;
+        let revision = adapter.other.get("revision").and_then(serde_json::Value::as_str);
+        let base_dir = crate::hub::resolve_model(base, revision)?;
         let config = ModelConfig::from_file(&base_dir.join("config.json"))?;
         let mut lm = CausalLm::load(&config, &Weights::open(&base_dir)?, device)?;
         lm.load_adapter(dir, true)?;
