@@ -53,7 +53,13 @@ impl Model {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let weights = Weights::open(dir)?;
         let lm = CausalLm::load(&config, &weights, device)?;
-        let tokenizer = Tokenizer::from_dir_if_present(dir)?;
+        Model::with_lm(dir, lm, Tokenizer::from_dir_if_present(dir)?)
+    }
+
+    /// A model of the folder `dir` whose decoder is `lm` (one just trained, say) and whose tokenizer is
+    /// `tokenizer`: the end-of-sequence ids come from the folder as [`Model::from_dir`] reads them.
+    pub fn with_lm(dir: &Path, lm: CausalLm, tokenizer: Option<Tokenizer>) -> Result<Model> {
+        let config = lm.config().clone();
         // transformers stops on generation_config.json's ids, else config.json's; the tokenizer's EOS is the
         // last resort for folders that have neither.
         let eos_ids = match generation_eos_ids(dir)? {

@@ -60,6 +60,8 @@ pub struct AdapterSummary {
 
 /// One GPU device with everything needed to run kernels on it. Shared as `Arc<Gpu>` by all tensors on it.
 pub struct Gpu {
+    instance: wgpu::Instance,
+    adapter: wgpu::Adapter,
     device: wgpu::Device,
     queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
@@ -351,6 +353,8 @@ impl Gpu {
             None
         };
         Ok(Arc::new(Gpu {
+            instance,
+            adapter,
             device,
             queue,
             info,
@@ -393,6 +397,12 @@ impl Gpu {
         }
         let g = Gpu::open(&GpuOptions::from_env()).await.map_err(|e| e.to_string());
         DEFAULT_GPU.get_or_init(|| g).clone().map_err(GpuError::NoAdapter)
+    }
+
+    /// The wgpu instance, adapter, device and queue, for a renderer that shares the device with the kernels (the
+    /// Studio's egui-wgpu painter draws on the same device that trains).
+    pub fn wgpu_parts(&self) -> (&wgpu::Instance, &wgpu::Adapter, &wgpu::Device, &wgpu::Queue) {
+        (&self.instance, &self.adapter, &self.device, &self.queue)
     }
 
     /// Adapter name, backend, driver.

@@ -1,0 +1,248 @@
+//! The Studio window: a tab bar (Model, Train, Chat, Device), the open tab, and a status line. The state of each
+//! tab lives here; the tabs draw themselves in their own files. GPU work happens on the [`Worker`] thread: the
+//! window sends it commands and applies its events at the start of every frame.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, Sender, channel};
+
+use eframe::egui;
+use hierarchos_core::Device;
+
+use crate::chat_panel::ChatState;
+use crate::embedded::Embedded;
+use crate::runs::{Point, Run};
+use crate::train_panel::TrainState;
+use crate::worker::{Command, Event, ModelSummary, Worker};
+
+/// Where the Studio keeps its files, and what it opens first.
+#[derive(Clone, Debug)]
+pub struct StudioOptions {
+    /// Root of the Studio's files: the embedded model and corpus, and `runs/`.
+    pub home: PathBuf,
+    /// The model loaded at start (default: the embedded one).
+    pub model: Option<String>,
+}
+
+impl StudioOptions {
+    /// `$HIERARCHOS_STUDIO_HOME`, else `~/.hierarchos-studio`, else a folder under the system temp dir.
+    pub fn from_env() -> StudioOptions {
+        let home = std::env::var_os("HIERARCHOS_STUDIO_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".hierarchos-studio")))
+            .unwrap_or_else(|| std::env::temp_dir().join("hierarchos-studio"));
+        StudioOptions { home, model: None }
+    }
+
+    /// The folder runs are written to.
+    pub fn runs_dir(&self) -> PathBuf {
+        self.home.join("runs")
+    }
+}
+
+/// The open tab.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tab {
+    /// Pick and inspect a model.
+    Model,
+    /// Train it and watch the curves.
+    Train,
+    /// Generate from it.
+    Chat,
+    /// The GPU.
+    Device,
+}
+
+/// The application state.
+pub struct StudioApp {
+    /// Where files go.
+    pub options: StudioOptions,
+    /// The embedded default's files.
+    pub embedded: Option<Embedded>,
+    /// The compute device (shared with the renderer on the desktop).
+    pub device: Device,
+    /// The open tab.
+    pub tab: Tab,
+    /// The model field of the Model tab (a folder or a Hub id).
+    pub model_arg: String,
+    /// The loaded model.
+    pub model: Option<ModelSummary>,
+    /// What the worker is doing, while it works.
+    pub busy: Option<String>,
+    /// Errors, newest last, until dismissed.
+    pub errors: Vec<String>,
+    /// The Train tab.
+    pub train: TrainState,
+    /// The Chat tab.
+    pub chat: ChatState,
+    commands: Sender<Command>,
+    events: Receiver<Event>,
+}
+
+impl StudioApp {
+    /// The app on `device`, with its worker thread started and the first model loading.
+    pub fn new(ctx: &egui::Context, device: Device, options: StudioOptions) -> StudioApp {
+        let (commands, worker_commands) = channel();
+        let (worker_events, events) = channel();
+        let repaint_ctx = ctx.clone();
+        let worker = Worker::new(
+            device.clone(),
+            worker_commands,
+            worker_events,
+            Box::new(move || repaint_ctx.request_repaint()),
+        );
+        std::thread::Builder::new()
+            .name("hierarchos-worker".into())
+            .spawn(move || worker.run())
+            .expect("spawning the worker thread");
+        let mut errors = Vec::new();
+        let embedded = match Embedded::write(&options.home) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                errors.push(format!("writing the embedded model: {e:#}"));
+                None
+            }
+        };
+        let model_arg = options
+            .model
+            .clone()
+            .or_else(|| embedded.as_ref().map(|e| e.model.display().to_string()))
+            .unwrap_or_default();
+        let data = embedded
+            .as_ref()
+            .map(|e| e.corpus.display().to_string())
+            .unwrap_or_default();
+        let runs = Run::list(&options.runs_dir());
+        let mut app = StudioApp {
+            train: TrainState::new(data, runs),
+            chat: ChatState::default(),
+            options,
+            embedded,
+            device,
+            tab: Tab::Model,
+            model_arg,
+            model: None,
+            busy: None,
+            errors,
+            commands,
+            events,
+        };
+        if !app.model_arg.is_empty() {
+            app.send(Command::Load(app.model_arg.clone()));
+        }
+        app
+    }
+
+    /// Sends a command to the worker.
+    pub fn send(&mut self, command: Command) {
+        if let Command::Load(arg) = &command {
+            self.busy = Some(format!("loading {arg}"));
+        }
+        if self.commands.send(command).is_err() {
+            self.errors.push("the worker thread has stopped".into());
+        }
+    }
+
+    /// Applies the worker's events that arrived since the last frame.
+    pub fn apply_events(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            match event {
+                Event::Busy(what) => self.busy = Some(what),
+                Event::Loaded(summary) => {
+                    self.busy = None;
+                    if self.model.as_ref().is_none_or(|m| m.dir != summary.dir) {
+                        self.train.defaults_for(&summary);
+                    }
+                    self.model = Some(summary);
+                }
+                Event::RunStarted(dir) => {
+                    self.busy = None;
+                    self.train.started(dir);
+                }
+                Event::Point(point) => {
+                    if self.busy.as_deref() != Some("paused") {
+                        self.busy = None;
+                    }
+                    self.train.point(point);
+                }
+                Event::Checkpoint(dir) => self.train.message = Some(format!("checkpoint saved: {}", dir.display())),
+                Event::TrainDone { dir, stopped } => {
+                    self.busy = None;
+                    self.train.finished(&dir, stopped, &self.options.runs_dir());
+                }
+                Event::Token(text) => self.chat.output.push_str(&text),
+                Event::Generated { tokens, secs } => {
+                    self.busy = None;
+                    self.chat.finished(tokens, secs);
+                }
+                Event::Error(e) => {
+                    self.busy = None;
+                    self.train.running = None;
+                    self.chat.generating = false;
+                    self.errors.push(e);
+                }
+            }
+        }
+    }
+
+    /// The points of the running (or last) run.
+    pub fn points(&self) -> &[Point] {
+        &self.train.points
+    }
+
+    /// The whole window for one frame.
+    pub fn show(&mut self, ui: &mut egui::Ui) {
+        self.apply_events();
+        egui::Panel::top("tabs").show(ui, |ui| {
+            ui.horizontal(|ui| {
+                ui.heading("Hierarchos Studio");
+                ui.separator();
+                for (tab, name) in [
+                    (Tab::Model, "Model"),
+                    (Tab::Train, "Train"),
+                    (Tab::Chat, "Chat"),
+                    (Tab::Device, "Device"),
+                ] {
+                    ui.selectable_value(&mut self.tab, tab, name);
+                }
+            });
+        });
+        egui::Panel::bottom("status").show(ui, |ui| self.status_line(ui));
+        egui::CentralPanel::default().show(ui, |ui| match self.tab {
+            Tab::Model => self.model_panel(ui),
+            Tab::Train => self.train_panel(ui),
+            Tab::Chat => self.chat_panel(ui),
+            Tab::Device => self.device_panel(ui),
+        });
+    }
+
+    fn status_line(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal(|ui| {
+            if let Some(what) = &self.busy {
+                ui.spinner();
+                ui.label(what);
+            } else if let Some(m) = &self.model {
+                ui.label(format!("{} ({}) ready", m.dir.display(), m.family));
+            } else {
+                ui.label("no model loaded");
+            }
+        });
+        let mut dismissed = None;
+        for (i, e) in self.errors.iter().enumerate() {
+            ui.horizontal_wrapped(|ui| {
+                if ui.small_button("dismiss").clicked() {
+                    dismissed = Some(i);
+                }
+                ui.colored_label(egui::Color32::LIGHT_RED, format!("error: {e}"));
+            });
+        }
+        if let Some(i) = dismissed {
+            self.errors.remove(i);
+        }
+    }
+}
+
+impl eframe::App for StudioApp {
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        self.show(ui);
+    }
+}

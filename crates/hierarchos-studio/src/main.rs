@@ -1,0 +1,44 @@
+//! The desktop Studio: opens the compute device first and hands it to eframe's wgpu renderer, so that drawing and
+//! training share one device.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use eframe::egui_wgpu::{WgpuConfiguration, WgpuSetup, WgpuSetupExisting};
+use hierarchos_core::default_device;
+use hierarchos_studio::{StudioApp, StudioOptions};
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HIERARCHOS_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let device = default_device().context("opening a GPU adapter (install mesa-vulkan-drivers without a GPU)")?;
+    let (instance, adapter, wgpu_device, queue) = device.wgpu_parts();
+    let options = eframe::NativeOptions {
+        viewport: eframe::egui::ViewportBuilder::default()
+            .with_inner_size([1200.0, 860.0])
+            .with_title("Hierarchos Studio"),
+        renderer: eframe::Renderer::Wgpu,
+        wgpu_options: WgpuConfiguration {
+            wgpu_setup: WgpuSetup::Existing(WgpuSetupExisting {
+                instance: instance.clone(),
+                adapter: adapter.clone(),
+                device: wgpu_device.clone(),
+                queue: queue.clone(),
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let mut studio = StudioOptions::from_env();
+    studio.model = std::env::args().nth(1);
+    let device = Arc::clone(&device);
+    eframe::run_native(
+        "Hierarchos Studio",
+        options,
+        Box::new(move |cc| Ok(Box::new(StudioApp::new(&cc.egui_ctx, device, studio)))),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))
+}

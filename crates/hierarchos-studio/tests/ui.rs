@@ -1,0 +1,128 @@
+//! The Studio driven through its real widgets (egui_kittest, AccessKit labels) on the default device: the
+//! embedded model loads at start, a short training run fills the loss plot, and the trained model generates.
+
+use std::time::{Duration, Instant};
+
+use eframe::egui;
+use egui_kittest::Harness;
+use egui_kittest::kittest::Queryable;
+use hierarchos_studio::{StudioApp, StudioOptions, Tab};
+
+/// Frames until `done` holds for the app (the worker thread does the work), failing after `limit`.
+fn wait(harness: &mut Harness<'_, StudioApp>, what: &str, limit: Duration, done: impl Fn(&StudioApp) -> bool) {
+    let start = Instant::now();
+    while !done(harness.state()) {
+        assert!(
+            harness.state().errors.is_empty(),
+            "{what}: the app shows errors {:?}",
+            harness.state().errors
+        );
+        assert!(start.elapsed() < limit, "{what}: not done after {limit:?}");
+        harness.step();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn home(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hierarchos-studio-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn train_the_embedded_model_then_generate() {
+    let device = hierarchos_core::default_device().expect("a GPU adapter (lavapipe in CI)");
+    let options = StudioOptions {
+        home: home("ui"),
+        model: None,
+    };
+    let runs = options.runs_dir();
+    let mut harness = Harness::builder()
+        .with_size(egui::vec2(1200.0, 900.0))
+        .build_eframe(|cc| StudioApp::new(&cc.egui_ctx, device, options));
+    wait(
+        &mut harness,
+        "loading the embedded model",
+        Duration::from_secs(60),
+        |app| app.model.is_some(),
+    );
+    let model = harness.state().model.clone().unwrap();
+    assert_eq!(model.family, "llama");
+    assert!(!model.has_weights, "the embedded model starts from random weights");
+
+    harness.get_by_label("Train").click();
+    harness.step();
+    assert_eq!(harness.state().tab, Tab::Train);
+    {
+        // A run the software driver finishes in seconds.
+        let s = &mut harness.state_mut().train.settings;
+        (
+            s.steps,
+            s.batch_size,
+            s.seq_len,
+            s.eval_every,
+            s.eval_split,
+            s.warmup_steps,
+        ) = (4, 2, 16, 2, 0.001, 0);
+    }
+    harness.get_by_label("Start training").click();
+    wait(&mut harness, "training", Duration::from_secs(300), |app| {
+        app.train.running.is_none() && app.train.points.len() == 4
+    });
+    let points = harness.state().points().to_vec();
+    assert!(points.iter().all(|p| p.loss.is_some_and(f64::is_finite)), "{points:?}");
+    assert_eq!(
+        points.iter().filter(|p| p.eval_loss.is_some()).count(),
+        2,
+        "evaluated at steps 2 and 4"
+    );
+    assert_eq!(points.last().unwrap().step, 4);
+    let run = harness.state().train.runs.last().cloned().expect("the run is listed");
+    assert!(run.dir.starts_with(&runs));
+    assert_eq!(run.points, points, "the run's metrics file holds what the plot showed");
+    for file in ["config.json", "model.safetensors", "tokenizer.json", "checkpoint-4"] {
+        assert!(run.dir.join(file).exists(), "{file} missing from the run folder");
+    }
+    assert!(
+        harness.state().model.as_ref().unwrap().has_weights,
+        "the trained model is now current"
+    );
+
+    harness.get_by_label("Chat").click();
+    harness.step();
+    harness.state_mut().chat.max_new_tokens = 8;
+    harness.get_by_label("Generate").click();
+    wait(&mut harness, "generating", Duration::from_secs(120), |app| {
+        !app.chat.generating && app.chat.speed.is_some()
+    });
+    assert!(!harness.state().chat.output.is_empty(), "no text generated");
+    assert_eq!(harness.state().chat.speed.unwrap().0, 8);
+}
+
+#[test]
+fn a_bad_model_folder_is_an_error_message() {
+    let device = hierarchos_core::default_device().expect("a GPU adapter (lavapipe in CI)");
+    let missing = home("missing-model");
+    let options = StudioOptions {
+        home: home("bad"),
+        model: Some(missing.display().to_string()),
+    };
+    let mut harness = Harness::builder()
+        .with_size(egui::vec2(1000.0, 700.0))
+        .build_eframe(|cc| StudioApp::new(&cc.egui_ctx, device, options));
+    let start = Instant::now();
+    while harness.state().errors.is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(60), "no error shown");
+        harness.step();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        harness.state().errors[0].contains("missing-model"),
+        "{:?}",
+        harness.state().errors
+    );
+    assert!(harness.state().model.is_none());
+    harness.get_by_label("dismiss").click();
+    harness.run_steps(2);
+    assert!(harness.state().errors.is_empty(), "{:?}", harness.state().errors);
+}
