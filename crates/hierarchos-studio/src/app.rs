@@ -21,6 +21,17 @@ pub struct StudioOptions {
     pub home: PathBuf,
     /// The model loaded at start (default: the embedded one).
     pub model: Option<String>,
+    /// Train on its own once the model is loaded (a demonstration, and the screenshot script).
+    pub autorun: Option<Autorun>,
+}
+
+/// A short training run the Studio starts by itself, then optionally a screenshot of the window, then quits.
+#[derive(Clone, Debug)]
+pub struct Autorun {
+    /// Steps to train (small batches of short sequences).
+    pub steps: usize,
+    /// Where to save a PNG of the window when training ends (the app then closes).
+    pub screenshot: Option<PathBuf>,
 }
 
 impl StudioOptions {
@@ -30,7 +41,11 @@ impl StudioOptions {
             .map(PathBuf::from)
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".hierarchos-studio")))
             .unwrap_or_else(|| std::env::temp_dir().join("hierarchos-studio"));
-        StudioOptions { home, model: None }
+        StudioOptions {
+            home,
+            model: None,
+            autorun: None,
+        }
     }
 
     /// The folder runs are written to.
@@ -74,6 +89,9 @@ pub struct StudioApp {
     pub train: TrainState,
     /// The Chat tab.
     pub chat: ChatState,
+    /// Whether the autorun's training was started.
+    autorun_started: bool,
+    ctx: egui::Context,
     commands: Sender<Command>,
     events: Receiver<Event>,
 }
@@ -123,6 +141,8 @@ impl StudioApp {
             model: None,
             busy: None,
             errors,
+            autorun_started: false,
+            ctx: ctx.clone(),
             commands,
             events,
         };
@@ -168,6 +188,9 @@ impl StudioApp {
                 Event::TrainDone { dir, stopped } => {
                     self.busy = None;
                     self.train.finished(&dir, stopped, &self.options.runs_dir());
+                    if let Some(path) = self.options.autorun.as_ref().and_then(|a| a.screenshot.clone()) {
+                        self.screenshot_and_quit(path);
+                    }
                 }
                 Event::Token(text) => self.chat.output.push_str(&text),
                 Event::Generated { tokens, secs } => {
@@ -189,9 +212,39 @@ impl StudioApp {
         &self.train.points
     }
 
+    /// Starts the autorun's training once the model is loaded.
+    fn autorun(&mut self) {
+        let Some(run) = &self.options.autorun else {
+            return;
+        };
+        if self.autorun_started || self.model.is_none() || self.busy.is_some() {
+            return;
+        }
+        self.autorun_started = true;
+        self.tab = Tab::Train;
+        let s = &mut self.train.settings;
+        (s.steps, s.batch_size, s.seq_len, s.warmup_steps) = (run.steps, 8, 64, 0);
+        s.eval_every = (run.steps / 4).max(1);
+        self.start_training();
+    }
+
+    /// Saves a PNG of the window (next frame) to `path`, then closes it.
+    fn screenshot_and_quit(&mut self, path: PathBuf) {
+        let ctx = self.ctx.clone();
+        self.ctx.request_screenshot(move |image| {
+            if let Err(e) = crate::train_panel::save_png(&image, &path) {
+                eprintln!("writing {}: {e}", path.display());
+            } else {
+                eprintln!("wrote {}", path.display());
+            }
+            ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+        });
+    }
+
     /// The whole window for one frame.
     pub fn show(&mut self, ui: &mut egui::Ui) {
         self.apply_events();
+        self.autorun();
         egui::Panel::top("tabs").show(ui, |ui| {
             ui.horizontal(|ui| {
                 ui.heading("Hierarchos Studio");

@@ -12,4 +12,4 @@ pub mod runs;
 mod train_panel;
 pub mod worker;
 
-pub use app::{StudioApp, StudioOptions, Tab};
+pub use app::{Autorun, StudioApp, StudioOptions, Tab};

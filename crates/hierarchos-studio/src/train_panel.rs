@@ -242,7 +242,7 @@ impl StudioApp {
         }
     }
 
-    fn start_training(&mut self) {
+    pub(crate) fn start_training(&mut self) {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
@@ -351,7 +351,7 @@ impl StudioApp {
 }
 
 /// Writes `image` as a PNG file.
-fn save_png(image: &egui::ColorImage, path: &Path) -> image::ImageResult<()> {
+pub(crate) fn save_png(image: &egui::ColorImage, path: &Path) -> image::ImageResult<()> {
     let rgba: Vec<u8> = image.pixels.iter().flat_map(|c| c.to_array()).collect();
     image::save_buffer(
         path,

@@ -35,6 +35,7 @@ fn train_the_embedded_model_then_generate() {
     let options = StudioOptions {
         home: home("ui"),
         model: None,
+        autorun: None,
     };
     let runs = options.runs_dir();
     let mut harness = Harness::builder()
@@ -106,6 +107,7 @@ fn a_bad_model_folder_is_an_error_message() {
     let options = StudioOptions {
         home: home("bad"),
         model: Some(missing.display().to_string()),
+        autorun: None,
     };
     let mut harness = Harness::builder()
         .with_size(egui::vec2(1000.0, 700.0))
