@@ -124,7 +124,8 @@ fn a_bad_model_folder_is_an_error_message() {
         harness.state().errors
     );
     assert!(harness.state().model.is_none());
-    harness.get_by_label("dismiss").click();
+    // Through AccessKit (by widget, not by position: the status panel grows when the error appears).
+    harness.get_by_label("dismiss").click_accesskit();
     harness.run_steps(2);
     assert!(harness.state().errors.is_empty(), "{:?}", harness.state().errors);
 }
