@@ -55,6 +55,17 @@ fn peft_adapters_give_peft_logits_merged_or_not() {
             moved > 100.0 * LOGIT_ATOL,
             "{name}: the adapter moves logits by only {moved:.2e}"
         );
+        // Switched off, the base alone answers; switched on again, the adapter is back.
+        lm.enable_adapters(false);
+        assert!(
+            max_diff(&lm.forward(&ids, None).unwrap(), &base_want) <= LOGIT_ATOL,
+            "{name}: disabled"
+        );
+        lm.enable_adapters(true);
+        assert!(
+            max_diff(&lm.forward(&ids, None).unwrap(), &want) <= LOGIT_ATOL,
+            "{name}: enabled again"
+        );
         lm.merge_adapters().unwrap();
         let d = max_diff(&lm.forward(&ids, None).unwrap(), &want);
         eprintln!("{name}: merged logits within {d:.2e}");

@@ -63,7 +63,7 @@ impl Linear {
             Some(b) => y.add(b)?,
             None => y,
         };
-        match self.lora.as_ref().filter(|l| !l.merged) {
+        match self.lora.as_ref().filter(|l| l.active()) {
             Some(lora) => y.add(&lora.forward(x)?),
             None => Ok(y),
         }
@@ -110,9 +110,9 @@ impl Linear {
         matches!((&self.weight, &self.bias), (LinearWeight::Quantized(_), None)) && !self.has_active_lora()
     }
 
-    /// Whether an adapter's update is added to the output (one is attached and not merged into the weight).
+    /// Whether an adapter's update is added to the output (one is attached, on, and not merged into the weight).
     pub fn has_active_lora(&self) -> bool {
-        self.lora.as_ref().is_some_and(|l| !l.merged)
+        self.lora.as_ref().is_some_and(|l| l.active())
     }
 
     /// Puts the weights (and biases) of `layers`, which read the same input, back to back in one buffer and

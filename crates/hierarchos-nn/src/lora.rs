@@ -389,10 +389,17 @@ pub struct Lora {
     pub dropout: f64,
     /// Whether the update is currently added into the layer's weight (then the layer does not add it again).
     pub merged: bool,
+    /// Whether the adapter is switched off ([`CausalLm::enable_adapters`]): the layer computes the base alone.
+    pub disabled: bool,
     stream: Arc<DropoutStream>,
 }
 
 impl Lora {
+    /// Whether the layer adds this adapter's update to its output: attached, on, and not merged.
+    pub fn active(&self) -> bool {
+        !self.merged && !self.disabled
+    }
+
     /// `scaling · (dropout(x) Aᵀ) Bᵀ`, in PEFT's order of operations. Dropout applies only while the adapter
     /// trains (gradients on, `A` trainable).
     pub fn forward(&self, x: &Tensor) -> hierarchos_core::Result<Tensor> {
@@ -505,6 +512,7 @@ impl CausalLm {
                 scaling,
                 dropout: config.lora_dropout,
                 merged: false,
+                disabled: false,
                 stream: stream.clone(),
             };
             adapters.push((path, lora));
@@ -628,6 +636,16 @@ impl CausalLm {
             lora.merged = merge;
         }
         self.restack()
+    }
+
+    /// Switches the (unmerged) adapters off or back on, so that the base model alone answers the same prompt
+    /// without reloading anything (PEFT's `disable_adapter`).
+    pub fn enable_adapters(&mut self, on: bool) {
+        for (_, layer) in self.linears_mut() {
+            if let Some(lora) = &mut layer.lora {
+                lora.disabled = !on;
+            }
+        }
     }
 
     /// Drops the adapters (after a merge, to save the merged model as a plain one).

@@ -174,9 +174,9 @@ impl StudioApp {
                     }
                     self.model = Some(summary);
                 }
-                Event::RunStarted(dir) => {
+                Event::RunStarted(dir, points) => {
                     self.busy = None;
-                    self.train.started(dir);
+                    self.train.started(dir, points);
                 }
                 Event::Point(point) => {
                     if self.busy.as_deref() != Some("paused") {
@@ -192,7 +192,8 @@ impl StudioApp {
                         self.screenshot_and_quit(path);
                     }
                 }
-                Event::Token(text) => self.chat.output.push_str(&text),
+                Event::Token { text, base: false } => self.chat.output.push_str(&text),
+                Event::Token { text, base: true } => self.chat.base_output.push_str(&text),
                 Event::Generated { tokens, secs } => {
                     self.busy = None;
                     self.chat.finished(tokens, secs);

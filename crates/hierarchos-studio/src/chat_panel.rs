@@ -8,6 +8,7 @@ use crate::app::StudioApp;
 use crate::worker::{Command, GenerateRequest};
 
 /// What the Chat tab edits and shows.
+#[derive(Debug)]
 pub struct ChatState {
     /// The prompt.
     pub prompt: String,
@@ -19,6 +20,10 @@ pub struct ChatState {
     pub sampling: SamplingConfig,
     /// The text generated so far.
     pub output: String,
+    /// Also generate with the adapter switched off, side by side.
+    pub compare_base: bool,
+    /// The base model's text in a comparison.
+    pub base_output: String,
     /// Whether a generation is running.
     pub generating: bool,
     /// Tokens and tokens/s of the last generation.
@@ -33,6 +38,8 @@ impl Default for ChatState {
             max_new_tokens: 64,
             sampling: SamplingConfig::default(),
             output: String::new(),
+            compare_base: false,
+            base_output: String::new(),
             generating: false,
             speed: None,
         }
@@ -52,6 +59,7 @@ impl StudioApp {
     pub(crate) fn chat_panel(&mut self, ui: &mut egui::Ui) {
         ui.heading("Chat");
         let has_template = self.model.as_ref().is_some_and(|m| m.chat_template);
+        let has_adapter = self.model.as_ref().is_some_and(|m| m.adapter);
         let c = &mut self.chat;
         let label = ui.label("Prompt");
         ui.add(
@@ -63,6 +71,11 @@ impl StudioApp {
         ui.horizontal(|ui| {
             ui.add_enabled(has_template, egui::Checkbox::new(&mut c.chat, "as a chat message"))
                 .on_disabled_hover_text("the model has no chat template");
+            ui.add_enabled(
+                has_adapter,
+                egui::Checkbox::new(&mut c.compare_base, "beside the base model"),
+            )
+            .on_disabled_hover_text("the model has no adapter (train one with LoRA)");
             ui.label("max new tokens");
             ui.add(egui::DragValue::new(&mut c.max_new_tokens).range(1..=4096));
         });
@@ -96,8 +109,10 @@ impl StudioApp {
                 chat: self.chat.chat,
                 max_new_tokens: self.chat.max_new_tokens,
                 sampling: self.chat.sampling.clone(),
+                compare_base: self.chat.compare_base && has_adapter,
             };
             self.chat.output.clear();
+            self.chat.base_output.clear();
             self.chat.speed = None;
             self.chat.generating = true;
             self.send(Command::Generate(request));
@@ -106,8 +121,18 @@ impl StudioApp {
         if let Some((tokens, rate)) = self.chat.speed {
             ui.label(format!("{tokens} tokens, {rate:.1} tokens/s"));
         }
+        let compare = self.chat.compare_base && has_adapter;
         egui::ScrollArea::vertical().show(ui, |ui| {
-            ui.label(egui::RichText::new(&self.chat.output).monospace());
+            if compare {
+                ui.columns(2, |cols| {
+                    cols[0].strong("with the adapter");
+                    cols[0].label(egui::RichText::new(&self.chat.output).monospace());
+                    cols[1].strong("base model");
+                    cols[1].label(egui::RichText::new(&self.chat.base_output).monospace());
+                });
+            } else {
+                ui.label(egui::RichText::new(&self.chat.output).monospace());
+            }
         });
     }
 }

@@ -11,8 +11,8 @@ use crate::worker::TrainSettings;
 
 /// The metrics file of a run folder.
 pub const METRICS_FILE: &str = "studio_metrics.jsonl";
-/// A short description of the run's settings, for the run list.
-const SUMMARY_FILE: &str = "studio_run.json";
+/// The run's [`TrainSettings`].
+const SETTINGS_FILE: &str = "studio_run.json";
 
 /// What one training step measured (and the evaluation loss when it evaluated).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -37,21 +37,22 @@ pub struct MetricsLog {
 }
 
 impl MetricsLog {
-    /// Starts the files of a run in `dir` (a run continuing in the same folder appends).
-    pub fn create(dir: &Path, settings: &TrainSettings) -> Result<MetricsLog> {
-        let summary = serde_json::json!({
-            "data": settings.data,
-            "mode": match &settings.lora {
-                Some(l) => format!("LoRA r={} alpha={} ({})", l.r, l.alpha, l.targets),
-                None => "full".into(),
-            },
-            "steps": settings.steps,
-            "batch_size": settings.batch_size,
-            "seq_len": settings.seq_len,
-            "lr": settings.lr,
-        });
-        std::fs::write(dir.join(SUMMARY_FILE), summary.to_string())
-            .with_context(|| format!("writing {}", dir.join(SUMMARY_FILE).display()))?;
+    /// Writes the run's settings into `dir` (what resuming it reads back).
+    pub fn write_settings(dir: &Path, settings: &TrainSettings) -> Result<()> {
+        let path = dir.join(SETTINGS_FILE);
+        std::fs::write(&path, serde_json::to_string_pretty(settings)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// The settings the run in `dir` was started with.
+    pub fn read_settings(dir: &Path) -> Result<TrainSettings> {
+        let path = dir.join(SETTINGS_FILE);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}: not the settings of a Studio run", path.display()))
+    }
+
+    /// Opens the metrics file of the run in `dir` for appending (a resumed run continues it).
+    pub fn open(dir: &Path) -> Result<MetricsLog> {
         let path = dir.join(METRICS_FILE);
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -83,19 +84,26 @@ impl Run {
     /// The run in `dir`, if it is one (has a metrics file); lines that do not parse are skipped.
     pub fn open(dir: &Path) -> Option<Run> {
         let text = std::fs::read_to_string(dir.join(METRICS_FILE)).ok()?;
-        let points = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-        let description = std::fs::read_to_string(dir.join(SUMMARY_FILE))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .map(|v| {
-                format!(
-                    "{}, {} steps, lr {}",
-                    v["mode"].as_str().unwrap_or("?"),
-                    v["steps"],
-                    v["lr"]
-                )
-            })
-            .unwrap_or_default();
+        let points: Vec<Point> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        // A resumed run appends the steps after its checkpoint again: the newest value of a step wins.
+        let mut by_step = std::collections::BTreeMap::new();
+        for p in points {
+            let p: Point = p;
+            by_step.insert(p.step, p);
+        }
+        let points = by_step.into_values().collect();
+        let description = match MetricsLog::read_settings(dir) {
+            Ok(s) => format!(
+                "{}, {} steps, lr {}",
+                match &s.lora {
+                    Some(l) => format!("LoRA r={} alpha={} ({})", l.r, l.alpha, l.targets),
+                    None => "full".into(),
+                },
+                s.steps,
+                s.lr
+            ),
+            Err(_) => String::new(),
+        };
         Some(Run {
             dir: dir.to_path_buf(),
             description,

@@ -49,6 +49,7 @@ impl TrainState {
     pub fn new(data: String, runs: Vec<Run>) -> TrainState {
         TrainState {
             settings: TrainSettings {
+                model: String::new(),
                 data,
                 lora: None,
                 steps: 300,
@@ -98,9 +99,9 @@ impl TrainState {
         }
     }
 
-    /// A run started writing into `dir`.
-    pub fn started(&mut self, dir: PathBuf) {
-        self.points.clear();
+    /// A run started writing into `dir` (a resumed one with its earlier points).
+    pub fn started(&mut self, dir: PathBuf, points: Vec<Point>) {
+        self.points = points;
         self.running = Some(dir.clone());
         self.last_run = Some(dir);
         self.paused = false;
@@ -248,6 +249,11 @@ impl StudioApp {
             .map_or(0, |d| d.as_millis());
         let mut settings = self.train.settings.clone();
         settings.out = self.options.runs_dir().join(format!("run-{stamp}"));
+        settings.model = self
+            .model
+            .as_ref()
+            .map(|m| m.dir.display().to_string())
+            .unwrap_or_default();
         settings.lora = self.train.use_lora.then(|| self.train.lora.clone());
         self.busy = Some("starting the run".into());
         self.send(Command::Train(Box::new(settings)));
@@ -338,14 +344,23 @@ impl StudioApp {
             }
         });
         if !self.train.runs.is_empty() {
-            ui.collapsing("Earlier runs (draw beside this one)", |ui| {
+            let can_resume = self.train.running.is_none() && self.busy.is_none();
+            let mut resume = None;
+            ui.collapsing("Earlier runs (draw beside this one, or continue one)", |ui| {
                 for (run, on) in self.train.runs.iter().zip(self.train.compare.iter_mut()) {
-                    ui.checkbox(
-                        on,
-                        format!("{}: {} ({} steps)", run.name(), run.description, run.points.len()),
-                    );
+                    ui.horizontal(|ui| {
+                        if ui.add_enabled(can_resume, egui::Button::new("Continue")).clicked() {
+                            resume = Some(run.dir.clone());
+                        }
+                        let text = format!("{}: {} ({} steps)", run.name(), run.description, run.points.len());
+                        ui.checkbox(on, text);
+                    });
                 }
             });
+            if let Some(dir) = resume {
+                self.busy = Some(format!("resuming {}", dir.display()));
+                self.send(Command::ResumeRun(dir));
+            }
         }
     }
 }

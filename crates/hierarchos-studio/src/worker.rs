@@ -12,9 +12,10 @@ use hierarchos_nn::lora::{LoraConfig, TargetModules};
 use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::train::checkpoint;
 use hierarchos_nn::train::data::TokenData;
-use hierarchos_nn::train::setup::{Trained, load_source, pad_id};
+use hierarchos_nn::train::setup::{Source, Trained, load_source, pad_id};
 use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate};
 use hierarchos_nn::{Model, SamplingConfig};
+use serde::{Deserialize, Serialize};
 
 use crate::runs::{MetricsLog, Point};
 
@@ -25,6 +26,8 @@ pub enum Command {
     Load(String),
     /// Train the current model's folder with these settings.
     Train(Box<TrainSettings>),
+    /// Continue the run in this folder from its newest checkpoint.
+    ResumeRun(PathBuf),
     /// Hold the running training after its current step.
     Pause,
     /// Continue a paused training.
@@ -44,8 +47,8 @@ pub enum Event {
     Busy(String),
     /// A model is loaded and ready.
     Loaded(ModelSummary),
-    /// A training run started, writing into this folder.
-    RunStarted(PathBuf),
+    /// A training run started (or resumed, with the points it had), writing into this folder.
+    RunStarted(PathBuf, Vec<Point>),
     /// A training step (or an evaluation) finished.
     Point(Point),
     /// A checkpoint was written.
@@ -57,8 +60,13 @@ pub enum Event {
         /// Whether it was stopped before its last step.
         stopped: bool,
     },
-    /// The next piece of generated text.
-    Token(String),
+    /// The next piece of generated text (`base`: of the base model, in a comparison).
+    Token {
+        /// The text.
+        text: String,
+        /// Whether the base model (adapter off) generated it.
+        base: bool,
+    },
     /// Generation ended.
     Generated {
         /// Tokens generated.
@@ -108,7 +116,7 @@ impl ModelSummary {
 }
 
 /// A LoRA adapter to train.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoraSettings {
     /// Rank.
     pub r: usize,
@@ -119,12 +127,16 @@ pub struct LoraSettings {
     /// `all-linear` or module names.
     pub targets: String,
     /// The dtype the frozen model is held in.
+    #[serde(with = "dtype_name")]
     pub base_dtype: DType,
 }
 
-/// A training run's settings, as the train panel edits them.
-#[derive(Debug, Clone, PartialEq)]
+/// A training run's settings, as the train panel edits them (kept in the run's folder, so that it can resume).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainSettings {
+    /// The model folder the run starts from (filled in when it starts).
+    #[serde(default)]
+    pub model: String,
     /// A .txt, .jsonl or .parquet file or a folder of them.
     pub data: String,
     /// `None`: every parameter.
@@ -162,6 +174,8 @@ pub struct GenerateRequest {
     pub max_new_tokens: usize,
     /// Sampling settings.
     pub sampling: SamplingConfig,
+    /// With an adapter attached: also generate with it switched off (the base model), for comparison.
+    pub compare_base: bool,
 }
 
 /// The worker's state: the device and the current model.
@@ -196,6 +210,7 @@ impl Worker {
             let result = match command {
                 Command::Load(arg) => self.load(&arg),
                 Command::Train(settings) => self.train(&settings),
+                Command::ResumeRun(dir) => self.resume(&dir),
                 Command::Generate(request) => self.generate(&request),
                 Command::Pause | Command::Resume | Command::Stop | Command::Checkpoint => {
                     Err(anyhow!("no training is running"))
@@ -250,24 +265,9 @@ impl Worker {
         let base_dtype = s.lora.as_ref().map_or(DType::F32, |l| l.base_dtype);
         // The model being trained replaces the current one (its memory is needed).
         self.model = None;
-        let source = load_source(
-            &dir,
-            &dir.display().to_string(),
-            None,
-            &trained,
-            base_dtype,
-            s.seed,
-            &self.device,
-        )?;
-        self.send(Event::Busy(format!("reading {}", s.data)));
-        let mut data = TokenData::load(&s.data, source.tokenizer.as_ref(), s.seq_len)?;
-        let eval = if s.eval_split > 0.0 {
-            let (train, eval) = data.split_eval(s.eval_split)?;
-            data = train;
-            Some(eval)
-        } else {
-            None
-        };
+        let base = dir.display().to_string();
+        let source = load_source(&dir, &base, None, &trained, base_dtype, s.seed, &self.device)?;
+        let (data, eval) = self.read_data(s, source.tokenizer.as_ref())?;
         let config = TrainConfig {
             steps: s.steps,
             batch_size: s.batch_size,
@@ -285,111 +285,205 @@ impl Worker {
             seed: s.seed,
         };
         let pad = pad_id(source.tokenizer.as_ref());
+        std::fs::create_dir_all(&s.out).with_context(|| format!("creating {}", s.out.display()))?;
+        MetricsLog::write_settings(&s.out, s)?;
         let stopped = {
             let mut trainer = Trainer::new(&source.lm, config, data.sequences.len(), pad)?;
-            std::fs::create_dir_all(&s.out).with_context(|| format!("creating {}", s.out.display()))?;
-            let mut log = MetricsLog::create(&s.out, s)?;
-            self.send(Event::RunStarted(s.out.clone()));
-            let save = |trainer: &Trainer| -> Result<PathBuf> {
-                Ok(checkpoint::save(
-                    &s.out,
-                    &source.lm,
-                    &source.files,
-                    trainer.optimizer(),
-                    &trainer.state(&s.data),
-                    2,
-                )?)
-            };
-            let mut stopped = false;
-            let mut paused = false;
-            while trainer.completed_steps() < s.steps {
-                // Commands between steps; while paused, wait for the next one.
-                loop {
-                    let command = if paused {
-                        match self.commands.recv() {
-                            Ok(c) => c,
-                            Err(_) => return Ok(()),
-                        }
-                    } else {
-                        match self.commands.try_recv() {
-                            Ok(c) => c,
-                            Err(TryRecvError::Empty) => break,
-                            Err(TryRecvError::Disconnected) => return Ok(()),
-                        }
-                    };
-                    match command {
-                        Command::Pause => {
-                            paused = true;
-                            self.send(Event::Busy("paused".into()));
-                        }
-                        Command::Resume => paused = false,
-                        Command::Stop => {
-                            stopped = true;
-                            break;
-                        }
-                        Command::Checkpoint => {
-                            let dir = save(&trainer)?;
-                            self.send(Event::Checkpoint(dir));
-                        }
-                        other => self.send(Event::Error(format!("training is running: {other:?} has to wait"))),
-                    }
-                }
-                if stopped {
-                    break;
-                }
-                let step = trainer.step(&data)?;
-                let mut point = Point {
-                    step: step.step,
-                    loss: Some(step.loss),
-                    eval_loss: None,
-                    lr: step.lr,
-                    tokens_per_sec: step.tokens as f64 / step.secs.max(1e-9),
-                    memory_mib: self.device.memory().live_bytes as f64 / (1 << 20) as f64,
-                };
-                let last = step.step == s.steps;
-                if let Some(eval) = &eval
-                    && (last || (s.eval_every > 0 && step.step % s.eval_every == 0))
-                {
-                    point.eval_loss = Some(evaluate(&source.lm, eval, s.batch_size, pad)?.loss);
-                }
-                log.append(&point)?;
-                self.send(Event::Point(point));
-            }
-            let dir = save(&trainer)?;
-            checkpoint::write_model(&s.out, &source.lm, &source.files)?;
-            self.send(Event::Checkpoint(dir));
-            stopped
+            self.send(Event::RunStarted(s.out.clone(), Vec::new()));
+            self.drive(&source, &mut trainer, &data, eval.as_ref(), s)?
         };
-        self.model = Some(Model::with_lm(&dir, source.lm, source.tokenizer)?);
+        self.finish(&dir, source, s, stopped)
+    }
+
+    /// Continues the run in folder `run` from its newest checkpoint, with the settings it was started with.
+    fn resume(&mut self, run: &Path) -> Result<()> {
+        self.send(Event::Busy(format!("resuming {}", run.display())));
+        let s = MetricsLog::read_settings(run)?;
+        let ckpt_dir = checkpoint::resolve_resume(run)?;
+        self.model = None;
+        let ckpt = checkpoint::load(&ckpt_dir, &self.device)
+            .with_context(|| format!("reading checkpoint {}", ckpt_dir.display()))?;
+        let tokenizer = hierarchos_nn::Tokenizer::from_dir_if_present(&ckpt_dir)?;
+        let source = Source {
+            lm: ckpt.lm,
+            files: ckpt.files,
+            tokenizer,
+            frozen_bytes: None,
+        };
+        let (data, eval) = self.read_data(&s, source.tokenizer.as_ref())?;
+        let pad = pad_id(source.tokenizer.as_ref());
+        // The model folder the run started from: where generation finds its EOS ids afterwards.
+        let dir = PathBuf::from(&s.model);
+        let stopped = {
+            let mut trainer = Trainer::resume(&source.lm, &ckpt.state, ckpt.moments, data.sequences.len(), pad)?;
+            let earlier = crate::runs::Run::open(run).map(|r| r.points).unwrap_or_default();
+            let earlier = earlier.into_iter().filter(|p| p.step <= ckpt.state.step).collect();
+            self.send(Event::RunStarted(s.out.clone(), earlier));
+            self.drive(&source, &mut trainer, &data, eval.as_ref(), &s)?
+        };
+        self.finish(&dir, source, &s, stopped)
+    }
+
+    /// The run's training sequences and, with an evaluation split, the held-out ones.
+    fn read_data(
+        &self,
+        s: &TrainSettings,
+        tokenizer: Option<&hierarchos_nn::Tokenizer>,
+    ) -> Result<(TokenData, Option<TokenData>)> {
+        self.send(Event::Busy(format!("reading {}", s.data)));
+        let data = TokenData::load(&s.data, tokenizer, s.seq_len)?;
+        if s.eval_split > 0.0 {
+            let (train, eval) = data.split_eval(s.eval_split)?;
+            Ok((train, Some(eval)))
+        } else {
+            Ok((data, None))
+        }
+    }
+
+    /// Trains until the run's last step or a Stop, answering Pause, Resume and Checkpoint between steps; each
+    /// step's point goes to the metrics file and the UI. Returns whether it was stopped; a checkpoint and the
+    /// final model (or adapter) are written either way.
+    fn drive(
+        &self,
+        source: &Source,
+        trainer: &mut Trainer,
+        data: &TokenData,
+        eval: Option<&TokenData>,
+        s: &TrainSettings,
+    ) -> Result<bool> {
+        let mut log = MetricsLog::open(&s.out)?;
+        let pad = pad_id(source.tokenizer.as_ref());
+        let save = |trainer: &Trainer| -> Result<PathBuf> {
+            Ok(checkpoint::save(
+                &s.out,
+                &source.lm,
+                &source.files,
+                trainer.optimizer(),
+                &trainer.state(&s.data),
+                2,
+            )?)
+        };
+        let mut stopped = false;
+        let mut paused = false;
+        while trainer.completed_steps() < s.steps && !stopped {
+            // Commands between steps; while paused, wait for the next one.
+            loop {
+                let command = if paused {
+                    match self.commands.recv() {
+                        Ok(c) => c,
+                        Err(_) => return Ok(true),
+                    }
+                } else {
+                    match self.commands.try_recv() {
+                        Ok(c) => c,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => return Ok(true),
+                    }
+                };
+                match command {
+                    Command::Pause => {
+                        paused = true;
+                        self.send(Event::Busy("paused".into()));
+                    }
+                    Command::Resume => paused = false,
+                    Command::Stop => {
+                        stopped = true;
+                        break;
+                    }
+                    Command::Checkpoint => self.send(Event::Checkpoint(save(trainer)?)),
+                    other => self.send(Event::Error(format!("training is running: {other:?} has to wait"))),
+                }
+            }
+            if stopped {
+                break;
+            }
+            let step = trainer.step(data)?;
+            let mut point = Point {
+                step: step.step,
+                loss: Some(step.loss),
+                eval_loss: None,
+                lr: step.lr,
+                tokens_per_sec: step.tokens as f64 / step.secs.max(1e-9),
+                memory_mib: self.device.memory().live_bytes as f64 / (1 << 20) as f64,
+            };
+            let last = step.step == s.steps;
+            if let Some(eval) = eval
+                && (last || (s.eval_every > 0 && step.step % s.eval_every == 0))
+            {
+                point.eval_loss = Some(evaluate(&source.lm, eval, s.batch_size, pad)?.loss);
+            }
+            log.append(&point)?;
+            self.send(Event::Point(point));
+        }
+        self.send(Event::Checkpoint(save(trainer)?));
+        checkpoint::write_model(&s.out, &source.lm, &source.files)?;
+        Ok(stopped)
+    }
+
+    /// Makes the trained model the current one and tells the UI. After full training its folder is the run's
+    /// (which holds the trained weights, for a later LoRA run to start from); an adapter keeps its base's.
+    fn finish(&mut self, base: &Path, source: Source, s: &TrainSettings, stopped: bool) -> Result<()> {
+        let dir = if source.lm.adapter_config().is_some() {
+            base
+        } else {
+            &s.out
+        };
+        let model = Model::with_lm(dir, source.lm, source.tokenizer)?;
         self.send(Event::TrainDone {
             dir: s.out.clone(),
             stopped,
         });
-        if let Some(model) = &self.model {
-            self.send(Event::Loaded(summary(model, true)));
-        }
+        self.send(Event::Loaded(summary(&model, true)));
+        self.model = Some(model);
         Ok(())
     }
 
     fn generate(&mut self, r: &GenerateRequest) -> Result<()> {
-        let model = self.model.as_ref().context("load a model first")?;
+        let model = self.model.as_mut().context("load a model first")?;
         let ids = model.encode_prompt(&r.prompt, r.chat)?;
-        self.send(Event::Busy("generating".into()));
+        let compare = r.compare_base && model.lm.adapter_config().is_some();
+        let _ = self.events.send(Event::Busy("generating".into()));
         let start = Instant::now();
         let mut tokens = 0;
-        let events = &self.events;
-        let repaint = &self.repaint;
-        model.generate(&ids, r.max_new_tokens, &r.sampling, &[], |_, text| {
-            tokens += 1;
-            let _ = events.send(Event::Token(text.to_string()));
-            repaint();
-            Ok(())
-        })?;
+        for base in [false, true] {
+            if base && !compare {
+                break;
+            }
+            model.lm.enable_adapters(!base);
+            let (events, repaint) = (&self.events, &self.repaint);
+            let result = model.generate(&ids, r.max_new_tokens, &r.sampling, &[], |_, text| {
+                if !base {
+                    tokens += 1;
+                }
+                let _ = events.send(Event::Token {
+                    text: text.to_string(),
+                    base,
+                });
+                repaint();
+                Ok(())
+            });
+            model.lm.enable_adapters(true);
+            result?;
+        }
         self.send(Event::Generated {
             tokens,
             secs: start.elapsed().as_secs_f64(),
         });
         Ok(())
+    }
+}
+
+/// A dtype stored by its name (`bf16`).
+mod dtype_name {
+    use hierarchos_core::DType;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(d.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -98,6 +98,40 @@ fn train_the_embedded_model_then_generate() {
     });
     assert!(!harness.state().chat.output.is_empty(), "no text generated");
     assert_eq!(harness.state().chat.speed.unwrap().0, 8);
+
+    // A LoRA run on the trained model, then its answer beside the base model's.
+    harness.get_by_label("Train").click();
+    harness.step();
+    {
+        let t = &mut harness.state_mut().train;
+        t.use_lora = true;
+        (t.lora.r, t.lora.targets) = (4, "q_proj,v_proj".into());
+        (t.settings.steps, t.settings.eval_split) = (2, 0.0);
+    }
+    harness.get_by_label("Start training").click();
+    wait(&mut harness, "LoRA training", Duration::from_secs(300), |app| {
+        app.train.running.is_none() && app.train.points.len() == 2
+    });
+    assert!(
+        harness.state().model.as_ref().unwrap().adapter,
+        "the adapter is attached"
+    );
+    let lora_run = harness.state().train.runs.last().cloned().unwrap();
+    assert!(
+        lora_run.dir.join("adapter_config.json").is_file(),
+        "a LoRA run writes a PEFT adapter"
+    );
+    harness.get_by_label("Chat").click();
+    harness.step();
+    harness.state_mut().chat.compare_base = true;
+    // The last generation's figures would satisfy the wait below before the click is even handled.
+    harness.state_mut().chat.speed = None;
+    harness.get_by_label("Generate").click();
+    wait(&mut harness, "generating twice", Duration::from_secs(120), |app| {
+        !app.chat.generating && app.chat.speed.is_some()
+    });
+    let chat = &harness.state().chat;
+    assert!(!chat.output.is_empty() && !chat.base_output.is_empty(), "{chat:?}");
 }
 
 #[test]
@@ -128,4 +162,56 @@ fn a_bad_model_folder_is_an_error_message() {
     harness.get_by_label("dismiss").click_accesskit();
     harness.run_steps(2);
     assert!(harness.state().errors.is_empty(), "{:?}", harness.state().errors);
+}
+
+#[test]
+fn a_stopped_run_continues_from_its_checkpoint() {
+    let device = hierarchos_core::default_device().expect("a GPU adapter (lavapipe in CI)");
+    let options = StudioOptions {
+        home: home("resume"),
+        model: None,
+        autorun: None,
+    };
+    let mut harness = Harness::builder()
+        .with_size(egui::vec2(1200.0, 900.0))
+        .build_eframe(|cc| StudioApp::new(&cc.egui_ctx, device, options));
+    wait(&mut harness, "loading", Duration::from_secs(60), |app| {
+        app.model.is_some()
+    });
+    harness.get_by_label("Train").click_accesskit();
+    harness.step();
+    {
+        let s = &mut harness.state_mut().train.settings;
+        (s.steps, s.batch_size, s.seq_len, s.eval_split, s.warmup_steps) = (6, 2, 16, 0.0, 0);
+    }
+    harness.get_by_label("Start training").click_accesskit();
+    wait(&mut harness, "the first step", Duration::from_secs(120), |app| {
+        !app.train.points.is_empty()
+    });
+    harness.get_by_label("Stop").click_accesskit();
+    wait(&mut harness, "stopping", Duration::from_secs(120), |app| {
+        app.train.running.is_none()
+    });
+    let stopped_at = harness.state().train.points.len();
+    assert!((1..6).contains(&stopped_at), "stopped after {stopped_at} steps");
+    assert!(
+        harness
+            .state()
+            .train
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("stopped")
+    );
+    harness.get_by_label_contains("Earlier runs").click_accesskit();
+    harness.step();
+    harness.get_by_label("Continue").click_accesskit();
+    wait(&mut harness, "continuing", Duration::from_secs(180), |app| {
+        app.train.running.is_none() && app.train.points.len() == 6
+    });
+    let steps: Vec<usize> = harness.state().points().iter().map(|p| p.step).collect();
+    assert_eq!(steps, (1..=6).collect::<Vec<_>>());
+    let run = harness.state().train.runs.last().cloned().unwrap();
+    assert_eq!(run.points.len(), 6, "the metrics file holds each step once");
+    assert!(run.dir.join("checkpoint-6").is_dir());
 }
