@@ -8,7 +8,7 @@ use common::tmpdir;
 use std::collections::HashMap;
 use std::path::Path;
 
-use hierarchos::nn::hub::{HubOptions, resolve_model, resolve_model_with};
+use hierarchos::nn::hub::{HubOptions, resolve_model, resolve_model_reporting, resolve_model_with};
 use hierarchos::nn::weights::{INDEX_FILE, save_f32};
 use hierarchos::nn::{Error, ModelConfig, Weights};
 
@@ -255,4 +255,36 @@ fn environment_variables() {
         }
     }
     std::fs::remove_dir_all(&home).unwrap();
+}
+
+#[test]
+fn downloads_report_their_progress() {
+    let server = server(Some(TOKEN));
+    let cache = tmpdir("hub-progress");
+    let opts = options(&server.endpoint, &cache, false);
+    let mut calls: Vec<(String, u64, u64)> = Vec::new();
+    let dir = resolve_model_reporting(
+        REPO,
+        None,
+        &opts,
+        Some(&mut |file, done, size| calls.push((file.to_string(), done, size))),
+    )
+    .unwrap();
+    let mut files: Vec<&str> = calls.iter().map(|(f, _, _)| f.as_str()).collect();
+    files.dedup();
+    assert!(
+        files.contains(&"config.json") && files.contains(&"tokenizer.json"),
+        "{files:?}"
+    );
+    for file in files {
+        let of_file: Vec<_> = calls.iter().filter(|(f, _, _)| f == file).collect();
+        let size = std::fs::metadata(dir.join(file)).unwrap().len();
+        assert_eq!(of_file.first().unwrap().1, 0, "{file} starts at 0");
+        assert_eq!(of_file.last().unwrap().1, size, "{file} ends at its size");
+        assert!(of_file.iter().all(|c| c.2 == size), "{file}: size {size}: {of_file:?}");
+    }
+    // Cached now: nothing to report.
+    let mut again = 0;
+    resolve_model_reporting(REPO, None, &opts, Some(&mut |_, _, _| again += 1)).unwrap();
+    assert_eq!(again, 0);
 }

@@ -83,6 +83,20 @@ pub fn resolve_model(arg: &str, revision: Option<&str>) -> Result<PathBuf> {
 
 /// [`resolve_model`] with explicit options instead of the environment's.
 pub fn resolve_model_with(arg: &str, revision: Option<&str>, options: &HubOptions) -> Result<PathBuf> {
+    resolve_model_reporting(arg, revision, options, None)
+}
+
+/// A file's download progress: its name, bytes so far, its size in bytes.
+pub type Report<'a> = &'a mut dyn FnMut(&str, u64, u64);
+
+/// [`resolve_model_with`], telling `report` how each download progresses (an app's progress bar) instead of
+/// drawing terminal bars.
+pub fn resolve_model_reporting(
+    arg: &str,
+    revision: Option<&str>,
+    options: &HubOptions,
+    report: Option<Report>,
+) -> Result<PathBuf> {
     let path = Path::new(arg);
     if path.is_dir() {
         return Ok(path.to_path_buf());
@@ -100,7 +114,31 @@ pub fn resolve_model_with(arg: &str, revision: Option<&str>, options: &HubOption
     if options.offline {
         cached_snapshot(arg, revision, options)
     } else {
-        download(arg, revision, options)
+        download(arg, revision, options, report)
+    }
+}
+
+/// Passes hf-hub's progress calls on to a [`Report`].
+struct Reporter<'a, 'b> {
+    report: &'a mut dyn FnMut(&str, u64, u64),
+    file: &'b str,
+    done: u64,
+    size: u64,
+}
+
+impl hf_hub::api::Progress for Reporter<'_, '_> {
+    fn init(&mut self, size: usize, _filename: &str) {
+        self.size = size as u64;
+        (self.report)(self.file, 0, self.size);
+    }
+
+    fn update(&mut self, size: usize) {
+        self.done += size as u64;
+        (self.report)(self.file, self.done, self.size);
+    }
+
+    fn finish(&mut self) {
+        (self.report)(self.file, self.size, self.size);
     }
 }
 
@@ -216,7 +254,7 @@ pub(crate) fn api(options: &HubOptions) -> std::result::Result<Api, ApiError> {
 
 /// Fetches what is missing from the cache. The revision is resolved to its commit once, and every file is
 /// fetched at that commit, so a branch that moves meanwhile cannot mix files of two commits.
-fn download(repo_id: &str, revision: &str, options: &HubOptions) -> Result<PathBuf> {
+fn download(repo_id: &str, revision: &str, options: &HubOptions, mut report: Option<Report>) -> Result<PathBuf> {
     let hub = |what: String| Error::Hub(format!("{repo_id} (revision {revision}): {what}"));
     let api = api(options).map_err(|e| hub(format!("cannot start the HTTP client: {e}")))?;
     let info = api
@@ -250,13 +288,23 @@ fn download(repo_id: &str, revision: &str, options: &HubOptions) -> Result<PathB
         commit.clone(),
     ));
     let snapshot = repo_dir(repo_id, options).join("snapshots").join(&commit);
-    let fetch = |file: &str| -> Result<()> {
+    let mut fetch = |file: &str| -> Result<()> {
         if snapshot.join(file).is_file() {
             return Ok(());
         }
-        let got = pinned
-            .download(file)
-            .map_err(|e| hub(format!("downloading {file}: {e}")))?;
+        let got = match report.as_deref_mut() {
+            Some(report) => pinned.download_with_progress(
+                file,
+                Reporter {
+                    report,
+                    file,
+                    done: 0,
+                    size: 0,
+                },
+            ),
+            None => pinned.download(file),
+        }
+        .map_err(|e| hub(format!("downloading {file}: {e}")))?;
         if got != snapshot.join(file) {
             return Err(hub(format!(
                 "{file} arrived as {} instead of at commit {commit}",

@@ -231,7 +231,22 @@ impl Worker {
     fn load(&mut self, arg: &str) -> Result<()> {
         self.send(Event::Busy(format!("loading {arg}")));
         self.model = None;
-        let dir = hierarchos_nn::hub::resolve_model(arg, None).with_context(|| format!("loading {arg}"))?;
+        // Hub downloads show their progress (a few updates a second); HF_HUB_OFFLINE=1 reads the cache only.
+        let options = hierarchos_nn::hub::HubOptions::from_env()?;
+        let mut shown = Instant::now();
+        let mut report = |file: &str, done: u64, size: u64| {
+            if done == size || shown.elapsed().as_millis() >= 200 {
+                shown = Instant::now();
+                let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                self.send(Event::Busy(format!(
+                    "downloading {file}: {:.1} of {:.1} MiB",
+                    mib(done),
+                    mib(size)
+                )));
+            }
+        };
+        let dir = hierarchos_nn::hub::resolve_model_reporting(arg, None, &options, Some(&mut report))
+            .with_context(|| format!("loading {arg}"))?;
         let has_weights = has_weights(&dir);
         let model = if has_weights {
             Model::from_dir(&dir, &self.device).with_context(|| format!("loading {arg}"))?
