@@ -348,8 +348,10 @@ def greedy(model, ids):
 
 
 def adamw_steps(model, ids, settings):
-    """Two torch.optim.AdamW steps: batch A (the first prompt), then batch B (the second)."""
-    params = dict(model.named_parameters())
+    """Two torch.optim.AdamW steps on the parameters that require grad (all of a model; only the adapter of a
+    PEFT model): batch A (the first prompt), then batch B (the second). Returns them by the names they are saved
+    under (PEFT's adapter name `.default` dropped) and the loss before each step."""
+    params = {n.replace(".default", ""): p for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(params.values(), **settings)
     losses = []
     for batch in (ids[:1], ids[1:]):
@@ -516,20 +518,6 @@ def make_fixture(name, out_root, tok_cache):
     return covers
 
 
-def lora_steps(model, ids):
-    """Two AdamW steps on the adapter's tensors only (batch A, then batch B); returns them by their saved names."""
-    params = {n.replace(".default", ""): p for n, p in model.named_parameters() if p.requires_grad}
-    opt = torch.optim.AdamW(params.values(), **LORA_ADAMW)
-    losses = []
-    for batch in (ids[:1], ids[1:]):
-        opt.zero_grad()
-        loss = lm_loss(model(batch, use_cache=False).logits, batch)
-        loss.backward()
-        losses.append(loss.item())
-        opt.step()
-    return {n: p.detach().clone() for n, p in params.items()}, torch.tensor(losses, dtype=torch.float64)
-
-
 def make_lora(name, out, model32, ids, tensors):
     """The family's PEFT adapter in out/lora and its float64 references in `tensors` (see the module docs)."""
     settings = LORA[name]
@@ -556,8 +544,8 @@ def make_lora(name, out, model32, ids, tensors):
     if (logits32 - logits).abs().max() > 1e-4:
         raise SystemExit(f"{name}: LoRA float64 reference is {(logits32 - logits).abs().max():.2e} from PEFT's f32")
     tensors["lora/logits"] = logits
-    params, losses = lora_steps(model64, ids)
-    params32, losses32 = lora_steps(loaded(copy.deepcopy(model32)).eval(), ids)
+    params, losses = adamw_steps(model64, ids, LORA_ADAMW)
+    params32, losses32 = adamw_steps(loaded(copy.deepcopy(model32)).eval(), ids, LORA_ADAMW)
     saved = set(safetensors.torch.load_file(str(out / "lora" / "adapter_model.safetensors")))
     if set(params) != saved:
         raise SystemExit(f"{name}: trained adapter names {sorted(params)} differ from the saved {sorted(saved)}")

@@ -90,14 +90,7 @@ fn two_adamw_steps_on_a_peft_adapter_match_peft_float64() {
             ..AdamWConfig::default()
         })
         .unwrap();
-        let mut losses = Vec::new();
-        for row in 0..2 {
-            let batch = ids.narrow(0, row, 1).unwrap();
-            let loss = lm.loss(&batch, &batch).unwrap();
-            losses.push(loss.to_vec::<f32>().unwrap()[0] as f64);
-            loss.backward().unwrap();
-            opt.step(&params, 1e-3, 1.0).unwrap();
-        }
+        let losses = two_steps(&lm, &ids, &params, &mut opt);
         for (k, (got, want)) in losses
             .iter()
             .zip(&reference_tensors(&dir, "lora/adamw_losses")[0].1)

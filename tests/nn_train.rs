@@ -46,15 +46,7 @@ fn two_adamw_steps_match_pytorch_float64() {
         })
         .unwrap();
         let params = lm.parameters();
-        let mut losses = Vec::new();
-        // Batch A (the first prompt), then batch B (the second).
-        for row in 0..2 {
-            let batch = ids.narrow(0, row, 1).unwrap();
-            let loss = lm.loss(&batch, &batch).unwrap();
-            losses.push(loss.to_vec::<f32>().unwrap()[0] as f64);
-            loss.backward().unwrap();
-            opt.step(&params, 1e-3, 1.0).unwrap();
-        }
+        let losses = two_steps(&lm, &ids, &params, &mut opt);
         let want_losses: Vec<f64> = reference_tensors(&dir, "adamw_damped_losses").remove(0).1;
         for (k, (got, want)) in losses.iter().zip(&want_losses).enumerate() {
             let rel = (got - want).abs() / want.abs();

@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use hierarchos::core::Tensor;
+use hierarchos::nn::CausalLm;
+use hierarchos::nn::optim::AdamW;
 
 use super::dev;
 
@@ -52,4 +54,19 @@ pub fn input_ids(dir: &Path) -> Tensor {
 /// `reference.json` of the fixture.
 pub fn report(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+/// The fixtures' two training steps: batch A (the first prompt of `ids`), then batch B (the second), each a
+/// causal-LM loss, a backward and `opt`'s step on `params` at lr 1e-3; returns the loss before each step.
+pub fn two_steps(lm: &CausalLm, ids: &Tensor, params: &[(String, Tensor)], opt: &mut AdamW) -> Vec<f64> {
+    (0..2)
+        .map(|row| {
+            let batch = ids.narrow(0, row, 1).unwrap();
+            let loss = lm.loss(&batch, &batch).unwrap();
+            let value = loss.to_vec::<f32>().unwrap()[0] as f64;
+            loss.backward().unwrap();
+            opt.step(params, 1e-3, 1.0).unwrap();
+            value
+        })
+        .collect()
 }

@@ -466,22 +466,14 @@ fn real_model(path: &str, dequantize: bool, device: &Device) -> Result<(CausalLm
     let lm = model.lm;
     let mut params: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum();
     let mut types = std::collections::BTreeSet::new();
-    for layer in &lm.layers {
-        let a = &layer.self_attn;
-        let m = &layer.mlp;
-        for l in [
-            &a.q_proj,
-            &a.k_proj,
-            &a.v_proj,
-            &a.o_proj,
-            &m.gate_proj,
-            &m.up_proj,
-            &m.down_proj,
-        ] {
-            if let LinearWeight::Quantized(q) = &l.weight {
-                params += q.shape()[0] * q.shape()[1];
-                types.insert(q.ggml_type().to_string());
-            }
+    // Quantized weights are not parameters (they are frozen); a tied head is a copy of the embedding.
+    let tied = lm.config().tie_word_embeddings;
+    for (path, l) in lm.linears() {
+        if let LinearWeight::Quantized(q) = &l.weight
+            && !(tied && path == "lm_head")
+        {
+            params += q.shape()[0] * q.shape()[1];
+            types.insert(q.ggml_type().to_string());
         }
     }
     let weights = if types.is_empty() {

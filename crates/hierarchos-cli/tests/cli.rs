@@ -64,6 +64,19 @@ fn last_json(stdout: &str) -> Value {
     serde_json::from_str(stdout.lines().last().expect("no output")).expect("last line is JSON")
 }
 
+/// `dir/rows.jsonl`: 8 rows of 12 `input_ids` (`(row * a + i * b) % 300`).
+fn token_rows(dir: &Path, a: u32, b: u32) -> PathBuf {
+    let data = dir.join("rows.jsonl");
+    let rows: Vec<String> = (0..8u32)
+        .map(|r| {
+            let ids: Vec<u32> = (0..12).map(|i| (r * a + i * b) % 300).collect();
+            serde_json::json!({ "input_ids": ids }).to_string()
+        })
+        .collect();
+    std::fs::write(&data, rows.join("\n")).unwrap();
+    data
+}
+
 fn read_logits(path: &Path, shape: &[usize]) -> Vec<f32> {
     Weights::from_bytes(std::fs::read(path).unwrap(), path)
         .unwrap()
@@ -295,14 +308,7 @@ fn errors_name_the_file_at_fault() {
 #[test]
 fn train_saves_resumes_exactly_and_evaluates() {
     let dir = scratch("train");
-    let data = dir.join("rows.jsonl");
-    let rows: Vec<String> = (0..8u32)
-        .map(|r| {
-            let ids: Vec<u32> = (0..12).map(|i| (r * 37 + i * 11) % 300).collect();
-            serde_json::json!({ "input_ids": ids }).to_string()
-        })
-        .collect();
-    std::fs::write(&data, rows.join("\n")).unwrap();
+    let data = token_rows(&dir, 37, 11);
     let model = fixture("llama");
     let run = |out: &Path, steps: &str, extra: &[&str]| {
         let mut args = vec![
@@ -499,14 +505,7 @@ fn a_killed_run_leaves_only_whole_checkpoints_and_resumes() {
 #[test]
 fn lora_trains_resumes_applies_and_merges() {
     let dir = scratch("lora");
-    let data = dir.join("rows.jsonl");
-    let rows: Vec<String> = (0..8u32)
-        .map(|r| {
-            let ids: Vec<u32> = (0..12).map(|i| (r * 41 + i * 13) % 300).collect();
-            serde_json::json!({ "input_ids": ids }).to_string()
-        })
-        .collect();
-    std::fs::write(&data, rows.join("\n")).unwrap();
+    let data = token_rows(&dir, 41, 13);
     let model = fixture("qwen2");
     let common = [
         "train",

@@ -3,7 +3,7 @@
 use eframe::egui;
 
 use crate::app::StudioApp;
-use crate::model_panel::mib;
+use crate::model_panel::{facts, mib};
 
 impl StudioApp {
     /// The Device tab.
@@ -12,34 +12,25 @@ impl StudioApp {
         let info = self.device.adapter_info();
         let caps = self.device.caps();
         let memory = self.device.memory();
-        egui::Grid::new("device_facts")
-            .num_columns(2)
-            .striped(true)
-            .show(ui, |ui| {
-                let mut row = |k: &str, v: String| {
-                    ui.label(k);
-                    ui.label(v);
-                    ui.end_row();
-                };
-                row("adapter", info.name.clone());
-                row("backend", format!("{:?}", info.backend));
-                row("type", format!("{:?}", info.device_type));
-                row("driver", format!("{} {}", info.driver, info.driver_info));
-                row(
-                    "subgroups",
-                    if caps.subgroups {
-                        format!("yes ({}..{} lanes)", caps.subgroup_size.0, caps.subgroup_size.1)
-                    } else {
-                        "no (shared-memory fallbacks)".into()
-                    },
-                );
-                row("f16 shaders", yes_no(caps.f16));
-                row("cooperative matrices", yes_no(caps.cooperative_matrix));
-                row("timestamp queries", yes_no(caps.timestamps));
-                row("memory in tensors", mib(memory.live_bytes));
-                row("peak", mib(memory.peak_bytes));
-                row("pooled for reuse", mib(memory.pooled_bytes));
-            });
+        let subgroups = if caps.subgroups {
+            format!("yes ({}..{} lanes)", caps.subgroup_size.0, caps.subgroup_size.1)
+        } else {
+            "no (shared-memory fallbacks)".into()
+        };
+        let rows = [
+            ("adapter", info.name.clone()),
+            ("backend", format!("{:?}", info.backend)),
+            ("type", format!("{:?}", info.device_type)),
+            ("driver", format!("{} {}", info.driver, info.driver_info)),
+            ("subgroups", subgroups),
+            ("f16 shaders", yes_no(caps.f16)),
+            ("cooperative matrices", yes_no(caps.cooperative_matrix)),
+            ("timestamp queries", yes_no(caps.timestamps)),
+            ("memory in tensors", mib(memory.live_bytes)),
+            ("peak", mib(memory.peak_bytes)),
+            ("pooled for reuse", mib(memory.pooled_bytes)),
+        ];
+        facts(ui, "device_facts", &rows);
         ui.separator();
         let profile = self.device.profile();
         if profile.is_empty() {

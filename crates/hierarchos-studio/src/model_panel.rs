@@ -41,60 +41,48 @@ impl StudioApp {
         let Some(m) = &self.model else {
             return;
         };
-        egui::Grid::new("model_facts")
-            .num_columns(2)
-            .striped(true)
-            .show(ui, |ui| {
-                let mut row = |k: &str, v: String| {
-                    ui.label(k);
-                    ui.label(v);
-                    ui.end_row();
-                };
-                row("folder", m.dir.display().to_string());
-                row("family", m.family.clone());
-                row("parameters", format!("{:.2}M", m.params as f64 / 1e6));
-                row("dtype", "f32 weights and activations".into());
-                row(
-                    "weights",
-                    if m.has_weights {
-                        "from the folder".into()
-                    } else {
-                        "none in the folder: random, to be trained".into()
-                    },
-                );
-                row(
-                    "adapter",
-                    if m.adapter {
-                        "LoRA attached".into()
-                    } else {
-                        "none".into()
-                    },
-                );
-                row(
-                    "tokenizer",
-                    if m.tokenizer {
-                        "yes".into()
-                    } else {
-                        "none (token ids only)".into()
-                    },
-                );
-                row(
-                    "chat template",
-                    if m.chat_template { "yes".into() } else { "none".into() },
-                );
-                row("memory for inference", mib(m.inference_bytes()));
-                row(
-                    "memory for full fine-tuning",
-                    format!("{} + activations", mib(m.full_training_bytes())),
-                );
-                row(
-                    "memory for LoRA",
-                    format!(
-                        "{} (base in f32), {} (in bf16) + activations",
-                        mib(m.lora_bytes(DType::F32)),
-                        mib(m.lora_bytes(DType::BF16))
-                    ),
-                );
-            });
+        let lora = format!(
+            "{} (base in f32), {} (in bf16) + activations",
+            mib(m.lora_bytes(DType::F32)),
+            mib(m.lora_bytes(DType::BF16))
+        );
+        let rows = [
+            ("folder", m.dir.display().to_string()),
+            ("family", m.family.clone()),
+            ("parameters", format!("{:.2}M", m.params as f64 / 1e6)),
+            ("dtype", "f32 weights and activations".into()),
+            (
+                "weights",
+                if m.has_weights {
+                    "from the folder".into()
+                } else {
+                    "none in the folder: random, to be trained".into()
+                },
+            ),
+            ("adapter", if m.adapter { "LoRA attached" } else { "none" }.into()),
+            (
+                "tokenizer",
+                if m.tokenizer { "yes" } else { "none (token ids only)" }.into(),
+            ),
+            ("chat template", if m.chat_template { "yes" } else { "none" }.into()),
+            ("memory for inference", mib(m.inference_bytes())),
+            (
+                "memory for full fine-tuning",
+                format!("{} + activations", mib(m.full_training_bytes())),
+            ),
+            ("memory for LoRA", lora),
+        ];
+        facts(ui, "model_facts", &rows);
     }
+}
+
+/// A two-column table of names and values.
+pub fn facts(ui: &mut egui::Ui, id: &str, rows: &[(&str, String)]) {
+    egui::Grid::new(id).num_columns(2).striped(true).show(ui, |ui| {
+        for (k, v) in rows {
+            ui.label(*k);
+            ui.label(v);
+            ui.end_row();
+        }
+    });
 }
