@@ -12,8 +12,8 @@ the Hub serves models, plus references computed in float64 on the CPU:
   `adamw_damped_losses`, [2] f64).
 - reference.json: prompts, decoded greedy text, tokenizer round trips, a rendered chat template, diagnostics
   (among them how far PyTorch's own f32 lands from the references).
-- lora/: a LoRA adapter made with PEFT (random A and B, settings per family in LORA below), as
-  `PeftModel.save_pretrained` writes it, and in reference.safetensors `lora/logits` (the model with the adapter),
+- lora/: a LoRA adapter made and trained with PEFT (random A and B, three AdamW steps; settings per family in
+  LORA below), as `PeftModel.save_pretrained` writes it, and in reference.safetensors `lora/logits` (the model with the adapter),
   `lora/adamw/<PEFT tensor name>` (the adapter after two AdamW steps with torch's defaults and weight decay 0.01,
   batch A then batch B, the base frozen) and `lora/adamw_losses`, all float64.
 
@@ -525,11 +525,17 @@ def make_lora(name, out, model32, ids, tensors):
     config = peft.LoraConfig(task_type="CAUSAL_LM", lora_dropout=0.0, init_lora_weights=False, **settings)
     made = peft.get_peft_model(copy.deepcopy(model32), config)
     # B starts random (init_lora_weights=False) so that the adapter changes the logits; scaled so it does not
-    # drown the base model.
+    # drown the base model. Then PEFT trains it a little (f32, three AdamW steps on both prompts), so that the
+    # adapter is one made and trained by PEFT.
     with torch.no_grad():
         for n, p in made.named_parameters():
             if "lora_B" in n:
                 p.mul_(0.5)
+    opt = torch.optim.AdamW([p for p in made.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        lm_loss(made(ids, use_cache=False).logits, ids).backward()
+        opt.step()
     made.save_pretrained(out / "lora", safe_serialization=True)
     (out / "lora" / "README.md").unlink()  # PEFT's model card template
 
@@ -607,9 +613,9 @@ Files in each folder:
     applies to every parameter. Step 1 trains on `input_ids[0]` (batch A), step 2 on `input_ids[1]` (batch B);
     the loss is the mean cross-entropy of `logits[:, t]` against `input_ids[:, t+1]` over the batch's 23
     positions; `adamw_losses` / `adamw_damped_losses` [2] f64 hold the loss before each step.
-- `lora/`: a LoRA adapter made by PEFT (`get_peft_model` with `init_lora_weights=False`, B scaled by 1/2, then
-  `save_pretrained`): `adapter_config.json` and `adapter_model.safetensors` as PEFT writes them. Each family's
-  adapter uses other settings (`LORA` in the script; `lora.settings` in reference.json): targets by name list,
+- `lora/`: a LoRA adapter made and trained by PEFT (`get_peft_model` with `init_lora_weights=False`, B scaled
+  by 1/2, three f32 AdamW steps at lr 1e-2 on both prompts, then `save_pretrained`): `adapter_config.json` and
+  `adapter_model.safetensors` as PEFT writes them. Each family's adapter uses other settings (`LORA` in the script; `lora.settings` in reference.json): targets by name list,
   `all-linear` and regular expression, rsLoRA, `rank_pattern` / `alpha_pattern`, `layers_to_transform`.
   `reference.safetensors` holds, in float64: `lora/logits` [2, 24, 300] (the model with the adapter, through
   `PeftModel.from_pretrained`), `lora/adamw/<tensor name as saved>` (the adapter after two `torch.optim.AdamW`

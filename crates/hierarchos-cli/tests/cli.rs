@@ -595,6 +595,24 @@ fn lora_trains_resumes_applies_and_merges() {
         ok(&all);
         read_logits(&path, &[ids.len(), 300])
     };
+    // The PEFT-trained fixture adapter as is: PEFT's float64 logits of the first prompt.
+    let peft_logits = logits(
+        &["-m", model.to_str().unwrap(), "--adapter", peft.to_str().unwrap()],
+        "peft.safetensors",
+    );
+    let want = Weights::open_file(&fixture("qwen2").join("reference.safetensors"))
+        .unwrap()
+        .read_f32("lora/logits", &[2, ids.len(), 300])
+        .unwrap();
+    let worst = peft_logits
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= 2e-5,
+        "forward --adapter is {worst:e} from PEFT's float64 logits"
+    );
     let applied = logits(
         &["-m", model.to_str().unwrap(), "--adapter", continued.to_str().unwrap()],
         "applied.safetensors",
