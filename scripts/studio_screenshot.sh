@@ -3,6 +3,7 @@
 # saves a PNG of the window once training ends: the loss curve, the held-out loss and the learning-rate, speed and
 # memory plots. Installs xvfb (Debian/Ubuntu) when it is missing; without a GPU the software Vulkan driver runs it.
 # Usage: scripts/studio_screenshot.sh [OUT.png] [STEPS]
+# STUDIO_BIN=path runs that binary instead of building one (CI passes the one `cargo test --workspace` built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-studio.png}")
@@ -12,8 +13,11 @@ if ! command -v xvfb-run >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xvfb >/dev/null
 fi
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
-cargo build -q -p hierarchos-studio
-bin="${CARGO_TARGET_DIR:-target}/debug/hierarchos-studio"
+bin="${STUDIO_BIN:-}"
+if [ -z "$bin" ]; then
+    cargo build -q -p hierarchos-studio
+    bin="${CARGO_TARGET_DIR:-target}/debug/hierarchos-studio"
+fi
 home=$(mktemp -d)
 rm -f "$out"
 HIERARCHOS_STUDIO_HOME="$home" xvfb-run -a -s "-screen 0 1280x960x24" \
