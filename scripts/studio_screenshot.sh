@@ -20,7 +20,7 @@ if [ -z "$bin" ]; then
 fi
 home=$(mktemp -d)
 rm -f "$out"
-HIERARCHOS_STUDIO_HOME="$home" xvfb-run -a -s "-screen 0 1280x960x24" \
+HIERARCHOS_STUDIO_HOME="$home" timeout 900 xvfb-run -a -s "-screen 0 1280x960x24" \
     "$bin" --train-steps "$steps" --screenshot "$out"
 test -s "$out"
 echo "screenshot: $out (runs in $home/runs)"

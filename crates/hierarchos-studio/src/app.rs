@@ -12,7 +12,7 @@ use crate::chat_panel::ChatState;
 use crate::embedded::Embedded;
 use crate::runs::{Point, Run};
 use crate::train_panel::TrainState;
-use crate::worker::{Command, Event, ModelSummary, Worker};
+use crate::worker::{Command, Event, ModelSummary, Operation, Worker};
 
 /// Where the Studio keeps its files, and what it opens first.
 #[derive(Clone, Debug)]
@@ -91,6 +91,9 @@ pub struct StudioApp {
     pub chat: ChatState,
     /// Whether the autorun's training was started.
     autorun_started: bool,
+    /// Whether the next loaded model should reset the Train tab's settings to its defaults (a model the user
+    /// opened, not the one a run just trained).
+    defaults_pending: bool,
     ctx: egui::Context,
     commands: Sender<Command>,
     events: Receiver<Event>,
@@ -142,6 +145,7 @@ impl StudioApp {
             busy: None,
             errors,
             autorun_started: false,
+            defaults_pending: false,
             ctx: ctx.clone(),
             commands,
             events,
@@ -156,10 +160,16 @@ impl StudioApp {
     pub fn send(&mut self, command: Command) {
         if let Command::Load(arg) = &command {
             self.busy = Some(format!("loading {arg}"));
+            self.defaults_pending = true;
         }
         if self.commands.send(command).is_err() {
             self.errors.push("the worker thread has stopped".into());
         }
+    }
+
+    /// Whether the worker is free for a new command (no operation under way, no training running).
+    pub fn idle(&self) -> bool {
+        self.busy.is_none() && self.train.running.is_none()
     }
 
     /// Applies the worker's events that arrived since the last frame.
@@ -169,21 +179,18 @@ impl StudioApp {
                 Event::Busy(what) => self.busy = Some(what),
                 Event::Loaded(summary) => {
                     self.busy = None;
-                    if self.model.as_ref().is_none_or(|m| m.dir != summary.dir) {
+                    if std::mem::take(&mut self.defaults_pending) {
                         self.train.defaults_for(&summary);
                     }
                     self.model = Some(summary);
                 }
-                Event::RunStarted(dir, points) => {
+                Event::Unloaded => self.model = None,
+                Event::RunStarted { dir, points, steps } => {
                     self.busy = None;
-                    self.train.started(dir, points);
+                    self.train.started(dir, points, steps);
                 }
-                Event::Point(point) => {
-                    if self.busy.as_deref() != Some("paused") {
-                        self.busy = None;
-                    }
-                    self.train.point(point);
-                }
+                Event::Point(point) => self.train.point(point),
+                Event::Paused(paused) => self.train.paused = paused,
                 Event::Checkpoint(dir) => self.train.message = Some(format!("checkpoint saved: {}", dir.display())),
                 Event::TrainDone { dir, stopped } => {
                     self.busy = None;
@@ -198,11 +205,25 @@ impl StudioApp {
                     self.busy = None;
                     self.chat.finished(tokens, secs);
                 }
-                Event::Error(e) => {
-                    self.busy = None;
-                    self.train.running = None;
-                    self.chat.generating = false;
-                    self.errors.push(e);
+                Event::Error { during, message } => {
+                    match during {
+                        Operation::Load => self.busy = None,
+                        Operation::Train => {
+                            self.busy = None;
+                            self.train.running = None;
+                        }
+                        Operation::Generate => {
+                            self.busy = None;
+                            self.chat.generating = false;
+                        }
+                        Operation::Refused => {}
+                    }
+                    if self.options.autorun.is_some() && during != Operation::Refused {
+                        // A scripted run (the screenshot script) must not wait for a person to close it.
+                        eprintln!("hierarchos-studio: {message}");
+                        std::process::exit(1);
+                    }
+                    self.errors.push(message);
                 }
             }
         }
@@ -218,7 +239,7 @@ impl StudioApp {
         let Some(run) = &self.options.autorun else {
             return;
         };
-        if self.autorun_started || self.model.is_none() || self.busy.is_some() {
+        if self.autorun_started || self.model.is_none() || !self.idle() {
             return;
         }
         self.autorun_started = true;
@@ -244,8 +265,6 @@ impl StudioApp {
 
     /// The whole window for one frame.
     pub fn show(&mut self, ui: &mut egui::Ui) {
-        self.apply_events();
-        self.autorun();
         egui::Panel::top("tabs").show(ui, |ui| {
             ui.horizontal(|ui| {
                 ui.heading("Hierarchos Studio");
@@ -274,6 +293,11 @@ impl StudioApp {
             if let Some(what) = &self.busy {
                 ui.spinner();
                 ui.label(what);
+            } else if self.train.paused {
+                ui.label("training paused");
+            } else if self.train.running.is_some() {
+                ui.spinner();
+                ui.label("training");
             } else if let Some(m) = &self.model {
                 ui.label(format!("{} ({}) ready", m.dir.display(), m.family));
             } else {
@@ -296,6 +320,12 @@ impl StudioApp {
 }
 
 impl eframe::App for StudioApp {
+    /// Events are applied here, so that they keep flowing while the window is hidden (`ui` is then skipped).
+    fn logic(&mut self, _ctx: &egui::Context, _frame: &mut eframe::Frame) {
+        self.apply_events();
+        self.autorun();
+    }
+
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
         self.show(ui);
     }

@@ -102,7 +102,7 @@ impl StudioApp {
         if !has_template {
             c.chat = false;
         }
-        let ready = self.model.is_some() && self.busy.is_none();
+        let ready = self.model.is_some() && self.idle();
         if ui.add_enabled(ready, egui::Button::new("Generate")).clicked() {
             let request = GenerateRequest {
                 prompt: self.chat.prompt.clone(),

@@ -19,13 +19,13 @@ impl StudioApp {
             let label = ui.label("Folder or Hub id");
             ui.add(egui::TextEdit::singleline(&mut self.model_arg).desired_width(420.0))
                 .labelled_by(label.id);
-            if ui.add_enabled(self.busy.is_none(), egui::Button::new("Load")).clicked() {
+            if ui.add_enabled(self.idle(), egui::Button::new("Load")).clicked() {
                 let arg = self.model_arg.trim().to_string();
                 self.send(Command::Load(arg));
             }
             if let Some(e) = &self.embedded
                 && ui
-                    .add_enabled(self.busy.is_none(), egui::Button::new("Embedded default"))
+                    .add_enabled(self.idle(), egui::Button::new("Embedded default"))
                     .clicked()
             {
                 self.model_arg = e.model.display().to_string();

@@ -26,8 +26,12 @@ pub struct TrainState {
     pub smoothing: f64,
     /// The folder of the running run.
     pub running: Option<PathBuf>,
+    /// The step it ends at.
+    pub total_steps: usize,
     /// Whether it is paused.
     pub paused: bool,
+    /// Whether Stop was pressed (the run ends after its current step).
+    pub stopping: bool,
     /// Points of the running (or last) run.
     pub points: Vec<Point>,
     /// Runs found on disk.
@@ -73,7 +77,9 @@ impl TrainState {
             },
             smoothing: 0.6,
             running: None,
+            total_steps: 0,
             paused: false,
+            stopping: false,
             points: Vec::new(),
             compare: vec![false; runs.len()],
             runs,
@@ -99,12 +105,14 @@ impl TrainState {
         }
     }
 
-    /// A run started writing into `dir` (a resumed one with its earlier points).
-    pub fn started(&mut self, dir: PathBuf, points: Vec<Point>) {
+    /// A run started writing into `dir` (a resumed one with its earlier points), to end at step `steps`.
+    pub fn started(&mut self, dir: PathBuf, points: Vec<Point>, steps: usize) {
         self.points = points;
         self.running = Some(dir.clone());
         self.last_run = Some(dir);
+        self.total_steps = steps;
         self.paused = false;
+        self.stopping = false;
         self.message = None;
     }
 
@@ -117,14 +125,23 @@ impl TrainState {
     pub fn finished(&mut self, dir: &Path, stopped: bool, runs_dir: &Path) {
         self.running = None;
         self.paused = false;
+        self.stopping = false;
         self.message = Some(format!(
             "{} after {} steps: {}",
             if stopped { "stopped" } else { "done" },
             self.points.last().map_or(0, |p| p.step),
             dir.display()
         ));
+        // The comparison choices follow their runs into the new list.
+        let chosen: Vec<PathBuf> = self
+            .runs
+            .iter()
+            .zip(&self.compare)
+            .filter(|(_, on)| **on)
+            .map(|(r, _)| r.dir.clone())
+            .collect();
         self.runs = Run::list(runs_dir);
-        self.compare = vec![false; self.runs.len()];
+        self.compare = self.runs.iter().map(|r| chosen.contains(&r.dir)).collect();
     }
 }
 
@@ -206,31 +223,35 @@ impl StudioApp {
     }
 
     fn train_controls(&mut self, ui: &mut egui::Ui) {
-        let running = self.train.running.is_some();
+        let controls = self.train.running.is_some() && !self.train.stopping;
         ui.horizontal(|ui| {
-            let can_start = self.model.is_some() && self.busy.is_none() && !running;
+            let can_start = self.model.is_some() && self.idle();
             if ui.add_enabled(can_start, egui::Button::new("Start training")).clicked() {
                 self.start_training();
             }
             let paused = self.train.paused;
             if ui
-                .add_enabled(running, egui::Button::new(if paused { "Resume" } else { "Pause" }))
+                .add_enabled(controls, egui::Button::new(if paused { "Resume" } else { "Pause" }))
                 .clicked()
             {
-                self.train.paused = !paused;
                 self.send(if paused { Command::Resume } else { Command::Pause });
             }
-            if ui.add_enabled(running, egui::Button::new("Stop")).clicked() {
+            if ui.add_enabled(controls, egui::Button::new("Stop")).clicked() {
+                self.train.stopping = true;
                 self.send(Command::Stop);
+                if paused {
+                    // A paused worker waits for a command: the Stop reaches it, and no Resume is needed.
+                    self.train.paused = false;
+                }
             }
-            if ui.add_enabled(running, egui::Button::new("Checkpoint now")).clicked() {
+            if ui.add_enabled(controls, egui::Button::new("Checkpoint now")).clicked() {
                 self.send(Command::Checkpoint);
             }
             if let Some(p) = self.train.points.last() {
                 ui.label(format!(
                     "step {}/{}  loss {:.4}  lr {:.2e}  {:.0} tokens/s  {:.1} MiB",
                     p.step,
-                    self.train.settings.steps,
+                    self.train.total_steps,
                     p.loss.unwrap_or(f64::NAN),
                     p.lr,
                     p.tokens_per_sec,
@@ -280,12 +301,17 @@ impl StudioApp {
             {
                 let (rect, ppp) = (self.train.plot_rect, ui.ctx().pixels_per_point());
                 let (path, notice) = (dir.join("loss.png"), self.train.notice.clone());
+                let ctx = ui.ctx().clone();
                 ui.ctx().request_screenshot(move |image| {
-                    let message = match save_png(&image.region(&rect, Some(ppp)), &path) {
-                        Ok(()) => format!("wrote {}", path.display()),
-                        Err(e) => format!("writing {}: {e}", path.display()),
+                    let message = match crop(&image, rect, ppp) {
+                        Some(plot) => match save_png(&plot, &path) {
+                            Ok(()) => format!("wrote {}", path.display()),
+                            Err(e) => format!("writing {}: {e}", path.display()),
+                        },
+                        None => "the plot is not on screen: nothing exported".into(),
                     };
                     *notice.lock().unwrap_or_else(|p| p.into_inner()) = Some(message);
+                    ctx.request_repaint();
                 });
             }
         });
@@ -316,7 +342,7 @@ impl StudioApp {
             .x_axis_label("step")
             .y_axis_label("loss")
             .show(ui, |plot| {
-                plot.line(Line::new("loss (raw)", PlotPoints::from(loss.clone())).color(egui::Color32::from_gray(120)));
+                plot.line(Line::new("loss (raw)", PlotPoints::from(loss)).color(egui::Color32::from_gray(120)));
                 plot.line(Line::new("loss", PlotPoints::from(smoothed)));
                 plot.points(Points::new("eval loss", PlotPoints::from(eval)).radius(4.0));
                 for (name, pts) in others {
@@ -344,7 +370,7 @@ impl StudioApp {
             }
         });
         if !self.train.runs.is_empty() {
-            let can_resume = self.train.running.is_none() && self.busy.is_none();
+            let can_resume = self.idle();
             let mut resume = None;
             ui.collapsing("Earlier runs (draw beside this one, or continue one)", |ui| {
                 for (run, on) in self.train.runs.iter().zip(self.train.compare.iter_mut()) {
@@ -363,6 +389,23 @@ impl StudioApp {
             }
         }
     }
+}
+
+/// The part of a window screenshot `image` under `rect` (in points at `ppp` pixels per point), clipped to the
+/// image; `None` when nothing of it is on screen.
+fn crop(image: &egui::ColorImage, rect: egui::Rect, ppp: f32) -> Option<egui::ColorImage> {
+    let full = egui::Rect::from_min_size(egui::Pos2::ZERO, egui::vec2(image.size[0] as f32, image.size[1] as f32));
+    let pixels = egui::Rect::from_min_max(
+        (rect.min.to_vec2() * ppp).round().to_pos2(),
+        (rect.max.to_vec2() * ppp).round().to_pos2(),
+    )
+    .intersect(full);
+    (pixels.width() >= 1.0 && pixels.height() >= 1.0).then(|| {
+        image.region_by_pixels(
+            [pixels.min.x as usize, pixels.min.y as usize],
+            [pixels.width() as usize, pixels.height() as usize],
+        )
+    })
 }
 
 /// Writes `image` as a PNG file.

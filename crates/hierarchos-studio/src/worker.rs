@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::time::Instant;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use hierarchos_core::{DType, Device};
 use hierarchos_nn::lora::{LoraConfig, TargetModules};
 use hierarchos_nn::optim::AdamWConfig;
@@ -47,10 +47,21 @@ pub enum Event {
     Busy(String),
     /// A model is loaded and ready.
     Loaded(ModelSummary),
+    /// The worker holds no model any more (an operation freed it, then failed).
+    Unloaded,
     /// A training run started (or resumed, with the points it had), writing into this folder.
-    RunStarted(PathBuf, Vec<Point>),
-    /// A training step (or an evaluation) finished.
+    RunStarted {
+        /// The run's folder.
+        dir: PathBuf,
+        /// Points of the steps before (a resumed run).
+        points: Vec<Point>,
+        /// The step the run ends at.
+        steps: usize,
+    },
+    /// A training step finished (with its evaluation loss when it evaluated).
     Point(Point),
+    /// The running training was paused (`true`) or resumed.
+    Paused(bool),
     /// A checkpoint was written.
     Checkpoint(PathBuf),
     /// Training ended (all steps, or stopped); the trained model is now the current one.
@@ -75,7 +86,25 @@ pub enum Event {
         secs: f64,
     },
     /// Something failed; the worker carries on with the next command.
-    Error(String),
+    Error {
+        /// What failed.
+        during: Operation,
+        /// The error, with its causes.
+        message: String,
+    },
+}
+
+/// What an [`Event::Error`] interrupted, so that the UI resets the right state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Loading a model.
+    Load,
+    /// A training run (which ended with the error).
+    Train,
+    /// A generation.
+    Generate,
+    /// A command turned down (a training runs); nothing changed.
+    Refused,
 }
 
 /// A model as the UI describes it.
@@ -207,17 +236,22 @@ impl Worker {
     /// Serves commands until the UI side hangs up.
     pub fn run(mut self) {
         while let Ok(command) = self.commands.recv() {
-            let result = match command {
-                Command::Load(arg) => self.load(&arg),
-                Command::Train(settings) => self.train(&settings),
-                Command::ResumeRun(dir) => self.resume(&dir),
-                Command::Generate(request) => self.generate(&request),
-                Command::Pause | Command::Resume | Command::Stop | Command::Checkpoint => {
-                    Err(anyhow!("no training is running"))
-                }
+            let (during, result) = match command {
+                Command::Load(arg) => (Operation::Load, self.load(&arg)),
+                Command::Train(settings) => (Operation::Train, self.train(&settings)),
+                Command::ResumeRun(dir) => (Operation::Train, self.resume(&dir)),
+                Command::Generate(request) => (Operation::Generate, self.generate(&request)),
+                // A control arriving after its run ended (a second Stop, say) has nothing left to do.
+                Command::Pause | Command::Resume | Command::Stop | Command::Checkpoint => continue,
             };
             if let Err(e) = result {
-                self.send(Event::Error(format!("{e:#}")));
+                self.send(Event::Error {
+                    during,
+                    message: format!("{e:#}"),
+                });
+                if self.model.is_none() {
+                    self.send(Event::Unloaded);
+                }
             }
         }
     }
@@ -304,7 +338,11 @@ impl Worker {
         MetricsLog::write_settings(&s.out, s)?;
         let stopped = {
             let mut trainer = Trainer::new(&source.lm, config, data.sequences.len(), pad)?;
-            self.send(Event::RunStarted(s.out.clone(), Vec::new()));
+            self.send(Event::RunStarted {
+                dir: s.out.clone(),
+                points: Vec::new(),
+                steps: s.steps,
+            });
             self.drive(&source, &mut trainer, &data, eval.as_ref(), s)?
         };
         self.finish(&dir, source, s, stopped)
@@ -313,7 +351,9 @@ impl Worker {
     /// Continues the run in folder `run` from its newest checkpoint, with the settings it was started with.
     fn resume(&mut self, run: &Path) -> Result<()> {
         self.send(Event::Busy(format!("resuming {}", run.display())));
-        let s = MetricsLog::read_settings(run)?;
+        let mut s = MetricsLog::read_settings(run)?;
+        // The folder as found now (it may have moved since the run started).
+        s.out = run.to_path_buf();
         let ckpt_dir = checkpoint::resolve_resume(run)?;
         self.model = None;
         let ckpt = checkpoint::load(&ckpt_dir, &self.device)
@@ -333,7 +373,11 @@ impl Worker {
             let mut trainer = Trainer::resume(&source.lm, &ckpt.state, ckpt.moments, data.sequences.len(), pad)?;
             let earlier = crate::runs::Run::open(run).map(|r| r.points).unwrap_or_default();
             let earlier = earlier.into_iter().filter(|p| p.step <= ckpt.state.step).collect();
-            self.send(Event::RunStarted(s.out.clone(), earlier));
+            self.send(Event::RunStarted {
+                dir: s.out.clone(),
+                points: earlier,
+                steps: s.steps,
+            });
             self.drive(&source, &mut trainer, &data, eval.as_ref(), &s)?
         };
         self.finish(&dir, source, &s, stopped)
@@ -357,7 +401,7 @@ impl Worker {
 
     /// Trains until the run's last step or a Stop, answering Pause, Resume and Checkpoint between steps; each
     /// step's point goes to the metrics file and the UI. Returns whether it was stopped; a checkpoint and the
-    /// final model (or adapter) are written either way.
+    /// final model (or adapter) are written either way (unless the UI has gone).
     fn drive(
         &self,
         source: &Source,
@@ -398,15 +442,28 @@ impl Worker {
                 match command {
                     Command::Pause => {
                         paused = true;
-                        self.send(Event::Busy("paused".into()));
+                        self.send(Event::Paused(true));
                     }
-                    Command::Resume => paused = false,
+                    Command::Resume => {
+                        paused = false;
+                        self.send(Event::Paused(false));
+                    }
                     Command::Stop => {
                         stopped = true;
                         break;
                     }
-                    Command::Checkpoint => self.send(Event::Checkpoint(save(trainer)?)),
-                    other => self.send(Event::Error(format!("training is running: {other:?} has to wait"))),
+                    // A failed save is reported; the run goes on (an earlier checkpoint is intact).
+                    Command::Checkpoint => match save(trainer) {
+                        Ok(dir) => self.send(Event::Checkpoint(dir)),
+                        Err(e) => self.send(Event::Error {
+                            during: Operation::Refused,
+                            message: format!("checkpoint: {e:#}"),
+                        }),
+                    },
+                    other => self.send(Event::Error {
+                        during: Operation::Refused,
+                        message: format!("a training is running: stop it first ({other:?} was not done)"),
+                    }),
                 }
             }
             if stopped {
@@ -444,12 +501,12 @@ impl Worker {
             &s.out
         };
         let model = Model::with_lm(dir, source.lm, source.tokenizer)?;
+        self.send(Event::Loaded(summary(&model, true)));
+        self.model = Some(model);
         self.send(Event::TrainDone {
             dir: s.out.clone(),
             stopped,
         });
-        self.send(Event::Loaded(summary(&model, true)));
-        self.model = Some(model);
         Ok(())
     }
 
@@ -458,8 +515,10 @@ impl Worker {
         let ids = model.encode_prompt(&r.prompt, r.chat)?;
         let compare = r.compare_base && model.lm.adapter_config().is_some();
         let _ = self.events.send(Event::Busy("generating".into()));
+        (self.repaint)();
         let start = Instant::now();
         let mut tokens = 0;
+        let mut secs = 0.0;
         for base in [false, true] {
             if base && !compare {
                 break;
@@ -479,11 +538,12 @@ impl Worker {
             });
             model.lm.enable_adapters(true);
             result?;
+            if !base {
+                // The speed shown is the adapter's pass alone.
+                secs = start.elapsed().as_secs_f64();
+            }
         }
-        self.send(Event::Generated {
-            tokens,
-            secs: start.elapsed().as_secs_f64(),
-        });
+        self.send(Event::Generated { tokens, secs });
         Ok(())
     }
 }

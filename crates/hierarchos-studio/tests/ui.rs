@@ -97,7 +97,7 @@ fn train_the_embedded_model_then_generate() {
         !app.chat.generating && app.chat.speed.is_some()
     });
     assert!(!harness.state().chat.output.is_empty(), "no text generated");
-    assert_eq!(harness.state().chat.speed.unwrap().0, 8);
+    assert!((1..=8).contains(&harness.state().chat.speed.unwrap().0));
 
     // A LoRA run on the trained model, then its answer beside the base model's.
     harness.get_by_label("Train").click();
@@ -182,7 +182,8 @@ fn a_stopped_run_continues_from_its_checkpoint() {
     harness.step();
     {
         let s = &mut harness.state_mut().train.settings;
-        (s.steps, s.batch_size, s.seq_len, s.eval_split, s.warmup_steps) = (6, 2, 16, 0.0, 0);
+        // Enough steps that Stop lands before the end even on a fast GPU.
+        (s.steps, s.batch_size, s.seq_len, s.eval_split, s.warmup_steps) = (40, 2, 16, 0.0, 0);
     }
     harness.get_by_label("Start training").click_accesskit();
     wait(&mut harness, "the first step", Duration::from_secs(120), |app| {
@@ -193,7 +194,7 @@ fn a_stopped_run_continues_from_its_checkpoint() {
         app.train.running.is_none()
     });
     let stopped_at = harness.state().train.points.len();
-    assert!((1..6).contains(&stopped_at), "stopped after {stopped_at} steps");
+    assert!((1..40).contains(&stopped_at), "stopped after {stopped_at} steps");
     assert!(
         harness
             .state()
@@ -206,12 +207,12 @@ fn a_stopped_run_continues_from_its_checkpoint() {
     harness.get_by_label_contains("Earlier runs").click_accesskit();
     harness.step();
     harness.get_by_label("Continue").click_accesskit();
-    wait(&mut harness, "continuing", Duration::from_secs(180), |app| {
-        app.train.running.is_none() && app.train.points.len() == 6
+    wait(&mut harness, "continuing", Duration::from_secs(300), |app| {
+        app.train.running.is_none() && app.train.points.len() == 40
     });
     let steps: Vec<usize> = harness.state().points().iter().map(|p| p.step).collect();
-    assert_eq!(steps, (1..=6).collect::<Vec<_>>());
+    assert_eq!(steps, (1..=40).collect::<Vec<_>>());
     let run = harness.state().train.runs.last().cloned().unwrap();
-    assert_eq!(run.points.len(), 6, "the metrics file holds each step once");
-    assert!(run.dir.join("checkpoint-6").is_dir());
+    assert_eq!(run.points.len(), 40, "the metrics file holds each step once");
+    assert!(run.dir.join("checkpoint-40").is_dir());
 }
