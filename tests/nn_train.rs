@@ -155,6 +155,23 @@ fn resuming_from_a_checkpoint_continues_bit_for_bit() {
 }
 
 #[test]
+fn the_async_step_is_the_blocking_step() {
+    // The web steps through `step_async` (no blocking readback there): the same losses and weights, bit for bit.
+    let dir = fixture("llama");
+    let data = random_data(&mut Rng::new("async data"), 6, 12);
+    let blocking = trainable(&dir);
+    let mut t = Trainer::new(&blocking, small_run(3), data.sequences.len(), 1).unwrap();
+    let want: Vec<f64> = (0..3).map(|_| t.step(&data).unwrap().loss).collect();
+    let awaited = trainable(&dir);
+    let mut t = Trainer::new(&awaited, small_run(3), data.sequences.len(), 1).unwrap();
+    let got: Vec<f64> = (0..3)
+        .map(|_| pollster::block_on(t.step_async(&data)).unwrap().loss)
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(values(&awaited), values(&blocking));
+}
+
+#[test]
 fn a_non_finite_loss_stops_with_its_step_and_keeps_the_last_checkpoint() {
     let dir = fixture("qwen2");
     let data = random_data(&mut Rng::new("nan data"), 4, 8);

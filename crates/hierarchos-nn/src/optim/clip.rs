@@ -8,7 +8,16 @@ use crate::error::Result;
 
 /// The L2 norm of all the gradients of `params` together (parameters without a gradient count as zero).
 pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f64> {
-    let squares = no_grad(|| -> hierarchos_core::Result<Option<Tensor>> {
+    Ok(match grad_norm_squared(params)? {
+        Some(s) => (s.to_vec::<f32>()?[0] as f64).sqrt(),
+        None => 0.0,
+    })
+}
+
+/// The squared global gradient norm as a one-element tensor on the device (`None` when no parameter has a
+/// gradient): what [`grad_norm`] reads back, for a caller that reads it together with other values.
+pub fn grad_norm_squared(params: &[(String, Tensor)]) -> Result<Option<Tensor>> {
+    Ok(no_grad(|| -> hierarchos_core::Result<Option<Tensor>> {
         let mut parts = Vec::new();
         for (_, p) in params {
             if let Some(g) = p.grad() {
@@ -23,11 +32,7 @@ pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f64> {
             return Ok(None);
         }
         Ok(Some(Tensor::cat(&parts, 0)?.sum(&[], false)?))
-    })?;
-    Ok(match squares {
-        Some(s) => (s.to_vec::<f32>()?[0] as f64).sqrt(),
-        None => 0.0,
-    })
+    })?)
 }
 
 /// The factor `clip_grad_norm_` scales gradients by for a global norm `norm` and a limit `max_norm` (0 or less:

@@ -3,12 +3,12 @@
 
 use std::time::Instant;
 
-use hierarchos_core::{DType, Tensor, no_grad};
+use hierarchos_core::{DType, PendingVec, Tensor, no_grad};
 use serde::{Deserialize, Serialize};
 
 use crate::CausalLm;
 use crate::error::{Error, Result};
-use crate::optim::{AdamW, AdamWConfig, Moments, clip_factor, grad_norm};
+use crate::optim::{AdamW, AdamWConfig, Moments, clip_factor, grad_norm_squared};
 use crate::train::checkpoint::TrainingState;
 use crate::train::data::{Batch, Batcher, TokenData, make_batch};
 use crate::train::schedule::Schedule;
@@ -166,10 +166,25 @@ impl<'m> Trainer<'m> {
     }
 
     /// One optimizer step on the next batches of `data`.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn step(&mut self, data: &TokenData) -> Result<StepStats> {
+        let (read, began) = self.begin_step(data)?;
+        let values = read.wait()?;
+        self.finish_step(began, &values)
+    }
+
+    /// [`Trainer::step`] without blocking on the GPU (the web has no blocking readback): the loss and gradient
+    /// norm are awaited.
+    pub async fn step_async(&mut self, data: &TokenData) -> Result<StepStats> {
+        let (read, began) = self.begin_step(data)?;
+        let values = read.wait_async().await?;
+        self.finish_step(began, &values)
+    }
+
+    /// The first half of a step: forward and backward of its micro-batches, and a readback of `[mean loss,
+    /// squared gradient norm]` under way.
+    fn begin_step(&mut self, data: &TokenData) -> Result<(PendingVec<f32>, Began)> {
         let start = Instant::now();
-        let number = self.step + 1;
-        let lr = self.config.schedule.lr_at(self.step);
         let accum = self.config.grad_accum;
         let mut losses = Vec::with_capacity(accum);
         let mut tokens = 0;
@@ -184,8 +199,22 @@ impl<'m> Trainer<'m> {
             loss.mul_scalar(1.0 / accum as f64)?.backward()?;
             losses.push(loss.detach().reshape(&[1])?);
         }
-        let loss = no_grad(|| Tensor::cat(&losses, 0)?.mean(&[], false))?.to_vec::<f32>()?[0] as f64;
-        let norm = grad_norm(&self.params)?;
+        let read = no_grad(|| -> Result<_> {
+            let loss = Tensor::cat(&losses, 0)?.mean(&[], false)?.reshape(&[1])?;
+            let norm_sq = match grad_norm_squared(&self.params)? {
+                Some(n) => n.reshape(&[1])?,
+                None => Tensor::zeros(&[1], DType::F32, self.lm.device())?,
+            };
+            Ok(Tensor::cat(&[loss, norm_sq], 0)?.read_later::<f32>()?)
+        })?;
+        Ok((read, Began { tokens, start }))
+    }
+
+    /// The second half: with the loss and squared norm read back, stop on a non-finite one or clip and update.
+    fn finish_step(&mut self, began: Began, values: &[f32]) -> Result<StepStats> {
+        let number = self.step + 1;
+        let lr = self.config.schedule.lr_at(self.step);
+        let (loss, norm) = (values[0] as f64, (values[1] as f64).sqrt());
         if !loss.is_finite() || !norm.is_finite() {
             for (_, p) in &self.params {
                 p.zero_grad();
@@ -204,10 +233,16 @@ impl<'m> Trainer<'m> {
             loss,
             lr,
             grad_norm: norm,
-            tokens,
-            secs: start.elapsed().as_secs_f64(),
+            tokens: began.tokens,
+            secs: began.start.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// What the first half of a step tells the second (see [`Trainer::step_async`]).
+struct Began {
+    tokens: usize,
+    start: Instant,
 }
 
 /// The model's loss on a host batch (its ids and labels uploaded).
