@@ -26,7 +26,6 @@ mod registry;
 pub mod rope;
 pub mod sampling;
 mod tokenizer;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod train;
 pub mod weights;
 

@@ -7,6 +7,7 @@ use hierarchos_core::{Tensor, no_grad};
 use crate::error::Result;
 
 /// The L2 norm of all the gradients of `params` together (parameters without a gradient count as zero).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f64> {
     Ok(match grad_norm_squared(params)? {
         Some(s) => (s.to_vec::<f32>()?[0] as f64).sqrt(),

@@ -9,13 +9,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use hierarchos_core::Device;
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::lora::{ADAPTER_CONFIG_FILE, LoraConfig, is_adapter_dir};
 use crate::optim::{AdamW, Moments};
-use crate::train::data::BatcherState;
-use crate::train::trainer::TrainConfig;
+use crate::train::state::STATE_FORMAT;
+pub use crate::train::state::{TrainingState, initial_state};
 use crate::weights::{Weights, write_atomic};
 use crate::{CausalLm, ModelConfig};
 
@@ -34,7 +33,6 @@ const COPIED_FILES: [&str; 9] = [
 /// Name of the training state file; its presence marks a folder as a resumable checkpoint.
 pub const STATE_FILE: &str = "trainer_state.json";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
-const STATE_FORMAT: &str = "hierarchos-train-1";
 
 /// The text of `config.json` and the tokenizer files of the model being trained, written into each checkpoint.
 #[derive(Clone, Debug)]
@@ -62,26 +60,6 @@ impl ModelFiles {
         }
         Ok(ModelFiles { config_json, files })
     }
-}
-
-/// Everything besides weights and moments that a resumed run needs to continue exactly.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainingState {
-    /// Always `hierarchos-train-1`.
-    pub format: String,
-    /// Optimizer steps completed.
-    pub step: usize,
-    /// Where the batch order stands.
-    pub batcher: BatcherState,
-    /// Steps each parameter has taken (AdamW's bias corrections).
-    pub param_steps: BTreeMap<String, u64>,
-    /// The settings of the run.
-    pub config: TrainConfig,
-    /// The `--data` argument.
-    pub data: String,
-    /// The dtype a frozen base is held in while an adapter trains (`f16`, `bf16`; f32 when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub base_dtype: Option<String>,
 }
 
 /// The folder of the checkpoint after `step` steps under `out`.
@@ -275,19 +253,6 @@ pub fn load(dir: &Path, device: &Device) -> Result<Checkpoint> {
         moments,
         state,
     })
-}
-
-/// The state of a new run, before its first step.
-pub fn initial_state(config: &TrainConfig, data: &str, batcher: BatcherState) -> TrainingState {
-    TrainingState {
-        format: STATE_FORMAT.into(),
-        step: 0,
-        batcher,
-        param_steps: BTreeMap::new(),
-        config: config.clone(),
-        data: data.into(),
-        base_dtype: None,
-    }
 }
 
 fn sorted(map: &HashMap<String, Moments>) -> Vec<(&String, &Moments)> {

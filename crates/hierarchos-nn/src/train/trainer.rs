@@ -1,17 +1,16 @@
 //! The training step: gradient accumulation over micro-batches, the loss and gradient norm read back (a
 //! non-finite one stops the run), clipping and the AdamW update at the scheduled learning rate.
 
-use std::time::Instant;
-
 use hierarchos_core::{DType, PendingVec, Tensor, no_grad};
 use serde::{Deserialize, Serialize};
+use web_time::Instant;
 
 use crate::CausalLm;
 use crate::error::{Error, Result};
 use crate::optim::{AdamW, AdamWConfig, Moments, clip_factor, grad_norm_squared};
-use crate::train::checkpoint::TrainingState;
 use crate::train::data::{Batch, Batcher, TokenData, make_batch};
 use crate::train::schedule::Schedule;
+use crate::train::state::{TrainingState, initial_state};
 
 /// The settings of a training run (saved in each checkpoint; a resumed run must keep those that shape it).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -159,7 +158,7 @@ impl<'m> Trainer<'m> {
 
     /// The state a checkpoint saves now (the moments' steps are filled in by the checkpoint).
     pub fn state(&self, data: &str) -> TrainingState {
-        let mut s = crate::train::checkpoint::initial_state(&self.config, data, self.batcher.state());
+        let mut s = initial_state(&self.config, data, self.batcher.state());
         s.step = self.step;
         s.base_dtype = self.lm.frozen_dtype().map(|d| d.to_string());
         s
@@ -265,6 +264,7 @@ pub struct EvalStats {
 }
 
 /// The mean next-token loss of `lm` over every sequence of `data`, in batches of `batch_size` (no gradients).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn evaluate(lm: &CausalLm, data: &TokenData, batch_size: usize, pad_id: u32) -> Result<EvalStats> {
     if data.sequences.is_empty() || batch_size == 0 {
         return Err(Error::Invalid(
