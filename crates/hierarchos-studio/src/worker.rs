@@ -12,11 +12,12 @@ use hierarchos_nn::lora::{LoraConfig, TargetModules};
 use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::train::checkpoint;
 use hierarchos_nn::train::data::TokenData;
-use hierarchos_nn::train::setup::{Source, Trained, load_source, pad_id};
+use hierarchos_nn::train::setup::{Source, Trained, has_weights, load_source, pad_id};
 use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate};
 use hierarchos_nn::{Model, SamplingConfig};
 use serde::{Deserialize, Serialize};
 
+use crate::model_panel::mib;
 use crate::runs::{MetricsLog, Point};
 
 /// What the UI asks of the worker.
@@ -271,9 +272,8 @@ impl Worker {
         let mut report = |file: &str, done: u64, size: u64| {
             if done == size || shown.elapsed().as_millis() >= 200 {
                 shown = Instant::now();
-                let mib = |b: u64| b as f64 / (1 << 20) as f64;
                 self.send(Event::Busy(format!(
-                    "downloading {file}: {:.1} of {:.1} MiB",
+                    "downloading {file}: {} of {}",
                     mib(done),
                     mib(size)
                 )));
@@ -560,11 +560,6 @@ mod dtype_name {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
         String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
-}
-
-fn has_weights(dir: &Path) -> bool {
-    use hierarchos_nn::weights::{INDEX_FILE, SINGLE_FILE};
-    [SINGLE_FILE, INDEX_FILE].iter().any(|f| dir.join(f).is_file())
 }
 
 fn summary(model: &Model, has_weights: bool) -> ModelSummary {

@@ -48,7 +48,7 @@ pub fn load_source(
     device: &Device,
 ) -> Result<Source> {
     let config = ModelConfig::from_file(&dir.join("config.json"))?;
-    let has_weights = [SINGLE_FILE, INDEX_FILE].iter().any(|f| dir.join(f).is_file());
+    let has_weights = has_weights(dir);
     let frozen = || -> Result<CausalLm> {
         if !has_weights {
             return Err(Error::Invalid(format!(
@@ -96,6 +96,12 @@ pub fn load_source(
         tokenizer: Tokenizer::from_dir_if_present(dir)?,
         frozen_bytes,
     })
+}
+
+/// Whether the model folder `dir` holds weights (a folder with only a config and tokenizer trains from random
+/// weights and cannot take an adapter).
+pub fn has_weights(dir: &Path) -> bool {
+    [SINGLE_FILE, INDEX_FILE].iter().any(|f| dir.join(f).is_file())
 }
 
 /// The id that fills short rows: the tokenizer's pad token, else its first end-of-sequence token, else 0 (their
