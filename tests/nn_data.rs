@@ -725,3 +725,29 @@ fn hub_dataset_train_split_then_offline() {
     assert!(e.to_string().contains("revision"), "{e}");
     std::fs::remove_dir_all(&cache).unwrap();
 }
+
+/// The web demo reads data held in memory: the same sequences as from disk, and the same errors.
+#[test]
+fn files_held_in_memory_read_as_on_disk() {
+    let tok = tokenizer();
+    let dir = tmpdir("data-memory");
+    let text = format!("{}\n\n{}\n{}", DOCS[0], DOCS[1], DOCS[2]);
+    let jsonl: Vec<String> = DOCS
+        .iter()
+        .map(|d| serde_json::json!({ "text": d }).to_string())
+        .collect();
+    for (name, bytes) in [("a.txt", text.into_bytes()), ("b.jsonl", jsonl.join("\n").into_bytes())] {
+        let path = dir.join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        let on_disk = load(&path, Some(&tok), 8).unwrap();
+        let in_memory = TokenData::from_memory(&path, &bytes, Some(&tok), 8).unwrap();
+        assert_eq!(in_memory, on_disk, "{name}");
+    }
+    let bad = TokenData::from_memory(Path::new("x.jsonl"), b"{\"text\": 3}\n", Some(&tok), 8).unwrap_err();
+    assert_has(&bad.to_string(), &["x.jsonl", "line 1", "`text` is not a string"]);
+    let bad = TokenData::from_memory(Path::new("y.txt"), b"ok\n\xff\n", Some(&tok), 2).unwrap_err();
+    assert_has(&bad.to_string(), &["y.txt", "line 2", "UTF-8"]);
+    let bad = TokenData::from_memory(Path::new("z.parquet"), b"", Some(&tok), 2).unwrap_err();
+    assert_has(&bad.to_string(), &["z.parquet", ".txt, .jsonl"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

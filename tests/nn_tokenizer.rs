@@ -7,7 +7,7 @@ use common::tmpdir;
 
 use std::path::{Path, PathBuf};
 
-use hierarchos::nn::{ChatMessage, Error, Tokenizer, render_chat_template};
+use hierarchos::nn::{CausalLm, ChatMessage, Error, Model, ModelConfig, ModelFiles, Tokenizer, render_chat_template};
 use serde_json::{Value, json};
 
 const FAMILIES: [&str; 5] = ["llama", "llama3_tied", "mistral", "qwen2", "qwen3"];
@@ -265,4 +265,49 @@ fn bad_files_are_errors_naming_the_file() {
         .apply_chat_template(&[ChatMessage::new("user", "x")], true)
         .unwrap_err();
     assert!(err.to_string().contains("chat_template"), "{err}");
+}
+
+/// The web demo builds models from files held in memory: the same tokenizer, special tokens, chat template and
+/// end-of-sequence ids as from the folder on disk; a missing config.json is named.
+#[test]
+fn model_files_in_memory_give_what_the_folder_gives() {
+    let device = common::dev();
+    for family in FAMILIES {
+        let dir = fixture(family);
+        let on_disk = Model::from_dir(&dir, &device).unwrap();
+        let named: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file())
+            .map(|p| {
+                (
+                    p.file_name().unwrap().to_str().unwrap().to_string(),
+                    std::fs::read(&p).unwrap(),
+                )
+            })
+            .collect();
+        let files = ModelFiles::from_named(&dir, named).unwrap();
+        assert!(files.get("model.safetensors").is_none(), "weights are not small files");
+        let config = ModelConfig::from_json(&files.config_json, &dir).unwrap();
+        let lm = CausalLm::init_random(&config, 0, &device).unwrap();
+        let in_memory = Model::from_model_files(&dir, lm, &files).unwrap();
+        assert_eq!(in_memory.eos_ids, on_disk.eos_ids, "{family}");
+        let (a, b) = (in_memory.tokenizer().unwrap(), on_disk.tokenizer().unwrap());
+        assert_eq!(a.eos_ids(), b.eos_ids(), "{family}");
+        assert_eq!(a.bos_token(), b.bos_token(), "{family}");
+        assert_eq!(a.pad_id(), b.pad_id(), "{family}");
+        assert_eq!(a.chat_template(), b.chat_template(), "{family}");
+        let prompt = "Hello world, how are you?";
+        assert_eq!(
+            in_memory.encode_prompt(prompt, a.chat_template().is_some()).unwrap(),
+            on_disk.encode_prompt(prompt, b.chat_template().is_some()).unwrap(),
+            "{family}"
+        );
+    }
+    let dir = fixture("llama");
+    let tokenizer = std::fs::read(dir.join("tokenizer.json")).unwrap();
+    let err = ModelFiles::from_named(&dir, vec![("tokenizer.json".into(), tokenizer)]).unwrap_err();
+    assert!(err.to_string().contains("config.json"), "{err}");
+    let files = ModelFiles::from_named(&dir, vec![("config.json".into(), b"{}".to_vec())]).unwrap();
+    assert!(Tokenizer::from_model_files(&dir, &files).unwrap().is_none());
 }

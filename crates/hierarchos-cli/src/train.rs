@@ -11,8 +11,8 @@ use hierarchos_nn::Tokenizer;
 use hierarchos_nn::lora::{LoraConfig, TargetModules};
 use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::train::checkpoint;
-use hierarchos_nn::train::data::TokenData;
-use hierarchos_nn::train::setup::{Source, Trained, load_source, pad_id};
+use hierarchos_nn::train::data::{TokenData, pad_id};
+use hierarchos_nn::train::setup::{Source, Trained, load_source};
 use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate};
 
 /// Optimizer steps of a new run when --steps is not given.

@@ -3,7 +3,8 @@
 //! [`Sampler`]; greedy ones on the GPU, read one step behind (see `Chooser`).
 
 use std::collections::VecDeque;
-use std::time::Instant;
+
+use web_time::Instant;
 
 use hierarchos_core::{DType, PendingVec, Tensor, no_grad};
 
@@ -122,12 +123,12 @@ fn greedy_pick(logits: &Tensor) -> Result<(Tensor, PendingVec<f32>)> {
 }
 
 impl Chooser {
-    fn new(sampling: &SamplingConfig, logits: Tensor) -> Result<Chooser> {
+    async fn new(sampling: &SamplingConfig, logits: Tensor) -> Result<Chooser> {
         let sampler = Sampler::new(sampling.clone())?;
         if sampling.is_sampling() || sampling.repetition_penalty != 1.0 {
             return Ok(Chooser::Host {
                 sampler,
-                logits: logits.to_vec()?,
+                logits: logits.to_vec_async().await?,
             });
         }
         let (newest, read) = greedy_pick(&logits)?;
@@ -140,7 +141,7 @@ impl Chooser {
 
     /// The next token; on the GPU path, first records the step after the newest token unless `limit` tokens are
     /// already under way.
-    fn next(&mut self, lm: &CausalLm, cache: &mut KvCache, history: &[u32], limit: usize) -> Result<u32> {
+    async fn next(&mut self, lm: &CausalLm, cache: &mut KvCache, history: &[u32], limit: usize) -> Result<u32> {
         match self {
             Chooser::Host { sampler, logits } => sampler.sample(logits, history),
             Chooser::Gpu {
@@ -154,7 +155,11 @@ impl Chooser {
                     pending.push_back(read);
                     *recorded += 1;
                 }
-                let pick = pending.pop_front().expect("a token is always under way").wait()?;
+                let pick = pending
+                    .pop_front()
+                    .expect("a token is always under way")
+                    .wait_async()
+                    .await?;
                 if pick[0].is_nan() {
                     return Err(Error::Invalid(format!(
                         "generate: the model produced NaN logits (token {})",
@@ -168,10 +173,21 @@ impl Chooser {
 
     /// After token `id` was accepted and more are wanted: the host path computes the logits that follow it (the
     /// GPU path already did).
-    fn advance(&mut self, lm: &CausalLm, cache: &mut KvCache, id: u32) -> Result<()> {
+    async fn advance(&mut self, lm: &CausalLm, cache: &mut KvCache, id: u32) -> Result<()> {
         if let Chooser::Host { logits, .. } = self {
             let ids = Tensor::from_slice(&[id], &[1, 1], lm.device())?;
-            *logits = next_logits(lm, &ids, cache)?.to_vec()?;
+            *logits = next_logits(lm, &ids, cache)?.to_vec_async().await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the prefill's result has reached the host (when no token was asked for, so that its time is
+    /// measured).
+    async fn settle(self) -> Result<()> {
+        if let Chooser::Gpu { pending, .. } = self {
+            for read in pending {
+                read.wait_async().await?;
+            }
         }
         Ok(())
     }
@@ -180,7 +196,20 @@ impl Chooser {
 /// Generates up to `max_new_tokens` after `prompt_ids`, calling `on_token(id, text)` for each token as it is
 /// chosen; `text` is the new complete text it adds (possibly empty: a character split over tokens waits for
 /// the rest). An error from the callback stops generation and is returned.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn generate(
+    lm: &CausalLm,
+    prompt_ids: &[u32],
+    max_new_tokens: usize,
+    sampling: &SamplingConfig,
+    stop: &StopConditions<'_>,
+    on_token: impl FnMut(u32, &str) -> Result<()>,
+) -> Result<Generation> {
+    pollster::block_on(generate_async(lm, prompt_ids, max_new_tokens, sampling, stop, on_token))
+}
+
+/// [`generate()`] without blocking (the web's way): it yields while each token is read back.
+pub async fn generate_async(
     lm: &CausalLm,
     prompt_ids: &[u32],
     max_new_tokens: usize,
@@ -209,7 +238,7 @@ pub fn generate(
 
     let start = Instant::now();
     let prompt = Tensor::from_slice(prompt_ids, &[1, prompt_ids.len()], lm.device())?;
-    let mut chooser = Chooser::new(sampling, next_logits(lm, &prompt, &mut cache)?)?;
+    let mut chooser = Chooser::new(sampling, next_logits(lm, &prompt, &mut cache)?).await?;
     // The prefill ends when its token reaches the host.
     let mut prefill_secs = None;
     let mut decode_start = Instant::now();
@@ -217,7 +246,7 @@ pub fn generate(
         if ids.len() == max_new_tokens {
             break StopReason::Length;
         }
-        let id = chooser.next(lm, &mut cache, &history, max_new_tokens)?;
+        let id = chooser.next(lm, &mut cache, &history, max_new_tokens).await?;
         if prefill_secs.is_none() {
             prefill_secs = Some(start.elapsed().as_secs_f64());
             decode_start = Instant::now();
@@ -238,14 +267,14 @@ pub fn generate(
             break StopReason::StopString;
         }
         if ids.len() < max_new_tokens {
-            chooser.advance(lm, &mut cache, id)?;
+            chooser.advance(lm, &mut cache, id).await?;
         }
     };
     let prefill_secs = match prefill_secs {
         Some(secs) => secs,
         // No token was asked for: the prefill was only recorded so far.
         None => {
-            lm.device().synchronize().map_err(hierarchos_core::Error::from)?;
+            chooser.settle().await?;
             start.elapsed().as_secs_f64()
         }
     };

@@ -8,7 +8,6 @@ mod config;
 mod decoder;
 mod embedding;
 mod error;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod generate;
 pub mod gguf;
 #[cfg(not(target_arch = "wasm32"))]
@@ -18,8 +17,8 @@ mod kv_cache;
 mod linear;
 pub mod lora;
 mod mlp;
-#[cfg(not(target_arch = "wasm32"))]
 mod model;
+pub mod model_files;
 mod norm;
 pub mod optim;
 mod registry;
@@ -34,13 +33,14 @@ pub use decoder::{CausalLm, DecoderLayer, QuantSource};
 pub use embedding::Embedding;
 pub use error::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
-pub use generate::{Generation, StopConditions, StopReason, generate};
+pub use generate::generate;
+pub use generate::{Generation, StopConditions, StopReason, generate_async};
 pub use init::ParamRng;
 pub use kv_cache::KvCache;
 pub use linear::{Linear, LinearWeight};
 pub use mlp::Mlp;
-#[cfg(not(target_arch = "wasm32"))]
 pub use model::Model;
+pub use model_files::ModelFiles;
 pub use norm::RmsNorm;
 pub use registry::{Family, SUPPORTED, supported_model_types};
 pub use sampling::{Sampler, SamplingConfig};

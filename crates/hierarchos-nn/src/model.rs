@@ -4,11 +4,17 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::generate::{Generation, StopConditions, generate};
-use crate::gguf::{self, Gguf};
+use crate::generate::{Generation, StopConditions, generate_async};
+use crate::model_files::{Folder, ModelFiles};
 use crate::sampling::SamplingConfig;
 use crate::tokenizer::{ChatMessage, Tokenizer, generation_eos_ids};
-use crate::{CausalLm, ModelConfig, Weights};
+use crate::{CausalLm, ModelConfig};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::{
+    Weights,
+    gguf::{self, Gguf},
+};
+#[cfg(not(target_arch = "wasm32"))]
 use hierarchos_core::Device;
 
 /// A loaded causal language model.
@@ -39,6 +45,7 @@ impl std::fmt::Debug for Model {
 impl Model {
     /// Loads `arg`, a `.gguf` file, a local model folder or a Hub id (fetched at `revision` into the Hugging Face
     /// cache).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load(arg: &str, revision: Option<&str>, device: &Device) -> Result<Model> {
         let path = Path::new(arg);
         if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
@@ -49,6 +56,7 @@ impl Model {
     }
 
     /// Loads a local model folder: `config.json`, the safetensors weights, and `tokenizer.json` if present.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn from_dir(dir: &Path, device: &Device) -> Result<Model> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let weights = Weights::open(dir)?;
@@ -59,25 +67,39 @@ impl Model {
     /// A model of the folder `dir` whose decoder is `lm` (one just trained, say) and whose tokenizer is
     /// `tokenizer`: the end-of-sequence ids come from the folder as [`Model::from_dir`] reads them.
     pub fn with_lm(dir: &Path, lm: CausalLm, tokenizer: Option<Tokenizer>) -> Result<Model> {
+        let generation_eos = generation_eos_ids(Folder::Disk(dir))?;
+        Ok(Model::assemble(dir, lm, tokenizer, generation_eos))
+    }
+
+    /// A model whose decoder is `lm` and whose tokenizer and end-of-sequence ids come from `files` held in memory
+    /// (the web demo, which has no file system); `dir` labels it.
+    pub fn from_model_files(dir: &Path, lm: CausalLm, files: &ModelFiles) -> Result<Model> {
+        let tokenizer = Tokenizer::from_model_files(dir, files)?;
+        let generation_eos = generation_eos_ids(Folder::Memory(dir, files))?;
+        Ok(Model::assemble(dir, lm, tokenizer, generation_eos))
+    }
+
+    fn assemble(dir: &Path, lm: CausalLm, tokenizer: Option<Tokenizer>, generation_eos: Option<Vec<u32>>) -> Model {
         let config = lm.config().clone();
         // transformers stops on generation_config.json's ids, else config.json's; the tokenizer's EOS is the
         // last resort for folders that have neither.
-        let eos_ids = match generation_eos_ids(dir)? {
+        let eos_ids = match generation_eos {
             Some(ids) => ids,
             None if !config.eos_token_ids.is_empty() => config.eos_token_ids.clone(),
             None => tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
         };
-        Ok(Model {
+        Model {
             dir: dir.to_path_buf(),
             config,
             lm,
             tokenizer,
             eos_ids,
-        })
+        }
     }
 
     /// Loads a `.gguf` file: configuration, tokenizer and chat template from its metadata. The linear weights stay
     /// quantized on the GPU unless `dequantize` asks for f32 everywhere (to fine-tune them).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn from_gguf(path: &Path, device: &Device, dequantize: bool) -> Result<Model> {
         let gguf = Gguf::open(path)?;
         let config = gguf::model_config(&gguf)?;
@@ -116,8 +138,21 @@ impl Model {
         }
     }
 
-    /// Generates after `prompt_ids`, stopping on the model's EOS ids or `stop_strings`; see [`generate`].
+    /// Generates after `prompt_ids`, stopping on the model's EOS ids or `stop_strings`; see [`crate::generate()`].
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn generate(
+        &self,
+        prompt_ids: &[u32],
+        max_new_tokens: usize,
+        sampling: &SamplingConfig,
+        stop_strings: &[String],
+        on_token: impl FnMut(u32, &str) -> Result<()>,
+    ) -> Result<Generation> {
+        pollster::block_on(self.generate_async(prompt_ids, max_new_tokens, sampling, stop_strings, on_token))
+    }
+
+    /// [`Model::generate`] without blocking (the web's way): it yields while each token is read back.
+    pub async fn generate_async(
         &self,
         prompt_ids: &[u32],
         max_new_tokens: usize,
@@ -130,6 +165,6 @@ impl Model {
             stop_strings: stop_strings.to_vec(),
             tokenizer: self.tokenizer.as_ref(),
         };
-        generate(&self.lm, prompt_ids, max_new_tokens, sampling, &stop, on_token)
+        generate_async(&self.lm, prompt_ids, max_new_tokens, sampling, &stop, on_token).await
     }
 }

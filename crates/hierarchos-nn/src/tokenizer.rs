@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::model_files::{Folder, ModelFiles};
 
 /// One turn of a conversation, as chat templates expect it (`role` is `system`, `user` or `assistant`).
 #[derive(Clone, Debug, Serialize)]
@@ -51,17 +52,6 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-fn read_optional(path: &Path) -> Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(Some(text)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(Error::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
-}
-
 fn parse_json(text: &str, path: &Path) -> Result<Value> {
     serde_json::from_str(text).map_err(|e| Error::Tokenizer {
         path: path.to_path_buf(),
@@ -79,12 +69,10 @@ fn token_text(v: &Value) -> Option<String> {
 }
 
 /// generation_config.json's `eos_token_id` (one id or a list), if the file exists and sets it.
-pub(crate) fn generation_eos_ids(dir: &Path) -> Result<Option<Vec<u32>>> {
-    let path = dir.join("generation_config.json");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(Error::Io { path, source }),
+pub(crate) fn generation_eos_ids(folder: Folder<'_>) -> Result<Option<Vec<u32>>> {
+    let path = folder.path("generation_config.json");
+    let Some(text) = folder.text("generation_config.json")? else {
+        return Ok(None);
     };
     let json: Value = serde_json::from_str(&text).map_err(|e| Error::Config {
         path: path.clone(),
@@ -140,15 +128,28 @@ impl Tokenizer {
     /// Reads `tokenizer.json` (required) and, where present, `tokenizer_config.json`, `generation_config.json`,
     /// `chat_template.jinja` and `chat_template.json` from a model folder.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
-        let path = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&path).map_err(|source| Error::Io {
+        Tokenizer::from_folder(Folder::Disk(dir))
+    }
+
+    /// The tokenizer of model files held in memory (the web demo's), or `None` without a `tokenizer.json`; `dir`
+    /// labels the folder in errors.
+    pub fn from_model_files(dir: &Path, files: &ModelFiles) -> Result<Option<Tokenizer>> {
+        if files.get("tokenizer.json").is_none() {
+            return Ok(None);
+        }
+        Tokenizer::from_folder(Folder::Memory(dir, files)).map(Some)
+    }
+
+    fn from_folder(folder: Folder<'_>) -> Result<Tokenizer> {
+        let path = folder.path("tokenizer.json");
+        let bytes = folder.bytes("tokenizer.json")?.ok_or_else(|| Error::Io {
             path: path.clone(),
-            source,
+            source: std::io::ErrorKind::NotFound.into(),
         })?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| tokenizer_error(&path, e))?;
 
-        let config_path = dir.join("tokenizer_config.json");
-        let config = match read_optional(&config_path)? {
+        let config_path = folder.path("tokenizer_config.json");
+        let config = match folder.text("tokenizer_config.json")? {
             Some(text) => parse_json(&text, &config_path)?,
             None => Value::Null,
         };
@@ -156,7 +157,7 @@ impl Tokenizer {
         let bos_token = config.get("bos_token").and_then(token_text);
         let pad_token = config.get("pad_token").and_then(token_text);
         let mut eos_tokens: Vec<String> = config.get("eos_token").and_then(token_text).into_iter().collect();
-        let mut eos_ids = generation_eos_ids(dir)?.unwrap_or_default();
+        let mut eos_ids = generation_eos_ids(folder)?.unwrap_or_default();
         for token in &eos_tokens {
             if let Some(id) = inner.token_to_id(token)
                 && !eos_ids.contains(&id)
@@ -172,11 +173,10 @@ impl Tokenizer {
             }
         }
 
-        let jinja_path = dir.join("chat_template.jinja");
-        let json_path = dir.join("chat_template.json");
-        let chat_template = match read_optional(&jinja_path)? {
+        let json_path = folder.path("chat_template.json");
+        let chat_template = match folder.text("chat_template.jinja")? {
             Some(t) => Some(t),
-            None => match read_optional(&json_path)? {
+            None => match folder.text("chat_template.json")? {
                 Some(text) => parse_json(&text, &json_path)?
                     .get("chat_template")
                     .and_then(chat_template_of),

@@ -12,55 +12,16 @@ use hierarchos_core::Device;
 
 use crate::error::{Error, Result};
 use crate::lora::{ADAPTER_CONFIG_FILE, LoraConfig, is_adapter_dir};
+pub use crate::model_files::ModelFiles;
 use crate::optim::{AdamW, Moments};
 use crate::train::state::STATE_FORMAT;
 pub use crate::train::state::{TrainingState, initial_state};
 use crate::weights::{Weights, write_atomic};
 use crate::{CausalLm, ModelConfig};
 
-/// The model files copied from the source folder into every checkpoint, when it has them.
-const COPIED_FILES: [&str; 9] = [
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-];
 /// Name of the training state file; its presence marks a folder as a resumable checkpoint.
 pub const STATE_FILE: &str = "trainer_state.json";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
-
-/// The text of `config.json` and the tokenizer files of the model being trained, written into each checkpoint.
-#[derive(Clone, Debug)]
-pub struct ModelFiles {
-    /// `config.json` as read.
-    pub config_json: String,
-    /// Other files by name (tokenizer, generation config, chat template).
-    pub files: Vec<(String, Vec<u8>)>,
-}
-
-impl ModelFiles {
-    /// `config.json` and whichever tokenizer files `dir` holds.
-    pub fn read(dir: &Path) -> Result<ModelFiles> {
-        let read = |path: PathBuf| std::fs::read(&path).map_err(|source| Error::Io { path, source });
-        let config_json = String::from_utf8(read(dir.join("config.json"))?).map_err(|_| Error::Config {
-            path: dir.join("config.json"),
-            message: "not UTF-8".into(),
-        })?;
-        let mut files = Vec::new();
-        for name in COPIED_FILES {
-            let path = dir.join(name);
-            if path.is_file() {
-                files.push((name.to_string(), read(path)?));
-            }
-        }
-        Ok(ModelFiles { config_json, files })
-    }
-}
 
 /// The folder of the checkpoint after `step` steps under `out`.
 pub fn checkpoint_dir(out: &Path, step: usize) -> PathBuf {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 use crate::sampling::SplitMix64;
+use crate::tokenizer::Tokenizer;
 
 /// The label of padding: the loss skips it, as PyTorch's `ignore_index` and transformers' padded labels do.
 pub const IGNORE_INDEX: i32 = -100;
@@ -166,4 +167,12 @@ pub fn make_batch(data: &TokenData, indices: &[usize], pad_id: u32) -> Batch {
         batch: rows.len(),
         len,
     }
+}
+
+/// The id that fills short rows: the tokenizer's pad token, else its first end-of-sequence token, else 0 (their
+/// labels are skipped either way).
+pub fn pad_id(tokenizer: Option<&Tokenizer>) -> u32 {
+    tokenizer
+        .and_then(|t| t.pad_id().or_else(|| t.eos_ids().first().copied()))
+        .unwrap_or(0)
 }

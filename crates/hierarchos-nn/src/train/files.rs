@@ -5,7 +5,6 @@
 //! does), concatenated and cut into `seq_len`-token chunks with the remainder dropped (transformers' `run_clm`
 //! `group_texts`). Rows of `input_ids` are taken as they are, one sequence each.
 
-use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,12 +13,12 @@ use hf_hub::{Cache, Repo, RepoType};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
 use parquet::schema::types::Type;
-use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::hub::{HubOptions, api, cached_snapshot_dir, check_revision, is_repo_id};
 use crate::tokenizer::Tokenizer;
 use crate::train::data::TokenData;
+use crate::train::rows::{Place, Rows, at_index, bad, extension, read_jsonl, read_txt, token_id, utf8_text};
 
 /// The data file kinds, by lower-cased extension.
 const EXTENSIONS: [&str; 3] = ["parquet", "jsonl", "txt"];
@@ -84,11 +83,6 @@ fn local_files(source: &str) -> Result<Option<Vec<PathBuf>>> {
     }
     files.sort();
     Ok(Some(files))
-}
-
-/// The lower-cased extension of `path`, if any.
-fn extension(path: &Path) -> Option<String> {
-    path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase())
 }
 
 /// The cached files of the train split of the Hub dataset `source` (`owner/name`, optionally `@revision`),
@@ -210,116 +204,13 @@ fn is_train(path: &str) -> bool {
     dirs.split('/').any(|d| d == "train" || d == "training") || has_word("train") || has_word("training")
 }
 
-/// Where in a file a row is: a 1-based line of a text or JSON lines file, or a 0-based row of a parquet file
-/// (as `dataset[i]` counts).
-#[derive(Clone, Copy, Debug)]
-enum Place {
-    Line(usize),
-    Row(usize),
-}
-
-impl fmt::Display for Place {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Place::Line(n) => write!(f, "line {n}"),
-            Place::Row(n) => write!(f, "row {n}"),
-        }
-    }
-}
-
-/// A data error naming the file and the row at fault.
-fn bad(path: &Path, place: Place, what: impl fmt::Display) -> Error {
-    Error::Invalid(format!("{}: {place}: {what}", path.display()))
-}
-
-/// The rows of all files, checked to be of one kind: tokenized text concatenated for packing, or `input_ids`
-/// rows.
-struct Rows<'a> {
-    tokenizer: Option<&'a Tokenizer>,
-    seq_len: usize,
-    /// The first row's kind (true for `input_ids`) and where it was, for the error when a later row differs.
-    kind: Option<(bool, String)>,
-    tokens: Vec<u32>,
-    sequences: Vec<Vec<u32>>,
-}
-
-impl Rows<'_> {
-    fn check_kind(&mut self, ids: bool, path: &Path, place: Place) -> Result<()> {
-        match &self.kind {
-            None => self.kind = Some((ids, format!("{}: {place}", path.display()))),
-            Some((first, at)) if *first != ids => {
-                let (this, other) = if ids {
-                    ("input_ids", "text")
-                } else {
-                    ("text", "input_ids")
-                };
-                return Err(bad(
-                    path,
-                    place,
-                    format!("a `{this}` row, but {at} has `{other}` (all rows must be one kind)"),
-                ));
-            }
-            Some(_) => {}
-        }
-        Ok(())
-    }
-
-    fn text(&mut self, text: &str, path: &Path, place: Place) -> Result<()> {
-        self.check_kind(false, path, place)?;
-        let Some(tokenizer) = self.tokenizer else {
-            return Err(bad(path, place, "text rows need a tokenizer, and none was given"));
-        };
-        let ids = tokenizer.encode(text, true).map_err(|e| bad(path, place, e))?;
-        self.tokens.extend(ids);
-        Ok(())
-    }
-
-    fn ids(&mut self, ids: Vec<u32>, path: &Path, place: Place) -> Result<()> {
-        self.check_kind(true, path, place)?;
-        if ids.len() < 2 {
-            return Err(bad(
-                path,
-                place,
-                format!(
-                    "`input_ids` has length {}; a causal LM needs at least 2 ids (nothing to predict otherwise)",
-                    ids.len()
-                ),
-            ));
-        }
-        if ids.len() > self.seq_len {
-            return Err(bad(
-                path,
-                place,
-                format!(
-                    "`input_ids` has length {}, more than seq_len {}",
-                    ids.len(),
-                    self.seq_len
-                ),
-            ));
-        }
-        self.sequences.push(ids);
-        Ok(())
-    }
-}
-
 /// Reads `files` (the files `source` names) into sequences.
 fn read_files(source: &str, files: Vec<PathBuf>, tokenizer: Option<&Tokenizer>, seq_len: usize) -> Result<TokenData> {
-    if seq_len < 2 {
-        return Err(Error::Invalid(format!(
-            "seq_len {seq_len}: a causal LM needs sequences of at least 2 tokens"
-        )));
-    }
-    let mut rows = Rows {
-        tokenizer,
-        seq_len,
-        kind: None,
-        tokens: Vec::new(),
-        sequences: Vec::new(),
-    };
+    let mut rows = Rows::new(tokenizer, seq_len)?;
     for file in &files {
         match extension(file).as_deref() {
-            Some("txt") => read_txt(file, &mut rows)?,
-            Some("jsonl") => read_jsonl(file, &mut rows)?,
+            Some("txt") => read_txt(file, &read_text_file(file)?, &mut rows)?,
+            Some("jsonl") => read_jsonl(file, &read_text_file(file)?, &mut rows)?,
             Some("parquet") => read_parquet(file, &mut rows)?,
             other => {
                 let found = other.map_or("no extension".to_string(), |e| format!("extension .{e}"));
@@ -331,24 +222,7 @@ fn read_files(source: &str, files: Vec<PathBuf>, tokenizer: Option<&Tokenizer>, 
             }
         }
     }
-    let packed = match rows.kind {
-        None => return Err(Error::Invalid(format!("{source}: no rows"))),
-        Some((ids, _)) => !ids,
-    };
-    if packed {
-        if rows.tokens.len() < seq_len {
-            return Err(Error::Invalid(format!(
-                "{source}: {} tokens, fewer than seq_len {seq_len}",
-                rows.tokens.len()
-            )));
-        }
-        rows.sequences = rows.tokens.chunks_exact(seq_len).map(<[u32]>::to_vec).collect();
-    }
-    Ok(TokenData {
-        sequences: rows.sequences,
-        packed,
-        files,
-    })
+    rows.finish(source, files)
 }
 
 /// The UTF-8 text of a file; invalid bytes are reported at their line.
@@ -357,66 +231,7 @@ fn read_text_file(path: &Path) -> Result<String> {
         path: path.to_path_buf(),
         source,
     })?;
-    String::from_utf8(bytes).map_err(|e| {
-        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
-        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
-        bad(path, Place::Line(line), "not valid UTF-8")
-    })
-}
-
-/// Each line, its line break included, is one document (blank lines too), as transformers' `run_clm` reads text
-/// files (`keep_linebreaks`): with a tokenizer that adds no special tokens the stream is the file itself.
-fn read_txt(path: &Path, rows: &mut Rows) -> Result<()> {
-    for (i, line) in read_text_file(path)?.split_inclusive('\n').enumerate() {
-        rows.text(line, path, Place::Line(i + 1))?;
-    }
-    Ok(())
-}
-
-/// Each non-blank line is a JSON object with `input_ids` (used as is) or a `text` string.
-fn read_jsonl(path: &Path, rows: &mut Rows) -> Result<()> {
-    for (i, line) in read_text_file(path)?.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let place = Place::Line(i + 1);
-        let value: Value = serde_json::from_str(line).map_err(|e| bad(path, place, format!("not valid JSON: {e}")))?;
-        let Some(object) = value.as_object() else {
-            return Err(bad(path, place, "not a JSON object"));
-        };
-        if let Some(ids) = object.get("input_ids") {
-            let Some(ids) = ids.as_array() else {
-                return Err(bad(path, place, "`input_ids` is not an array"));
-            };
-            let ids = ids
-                .iter()
-                .enumerate()
-                .map(|(k, v)| token_id(v.as_i64(), || v.to_string()).map_err(|e| bad(path, place, at_index(k, e))))
-                .collect::<Result<Vec<u32>>>()?;
-            rows.ids(ids, path, place)?;
-        } else if let Some(text) = object.get("text") {
-            let Some(text) = text.as_str() else {
-                return Err(bad(path, place, "`text` is not a string"));
-            };
-            rows.text(text, path, place)?;
-        } else {
-            return Err(bad(path, place, "no `text` or `input_ids` field"));
-        }
-    }
-    Ok(())
-}
-
-/// The message of a bad id at index `k` of `input_ids`.
-fn at_index(k: usize, what: String) -> String {
-    format!("`input_ids`[{k}] is {what}")
-}
-
-/// A token id from an integer, when it fits the i32 labels of the loss; `shown` renders the value for the error.
-fn token_id(value: Option<i64>, shown: impl Fn() -> String) -> std::result::Result<u32, String> {
-    value
-        .and_then(|v| i32::try_from(v).ok())
-        .and_then(|v| u32::try_from(v).ok())
-        .ok_or_else(|| format!("{}, not a token id (an integer in 0..={})", shown(), i32::MAX))
+    utf8_text(path, bytes)
 }
 
 /// A `text` string column or an `input_ids` list-of-integers column, read row by row (only that column is

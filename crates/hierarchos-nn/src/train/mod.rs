@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod data;
 #[cfg(not(target_arch = "wasm32"))]
 mod files;
+mod rows;
 pub mod schedule;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod setup;

@@ -103,11 +103,3 @@ pub fn load_source(
 pub fn has_weights(dir: &Path) -> bool {
     [SINGLE_FILE, INDEX_FILE].iter().any(|f| dir.join(f).is_file())
 }
-
-/// The id that fills short rows: the tokenizer's pad token, else its first end-of-sequence token, else 0 (their
-/// labels are skipped either way).
-pub fn pad_id(tokenizer: Option<&Tokenizer>) -> u32 {
-    tokenizer
-        .and_then(|t| t.pad_id().or_else(|| t.eos_ids().first().copied()))
-        .unwrap_or(0)
-}
