@@ -41,13 +41,21 @@ fn f32_to_f16(v: f32) -> u32 {
     return sign | res;
 }
 
-// Infinities from bit patterns: WGSL rejects constant expressions that overflow, such as 1.0 / 0.0.
+// Infinities and NaN from bit patterns. WGSL rejects constant expressions that overflow, such as 1.0 / 0.0, and
+// Chrome's compiler (Tint) rejects even `bitcast<f32>(0x7f800000u)`: the bits come from a private variable, which
+// is not a constant expression.
+var<private> INF_BITS: u32 = 0x7f800000u;
+
 fn pos_inf() -> f32 {
-    return bitcast<f32>(0x7f800000u);
+    return bitcast<f32>(INF_BITS);
 }
 
 fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
+    return bitcast<f32>(INF_BITS | 0x80000000u);
+}
+
+fn quiet_nan() -> f32 {
+    return bitcast<f32>(INF_BITS | 0x00400000u);
 }
 
 // Buffer offset of element `i` (row-major order) of a strided view: its rank, its shape at p[shape_at..], the

@@ -7,7 +7,7 @@ fn row_context(row: u32, lid: u32, sg_lane: u32) -> RowCtx {
     let cls = target_class(bitcast<u32>(load_targets(row_base(1u, row))));
     var scale = f32(load_g(scalar_u32(2u))) / sums[scalar_u32(3u) + 1u];
     if (cls == -2) {
-        scale = bitcast<f32>(0x7fc00000u);
+        scale = quiet_nan();
     }
     let ignored = select(0.0, 1.0, (cls == -1));
     return RowCtx(vec4<f32>(rowstats[3u * row + 2u], scale, ignored, 0.0), row_base(0u, row), bitcast<u32>(cls));

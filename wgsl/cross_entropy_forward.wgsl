@@ -19,7 +19,7 @@ fn run_row(row: u32, lid: u32, sg_lane: u32) {
         if (cls == -1) {
             valid = 0.0;
         } else if (cls == -2) {
-            loss = bitcast<f32>(0x7fc00000u);
+            loss = quiet_nan();
         } else {
             loss = lse - f32(load_logits(base + u32(cls) * cs));
         }

@@ -78,7 +78,7 @@ fn pow_acc(a: f32, b: f32) -> f32 {
     let r = exp2(b * log2(abs(a)));
     if (a < 0.0) {
         if (floor(b) != b) {
-            return bitcast<f32>(0x7fc00000u);
+            return quiet_nan();
         }
         if (fract(b * 0.5) != 0.0) {
             return -r;

@@ -206,7 +206,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     lid = local;
     let slice = t / per_slice;
     let k_begin = slice * p[29];
-    k_end = min(K, k_begin + p[29]);
+    // The loop bound comes from this `let`, not the private copy the loaders read: WGSL's uniformity analysis
+    // (enforced by Chrome's compiler) takes private variables as non-uniform, and the loop holds barriers.
+    let k_stop = min(K, k_begin + p[29]);
+    k_end = k_stop;
     // Groups of GROUP_M tile rows are walked column by column, so that tiles running together share operands in L2.
     let batch = (t % per_slice) / per_batch;
     let r = t % per_batch;
@@ -221,7 +224,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let tx = local % 16u;
     let ty = local / 16u;
     //@DECL
-    let k_tiles = (k_end - k_begin + BK - 1u) / BK;
+    let k_tiles = (k_stop - k_begin + BK - 1u) / BK;
     if (k_tiles > 0u) {
         let k0 = k_begin;
         //@FETCH

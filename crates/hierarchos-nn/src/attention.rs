@@ -142,7 +142,7 @@ impl Attention {
                 };
                 q.attention_step(new, k_cache, v_cache, cache.len(), ctx.window)?
             }
-            Some((cache, layer)) if !differentiable => {
+            Some((cache, layer)) if !differentiable && Tensor::rope_into_cache_fits(x.device()) => {
                 let (k_new, v_new) = cache.new_positions(layer, t)?;
                 let q = q.rope_into_cache(&k, &v, ctx.tables.step(), &k_new, &v_new)?;
                 let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;

@@ -10,7 +10,8 @@ use hierarchos_core::Device;
 
 use crate::chat_panel::ChatState;
 use crate::embedded::Embedded;
-use crate::runs::{Point, Run};
+use crate::metrics::Point;
+use crate::runs::Run;
 use crate::train_panel::TrainState;
 use crate::worker::{Command, Event, ModelSummary, Operation, Worker};
 
@@ -284,7 +285,7 @@ impl StudioApp {
             Tab::Model => self.model_panel(ui),
             Tab::Train => self.train_panel(ui),
             Tab::Chat => self.chat_panel(ui),
-            Tab::Device => self.device_panel(ui),
+            Tab::Device => crate::device_panel::device_panel(ui, &self.device),
         });
     }
 

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-/// The files of `assets/tiny-llama/`.
-const MODEL_FILES: [(&str, &str); 3] = [
+/// The files of `assets/tiny-llama/` by name.
+pub const MODEL_FILES: [(&str, &str); 3] = [
     ("config.json", include_str!("../../../assets/tiny-llama/config.json")),
     (
         "tokenizer.json",
@@ -17,8 +17,12 @@ const MODEL_FILES: [(&str, &str); 3] = [
         include_str!("../../../assets/tiny-llama/tokenizer_config.json"),
     ),
 ];
+/// The folder name of the embedded model.
+pub const MODEL_NAME: &str = "tiny-llama";
+/// The file name of the embedded corpus.
+pub const CORPUS_NAME: &str = "tinyshakespeare.txt";
 /// `assets/tinyshakespeare.txt` (public domain).
-const CORPUS: &str = include_str!("../../../assets/tinyshakespeare.txt");
+pub const CORPUS: &str = include_str!("../../../assets/tinyshakespeare.txt");
 
 /// Where the embedded files were written.
 #[derive(Clone, Debug)]
@@ -32,12 +36,12 @@ pub struct Embedded {
 impl Embedded {
     /// Writes the embedded files under `root` (unchanged files are left alone) and returns their paths.
     pub fn write(root: &Path) -> Result<Embedded> {
-        let model = root.join("tiny-llama");
+        let model = root.join(MODEL_NAME);
         std::fs::create_dir_all(&model).with_context(|| format!("creating {}", model.display()))?;
         for (name, text) in MODEL_FILES {
             write_if_changed(&model.join(name), text)?;
         }
-        let corpus = root.join("tinyshakespeare.txt");
+        let corpus = root.join(CORPUS_NAME);
         write_if_changed(&corpus, CORPUS)?;
         Ok(Embedded { model, corpus })
     }

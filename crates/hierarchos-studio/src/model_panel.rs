@@ -4,12 +4,8 @@ use eframe::egui;
 use hierarchos_core::DType;
 
 use crate::app::StudioApp;
+use crate::widgets::{facts, mib};
 use crate::worker::Command;
-
-/// MiB, for display.
-pub fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
-}
 
 impl StudioApp {
     /// The Model tab.
@@ -74,15 +70,4 @@ impl StudioApp {
         ];
         facts(ui, "model_facts", &rows);
     }
-}
-
-/// A two-column table of names and values.
-pub fn facts(ui: &mut egui::Ui, id: &str, rows: &[(&str, String)]) {
-    egui::Grid::new(id).num_columns(2).striped(true).show(ui, |ui| {
-        for (k, v) in rows {
-            ui.label(*k);
-            ui.label(v);
-            ui.end_row();
-        }
-    });
 }

@@ -6,12 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use eframe::egui;
-use egui_plot::{Legend, Line, Plot, PlotPoints, Points};
+use egui_plot::{Line, Plot, PlotPoints};
 use hierarchos_core::DType;
 use hierarchos_nn::train::LrScheduler;
 
 use crate::app::StudioApp;
-use crate::runs::{Point, Run, smooth, to_csv};
+use crate::metrics::{Point, to_csv};
+use crate::runs::Run;
+use crate::widgets::loss_plot;
 use crate::worker::{Command, LoraSettings, ModelSummary, TrainSettings};
 
 /// What the Train tab edits and shows.
@@ -318,38 +320,16 @@ impl StudioApp {
         if let Some(m) = self.train.notice.lock().unwrap_or_else(|p| p.into_inner()).take() {
             self.train.message = Some(m);
         }
-        let points = &self.train.points;
-        let loss: Vec<[f64; 2]> = points.iter().filter_map(|p| Some([p.step as f64, p.loss?])).collect();
-        let eval: Vec<[f64; 2]> = points
-            .iter()
-            .filter_map(|p| Some([p.step as f64, p.eval_loss?]))
-            .collect();
-        let smoothed = smooth(&loss, self.train.smoothing);
-        let others: Vec<(String, Vec<[f64; 2]>)> = self
+        let others: Vec<(String, &[Point])> = self
             .train
             .runs
             .iter()
             .zip(&self.train.compare)
             .filter(|(_, on)| **on)
-            .map(|(r, _)| {
-                let pts: Vec<[f64; 2]> = r.points.iter().filter_map(|p| Some([p.step as f64, p.loss?])).collect();
-                (r.name(), smooth(&pts, self.train.smoothing))
-            })
+            .map(|(r, _)| (r.name(), r.points.as_slice()))
             .collect();
-        let response = Plot::new("loss_plot")
-            .height(260.0)
-            .legend(Legend::default())
-            .x_axis_label("step")
-            .y_axis_label("loss")
-            .show(ui, |plot| {
-                plot.line(Line::new("loss (raw)", PlotPoints::from(loss)).color(egui::Color32::from_gray(120)));
-                plot.line(Line::new("loss", PlotPoints::from(smoothed)));
-                plot.points(Points::new("eval loss", PlotPoints::from(eval)).radius(4.0));
-                for (name, pts) in others {
-                    plot.line(Line::new(name, PlotPoints::from(pts)));
-                }
-            });
-        self.train.plot_rect = response.response.rect;
+        let response = loss_plot(ui, &self.train.points, self.train.smoothing, &others);
+        self.train.plot_rect = response.rect;
         ui.horizontal(|ui| {
             let width = (ui.available_width() / 3.0 - 8.0).max(100.0);
             let series = |f: fn(&Point) -> f64| -> Vec<[f64; 2]> {

@@ -17,8 +17,9 @@ use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate
 use hierarchos_nn::{Model, SamplingConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::model_panel::mib;
-use crate::runs::{MetricsLog, Point};
+use crate::metrics::Point;
+use crate::runs::MetricsLog;
+use crate::widgets::mib;
 
 /// What the UI asks of the worker.
 #[derive(Debug)]

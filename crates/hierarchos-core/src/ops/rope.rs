@@ -9,7 +9,7 @@ use hierarchos_wgpu::{DType, Dispatch, Gpu};
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::map::Map;
-use crate::tensor::Tensor;
+use crate::tensor::{Device, Tensor};
 
 impl Tensor {
     /// Rotates the pairs `(j, j + D/2)` of the last dimension (size `D`) by the angles whose cosines and sines are
@@ -98,6 +98,8 @@ impl Tensor {
 }
 
 const ROPE_CACHE_WGSL: &str = include_str!("../../../../wgsl/rope_cache.wgsl");
+/// Storage buffers the fused rotary and cache kernel binds: parameters, output, q, k, v, two caches, four tables.
+const ROPE_CACHE_BINDINGS: u32 = 11;
 
 /// The rotary tables of one attention step: cosines and sines `[T, D/2]` for queries (usually carrying the
 /// score scale) and for keys.
@@ -114,6 +116,12 @@ pub struct RopeTables<'a> {
 }
 
 impl Tensor {
+    /// Whether `device` binds as many storage buffers per kernel as [`Tensor::rope_into_cache`] needs (browsers
+    /// offer 8 to 10; callers then use [`Tensor::rope`] and [`Tensor::write_at`]).
+    pub fn rope_into_cache_fits(device: &Device) -> bool {
+        device.limits().max_storage_buffers_per_shader_stage >= ROPE_CACHE_BINDINGS
+    }
+
     /// One inference step's rotary and cache update in a single launch (decode is bound by launches): returns
     /// the queries `self` (`[B, T, H, D]`, any layout) rotated by the query tables as a dense `[B, H, T, D]`
     /// tensor, rotates the keys `k` (`[B, T, KVH, D]`) into `k_cache` and copies the values `v` into `v_cache`
@@ -196,6 +204,16 @@ impl Tensor {
         let n = b * t * (h + 2 * kvh) * d;
         if n == 0 {
             return Tensor::zeros(&[b, h, t, d], DType::F32, &device);
+        }
+        if !Tensor::rope_into_cache_fits(&device) {
+            return Err(Error::Invalid {
+                op: OP,
+                message: format!(
+                    "the device binds {} storage buffers per kernel, the fused kernel {ROPE_CACHE_BINDINGS} (use \
+                     rope and write_at)",
+                    device.limits().max_storage_buffers_per_shader_stage
+                ),
+            });
         }
         // Every element is written by the kernel: no clearing (which would also end the open compute pass).
         let out = Tensor::from_buffer(
