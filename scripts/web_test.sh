@@ -12,14 +12,16 @@ screenshot=${2:-}
 cd "$root"
 tools=${HIERARCHOS_TOOLS:-$HOME/.cache/hierarchos-tools}
 if ! command -v chromium >/dev/null; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 if [ ! -d "$tools/node/node_modules/playwright-core" ]; then
   npm install --silent --no-audit --no-fund --prefix "$tools/node" playwright-core@1
 fi
 out=$(mktemp -d)
+server=
 trap 'kill $server 2>/dev/null || true; rm -rf "$out"' EXIT
-scripts/web_build.sh "$out"
+scripts/web_build.sh "$out" --dev
 mkdir -p "$out/fixtures"
 cp -r tests/fixtures/llama "$out/fixtures/llama"
 prompt="The quick brown fox"
