@@ -305,18 +305,7 @@ impl StudioApp {
                 ui.label("no model loaded");
             }
         });
-        let mut dismissed = None;
-        for (i, e) in self.errors.iter().enumerate() {
-            ui.horizontal_wrapped(|ui| {
-                if ui.small_button("dismiss").clicked() {
-                    dismissed = Some(i);
-                }
-                ui.colored_label(egui::Color32::LIGHT_RED, format!("error: {e}"));
-            });
-        }
-        if let Some(i) = dismissed {
-            self.errors.remove(i);
-        }
+        crate::widgets::error_list(ui, &mut self.errors);
     }
 }
 

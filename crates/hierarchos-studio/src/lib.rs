@@ -25,3 +25,21 @@ pub mod worker;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use app::{Autorun, StudioApp, StudioOptions, Tab};
+
+use eframe::egui_wgpu::{WgpuConfiguration, WgpuSetup, WgpuSetupExisting};
+use hierarchos_core::Device;
+
+/// eframe's wgpu setup on `device`'s own instance, adapter, device and queue, so that the window draws on the
+/// device that computes.
+pub fn shared_wgpu(device: &Device) -> WgpuConfiguration {
+    let (instance, adapter, wgpu_device, queue) = device.wgpu_parts();
+    WgpuConfiguration {
+        wgpu_setup: WgpuSetup::Existing(WgpuSetupExisting {
+            instance: instance.clone(),
+            adapter: adapter.clone(),
+            device: wgpu_device.clone(),
+            queue: queue.clone(),
+        }),
+        ..Default::default()
+    }
+}

@@ -7,7 +7,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use eframe::egui_wgpu::{WgpuConfiguration, WgpuSetup, WgpuSetupExisting};
 use hierarchos_core::default_device;
 use hierarchos_studio::{Autorun, StudioApp, StudioOptions};
 
@@ -33,21 +32,12 @@ fn main() -> Result<()> {
         )
         .init();
     let device = default_device().context("opening a GPU adapter (install mesa-vulkan-drivers without a GPU)")?;
-    let (instance, adapter, wgpu_device, queue) = device.wgpu_parts();
     let options = eframe::NativeOptions {
         viewport: eframe::egui::ViewportBuilder::default()
             .with_inner_size([1200.0, 860.0])
             .with_title("Hierarchos Studio"),
         renderer: eframe::Renderer::Wgpu,
-        wgpu_options: WgpuConfiguration {
-            wgpu_setup: WgpuSetup::Existing(WgpuSetupExisting {
-                instance: instance.clone(),
-                adapter: adapter.clone(),
-                device: wgpu_device.clone(),
-                queue: queue.clone(),
-            }),
-            ..Default::default()
-        },
+        wgpu_options: hierarchos_studio::shared_wgpu(&device),
         ..Default::default()
     };
     let mut studio = StudioOptions::from_env();

@@ -51,3 +51,19 @@ pub fn loss_plot(ui: &mut egui::Ui, points: &[Point], smoothing: f64, others: &[
         })
         .response
 }
+
+/// The errors not yet dismissed, newest last, each with a button that dismisses it.
+pub fn error_list(ui: &mut egui::Ui, errors: &mut Vec<String>) {
+    let mut dismissed = None;
+    for (i, e) in errors.iter().enumerate() {
+        ui.horizontal_wrapped(|ui| {
+            if ui.small_button("dismiss").clicked() {
+                dismissed = Some(i);
+            }
+            ui.colored_label(egui::Color32::LIGHT_RED, format!("error: {e}"));
+        });
+    }
+    if let Some(i) = dismissed {
+        errors.remove(i);
+    }
+}

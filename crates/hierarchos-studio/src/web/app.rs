@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::tasks::{self, Shared, State, TrainRequest};
 use super::{Script, files, publish};
-use crate::widgets::{facts, loss_plot};
+use crate::widgets::{error_list, facts, loss_plot};
 
 /// Where a scripted run stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -319,18 +319,7 @@ impl WebApp {
                 ui.label("ready");
             }
         });
-        let mut dismissed = None;
-        for (i, e) in s.errors.iter().enumerate() {
-            ui.horizontal_wrapped(|ui| {
-                if ui.small_button("dismiss").clicked() {
-                    dismissed = Some(i);
-                }
-                ui.colored_label(egui::Color32::LIGHT_RED, format!("error: {e}"));
-            });
-        }
-        if let Some(i) = dismissed {
-            s.errors.remove(i);
-        }
+        error_list(ui, &mut s.errors);
     }
 }
 

@@ -10,7 +10,6 @@ mod app;
 mod files;
 mod tasks;
 
-use eframe::egui_wgpu::{WgpuConfiguration, WgpuSetup, WgpuSetupExisting};
 use hierarchos_core::Gpu;
 use wasm_bindgen::prelude::*;
 
@@ -80,17 +79,8 @@ pub async fn start(canvas_id: String) -> Result<(), JsValue> {
             return Err(message.into());
         }
     };
-    let (instance, adapter, wgpu_device, queue) = device.wgpu_parts();
     let options = eframe::WebOptions {
-        wgpu_options: WgpuConfiguration {
-            wgpu_setup: WgpuSetup::Existing(WgpuSetupExisting {
-                instance: instance.clone(),
-                adapter: adapter.clone(),
-                device: wgpu_device.clone(),
-                queue: queue.clone(),
-            }),
-            ..Default::default()
-        },
+        wgpu_options: crate::shared_wgpu(&device),
         ..Default::default()
     };
     let script = Script::from_page();
