@@ -14,6 +14,8 @@ pub mod metrics;
 #[cfg(not(target_arch = "wasm32"))]
 mod model_panel;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod no_adapter;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod runs;
 #[cfg(not(target_arch = "wasm32"))]
 mod train_panel;

@@ -1,13 +1,12 @@
 //! The desktop Studio: opens the compute device first and hands it to eframe's wgpu renderer, so that drawing and
-//! training share one device.
-
-use std::sync::Arc;
+//! training share one device. Without a device, a window says why.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use hierarchos_core::default_device;
+use hierarchos_studio::no_adapter::NoAdapterApp;
 use hierarchos_studio::{Autorun, StudioApp, StudioOptions};
 
 /// Hierarchos Studio: fine-tune a model with live loss curves and chat with the result.
@@ -31,7 +30,14 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_env("HIERARCHOS_LOG").unwrap_or_else(|_| "warn".into()),
         )
         .init();
-    let device = default_device().context("opening a GPU adapter (install mesa-vulkan-drivers without a GPU)")?;
+    let device = match default_device() {
+        Ok(device) => device,
+        Err(e) if args.train_steps.is_some() => {
+            // A scripted run must not wait for a person to close a window.
+            return Err(e).context("opening a GPU adapter (install mesa-vulkan-drivers without a GPU)");
+        }
+        Err(e) => return no_adapter(e.to_string()),
+    };
     let options = eframe::NativeOptions {
         viewport: eframe::egui::ViewportBuilder::default()
             .with_inner_size([1200.0, 860.0])
@@ -46,11 +52,30 @@ fn main() -> Result<()> {
         steps,
         screenshot: args.screenshot,
     });
-    let device = Arc::clone(&device);
     eframe::run_native(
         "Hierarchos Studio",
         options,
         Box::new(move |cc| Ok(Box::new(StudioApp::new(&cc.egui_ctx, device, studio)))),
     )
     .map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Without an adapter to compute on, a window that says so, drawn with whatever wgpu finds to draw with (OpenGL
+/// included); only when nothing can draw does the reason go to stderr alone.
+fn no_adapter(reason: String) -> Result<()> {
+    eprintln!("hierarchos-studio: no GPU adapter to compute on: {reason}");
+    let options = eframe::NativeOptions {
+        viewport: eframe::egui::ViewportBuilder::default()
+            .with_inner_size([640.0, 280.0])
+            .with_title("Hierarchos Studio"),
+        renderer: eframe::Renderer::Wgpu,
+        ..Default::default()
+    };
+    let shown = reason.clone();
+    eframe::run_native(
+        "Hierarchos Studio",
+        options,
+        Box::new(move |_| Ok(Box::new(NoAdapterApp { reason: shown }))),
+    )
+    .map_err(|e| anyhow::anyhow!("no GPU adapter to compute on ({reason}), and none to draw a window with ({e})"))
 }

@@ -1,11 +1,14 @@
 //! The Studio driven through its real widgets (egui_kittest, AccessKit labels) on the default device: the
-//! embedded model loads at start, a short training run fills the loss plot, and the trained model generates.
+//! embedded model loads at start, a short training run fills the loss plot, and the trained model generates;
+//! failures (a bad folder, out of memory, no adapter) are messages in the window.
 
 use std::time::{Duration, Instant};
 
 use eframe::egui;
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
+use hierarchos_core::{Gpu, GpuOptions};
+use hierarchos_studio::no_adapter::NoAdapterApp;
 use hierarchos_studio::{StudioApp, StudioOptions, Tab};
 
 /// Frames until `done` holds for the app (the worker thread does the work), failing after `limit`.
@@ -215,4 +218,49 @@ fn a_stopped_run_continues_from_its_checkpoint() {
     let run = harness.state().train.runs.last().cloned().unwrap();
     assert_eq!(run.points.len(), 40, "the metrics file holds each step once");
     assert!(run.dir.join("checkpoint-40").is_dir());
+}
+
+/// Out of memory is a message, not a crash: on a device with a 1 MiB budget the embedded model (4 MiB of weights)
+/// does not fit; the app says so, holds no model, and is idle again.
+#[test]
+fn out_of_memory_is_an_error_message() {
+    let options = GpuOptions {
+        memory_limit: Some(1 << 20),
+        ..GpuOptions::from_env()
+    };
+    let device = pollster::block_on(Gpu::open(&options)).expect("a GPU adapter (lavapipe in CI)");
+    let options = StudioOptions {
+        home: home("oom"),
+        model: None,
+        autorun: None,
+    };
+    let mut harness = Harness::builder()
+        .with_size(egui::vec2(1200.0, 900.0))
+        .build_eframe(|cc| StudioApp::new(&cc.egui_ctx, device, options));
+    let start = Instant::now();
+    while harness.state().errors.is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(60), "no error after a minute");
+        harness.step();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    harness.run_steps(2);
+    let errors = harness.state().errors.clone();
+    assert!(errors[0].contains("out of GPU memory"), "{errors:?}");
+    assert!(harness.state().model.is_none());
+    assert!(harness.state().idle(), "the app is idle after the error");
+    harness.get_by_label_contains("out of GPU memory");
+}
+
+/// Without an adapter the Studio opens a window that gives the reason and what to install.
+#[test]
+fn no_adapter_is_a_window_with_the_reason() {
+    let reason = "HIERARCHOS_ADAPTER=none matches none of: llvmpipe".to_string();
+    let mut harness = Harness::builder()
+        .with_size(egui::vec2(640.0, 280.0))
+        .build_eframe(|_| NoAdapterApp { reason });
+    harness.run_steps(2);
+    harness.get_by_label("No GPU adapter to compute on");
+    harness.get_by_label_contains("matches none of: llvmpipe");
+    harness.get_by_label_contains("mesa-vulkan-drivers");
+    harness.get_by_label("Quit");
 }

@@ -72,6 +72,7 @@ pub struct Gpu {
     state: Mutex<State>,
     params_buffer: wgpu::Buffer,
     dispatched: std::sync::atomic::AtomicU64,
+    memory_limit: Option<u64>,
 }
 
 /// The maps looked up on every launch hash with FxHash: the kernel keys are long strings, and SipHash over them
@@ -368,6 +369,7 @@ impl Gpu {
             }),
             params_buffer,
             dispatched: Default::default(),
+            memory_limit: options.memory_limit,
         }))
     }
 
@@ -408,6 +410,11 @@ impl Gpu {
     /// Adapter name, backend, driver.
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
         &self.info
+    }
+
+    /// The budget of bytes the device may hold ([`GpuOptions::memory_limit`]).
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.memory_limit
     }
 
     /// The device limits (the adapter's full limits are requested).
@@ -543,7 +550,23 @@ impl Gpu {
                 b
             }
             None => {
+                let held = st.stats.live_bytes + st.stats.pooled_bytes;
                 drop(st);
+                if let Some(max) = self.memory_limit
+                    && held + class > max
+                {
+                    // Give back everything pooled; what is in use then must leave room.
+                    self.flush()?;
+                    self.trim_pool();
+                    let live = self.memory().live_bytes;
+                    if live + class > max {
+                        return Err(GpuError::OutOfMemory {
+                            op: op.into(),
+                            bytes: class,
+                            live,
+                        });
+                    }
+                }
                 let buffer = self.create_buffer(op, class)?;
                 st = self.lock();
                 st.next_id += 1;

@@ -16,6 +16,10 @@ pub struct GpuOptions {
     /// Time every kernel on the GPU with timestamp queries ([`crate::Gpu::profile`]); each batch then waits
     /// for its timings, so wall-clock throughput drops while the per-kernel times stay right.
     pub profile: bool,
+    /// Most bytes of buffers the device may hold (in use and pooled for reuse). Past it an allocation trims the
+    /// pool and then fails with [`crate::GpuError::OutOfMemory`]: a budget on a shared GPU, and a clean error
+    /// where the driver would report running out late or not at all (browsers, software drivers).
+    pub memory_limit: Option<u64>,
 }
 
 impl Default for GpuOptions {
@@ -26,18 +30,27 @@ impl Default for GpuOptions {
             f16: true,
             cooperative_matrix: true,
             profile: false,
+            memory_limit: None,
         }
     }
 }
 
 impl GpuOptions {
-    /// Options from `HIERARCHOS_ADAPTER` (name part or index), `HIERARCHOS_PROFILE=1` and `HIERARCHOS_DISABLE`, a
-    /// comma-separated list of `subgroup`, `f16`, `coopmat` to turn off (so the portable fallback kernels can be
-    /// exercised).
+    /// Options from `HIERARCHOS_ADAPTER` (name part or index), `HIERARCHOS_PROFILE=1`,
+    /// `HIERARCHOS_MEMORY_LIMIT_MIB` and `HIERARCHOS_DISABLE`, a comma-separated list of `subgroup`, `f16`,
+    /// `coopmat` to turn off (so the portable fallback kernels can be exercised).
     pub fn from_env() -> Self {
+        let memory_limit = std::env::var("HIERARCHOS_MEMORY_LIMIT_MIB").ok().and_then(|v| {
+            let mib = v.trim().parse::<u64>().ok();
+            if mib.is_none() {
+                tracing::warn!("HIERARCHOS_MEMORY_LIMIT_MIB={v}: not a number of MiB, ignored");
+            }
+            mib.map(|m| m << 20)
+        });
         let mut o = GpuOptions {
             adapter: std::env::var("HIERARCHOS_ADAPTER").ok(),
             profile: std::env::var("HIERARCHOS_PROFILE").is_ok_and(|v| v == "1"),
+            memory_limit,
             ..GpuOptions::default()
         };
         if let Ok(list) = std::env::var("HIERARCHOS_DISABLE") {
