@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The web demo's test: builds it (scripts/web_build.sh), serves it with the llama fixture next to it on
-# 127.0.0.1, and has headless Chromium (Debian's chromium, WebGPU behind --enable-unsafe-webgpu) run a scripted
-# session through Playwright: fetch the fixture, generate greedily (the ids must equal `hierarchos generate`'s on
-# this machine), then train (the loss must fall). Installs chromium and playwright-core when missing.
+# 127.0.0.1, and has headless Chromium (Debian's chromium, WebGPU behind --enable-unsafe-webgpu) run scripted
+# sessions through Playwright: fetch the fixture, generate greedily (the ids must equal `hierarchos generate`'s on
+# this machine), then train (the loss must fall); then the same generation from the fixture's files given to the
+# page's file picker; and a browser without WebGPU must get a message in the page. Installs chromium and
+# playwright-core when missing.
 #
 #   scripts/web_test.sh HIERARCHOS_CLI [SCREENSHOT.png]
 set -euo pipefail
@@ -38,4 +40,12 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 query=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.urlencode({"model": "fixtures/llama", "prompt": sys.argv[1], "tokens": sys.argv[2], "train_steps": sys.argv[3]}))' "$prompt" "$tokens" "$steps")
-NODE_PATH="$tools/node/node_modules" node tests/web/demo.cjs "http://127.0.0.1:$port/index.html?$query" "$expected" "$steps" ${screenshot:+"$screenshot"}
+export NODE_PATH="$tools/node/node_modules"
+node tests/web/demo.cjs "http://127.0.0.1:$port/index.html?$query" "$expected" "$steps" ${screenshot:+"$screenshot"}
+# The same model through the file picker (generation only).
+picked=$(printf "$root/tests/fixtures/llama/%s," config.json tokenizer.json tokenizer_config.json \
+  generation_config.json model.safetensors)
+query=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.urlencode({"pick": 1, "prompt": sys.argv[1], "tokens": sys.argv[2]}))' "$prompt" "$tokens")
+PICK_FILES=${picked%,} node tests/web/demo.cjs "http://127.0.0.1:$port/index.html?$query" "$expected" 0
+# A browser without WebGPU gets a message in the page.
+NO_WEBGPU=1 node tests/web/demo.cjs "http://127.0.0.1:$port/index.html" "[]" 0

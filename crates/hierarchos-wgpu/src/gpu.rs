@@ -283,6 +283,15 @@ async fn choose_adapter(instance: &wgpu::Instance, _wanted: Option<&str>) -> Res
 
 static DEFAULT_GPU: OnceLock<std::result::Result<Arc<Gpu>, String>> = OnceLock::new();
 
+/// The default device's opening error as kept for every later caller, who gets it back as
+/// [`GpuError::NoAdapter`] (whose own message is not repeated).
+fn stored_error(e: GpuError) -> String {
+    match e {
+        GpuError::NoAdapter(message) => message,
+        other => other.to_string(),
+    }
+}
+
 impl Gpu {
     /// Opens a device on the adapter the options select.
     pub async fn open(options: &GpuOptions) -> Result<Arc<Gpu>> {
@@ -377,7 +386,7 @@ impl Gpu {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn default_gpu() -> Result<Arc<Gpu>> {
         DEFAULT_GPU
-            .get_or_init(|| pollster::block_on(Gpu::open(&GpuOptions::from_env())).map_err(|e| e.to_string()))
+            .get_or_init(|| pollster::block_on(Gpu::open(&GpuOptions::from_env())).map_err(stored_error))
             .clone()
             .map_err(GpuError::NoAdapter)
     }
@@ -397,7 +406,7 @@ impl Gpu {
         if let Some(g) = DEFAULT_GPU.get() {
             return g.clone().map_err(GpuError::NoAdapter);
         }
-        let g = Gpu::open(&GpuOptions::from_env()).await.map_err(|e| e.to_string());
+        let g = Gpu::open(&GpuOptions::from_env()).await.map_err(stored_error);
         DEFAULT_GPU.get_or_init(|| g).clone().map_err(GpuError::NoAdapter)
     }
 

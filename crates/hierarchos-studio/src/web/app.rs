@@ -58,12 +58,13 @@ impl WebApp {
             smoothing: 0.6,
             script: None,
         };
-        match script.as_ref().and_then(|s| s.model.clone()) {
-            Some(url) => {
-                app.url = url;
+        match script.as_ref() {
+            Some(s) if s.pick => app.pick_model(),
+            Some(Script { model: Some(url), .. }) => {
+                app.url = url.clone();
                 app.load_url();
             }
-            None => app.load_embedded(),
+            _ => app.load_embedded(),
         }
         if let Some(script) = script {
             if let Some(prompt) = &script.prompt {

@@ -3,8 +3,9 @@
 //! fine-tunes it with a live loss curve. Nothing blocks: every GPU readback is awaited, so the page stays live.
 //!
 //! The page's query string can script a run (what the headless-browser test does): `model=<url of a model
-//! folder>`, `prompt=<text>` and `tokens=<n>` for a greedy generation, `train_steps=<n>` for training after it.
-//! The outcome is written as JSON into the page's `#hierarchos-result` element.
+//! folder>` (or `pick=1`: open the file picker at once, for the test to fill), `prompt=<text>` and `tokens=<n>`
+//! for a greedy generation, `train_steps=<n>` for training after it. The outcome is written as JSON into the
+//! page's `#hierarchos-result` element.
 
 mod app;
 mod files;
@@ -20,6 +21,8 @@ pub use app::WebApp;
 pub struct Script {
     /// The model folder to fetch (relative to the page), instead of the embedded model.
     pub model: Option<String>,
+    /// Open the model file picker at start instead (a test sets the files).
+    pub pick: bool,
     /// A prompt to answer greedily.
     pub prompt: Option<String>,
     /// New tokens for it.
@@ -36,11 +39,13 @@ impl Script {
         let number = |key: &str| query.get(key).and_then(|v| v.parse().ok()).unwrap_or(0);
         let script = Script {
             model: query.get("model"),
+            pick: query.get("pick").is_some_and(|v| v == "1"),
             prompt: query.get("prompt"),
             tokens: number("tokens"),
             train_steps: number("train_steps"),
         };
-        (script.model.is_some() || script.prompt.is_some() || script.train_steps > 0).then_some(script)
+        let scripted = script.model.is_some() || script.pick || script.prompt.is_some() || script.train_steps > 0;
+        scripted.then_some(script)
     }
 }
 
