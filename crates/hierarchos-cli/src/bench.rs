@@ -464,7 +464,7 @@ fn real_model(path: &str, dequantize: bool, device: &Device) -> Result<(CausalLm
     }
     .with_context(|| format!("loading {path}"))?;
     let lm = model.lm;
-    let mut params: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum();
+    let mut params = lm.parameter_count();
     let mut types = std::collections::BTreeSet::new();
     // Quantized weights are not parameters (they are frozen); a tied head is a copy of the embedding.
     let tied = lm.config().tie_word_embeddings;
@@ -563,7 +563,7 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
     let device = default_device().context("opening the default GPU")?;
     let config = args.shape.config(args.seq_len)?;
     let mut lm = CausalLm::init_random(&config, 0, &device)?;
-    let params: usize = lm.parameters().iter().map(|(_, p)| p.numel()).sum();
+    let params = lm.parameter_count();
     if let Some(r) = args.lora_r {
         lm.add_lora(
             &LoraConfig::new(r, 2.0 * r as f64, 0.0, TargetModules::parse(&args.lora_targets)),

@@ -497,6 +497,11 @@ impl CausalLm {
         }
         p
     }
+
+    /// Elements in [`CausalLm::parameters`] (what model cards call the parameter count).
+    pub fn parameter_count(&self) -> usize {
+        self.parameters().iter().map(|(_, p)| p.numel()).sum()
+    }
 }
 
 /// Source of named parameter tensors for [`CausalLm::build`].

@@ -567,7 +567,7 @@ fn summary(model: &Model, has_weights: bool) -> ModelSummary {
     ModelSummary {
         dir: model.dir.clone(),
         family: model.config.model_type.clone(),
-        params: model.lm.parameters().iter().map(|(_, p)| p.numel()).sum(),
+        params: model.lm.parameter_count(),
         has_weights,
         adapter: model.lm.adapter_config().is_some(),
         tokenizer: model.tokenizer.is_some(),

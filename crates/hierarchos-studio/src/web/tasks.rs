@@ -142,7 +142,7 @@ pub async fn load(state: State, device: Device, bytes: ModelBytes) -> Result<()>
     let summary = Summary {
         label: bytes.label,
         family: model.config.model_type.clone(),
-        params: model.lm.parameters().iter().map(|(_, p)| p.numel()).sum(),
+        params: model.lm.parameter_count(),
         weights: has_weights,
         tokenizer: model.tokenizer.is_some(),
     };
