@@ -5,6 +5,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::error::{GpuError, Result};
 use crate::options::GpuOptions;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::pipeline_cache::DiskCache;
 use crate::profiler::{KernelTime, Profiler};
 
 /// Size in bytes of the per-batch parameter arena; a batch is submitted when it fills.
@@ -73,6 +75,8 @@ pub struct Gpu {
     params_buffer: wgpu::Buffer,
     dispatched: std::sync::atomic::AtomicU64,
     memory_limit: Option<u64>,
+    #[cfg(not(target_arch = "wasm32"))]
+    pipeline_cache: Option<DiskCache>,
 }
 
 /// The maps looked up on every launch hash with FxHash: the kernel keys are long strings, and SipHash over them
@@ -306,12 +310,16 @@ impl Gpu {
         let profile =
             options.profile && timestamps && available.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
         let coop = options.cooperative_matrix && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        let cache = options.pipeline_cache.is_some()
+            && !cfg!(target_arch = "wasm32")
+            && available.contains(wgpu::Features::PIPELINE_CACHE);
         for (on, f) in [
             (subgroups, wgpu::Features::SUBGROUP),
             (f16, wgpu::Features::SHADER_F16),
             (timestamps, wgpu::Features::TIMESTAMP_QUERY),
             (coop, wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             (profile, wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            (cache, wgpu::Features::PIPELINE_CACHE),
         ] {
             if on {
                 wanted |= f;
@@ -357,6 +365,11 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        #[cfg(not(target_arch = "wasm32"))]
+        let pipeline_cache = options
+            .pipeline_cache
+            .as_deref()
+            .and_then(|dir| DiskCache::open(&device, &info, dir));
         let profiler = if profile {
             Profiler::new(&device, &queue, MAX_DISPATCHES_PER_SUBMIT)
         } else {
@@ -379,6 +392,8 @@ impl Gpu {
             params_buffer,
             dispatched: Default::default(),
             memory_limit: options.memory_limit,
+            #[cfg(not(target_arch = "wasm32"))]
+            pipeline_cache,
         }))
     }
 
@@ -414,6 +429,29 @@ impl Gpu {
     /// Studio's egui-wgpu painter draws on the same device that trains).
     pub fn wgpu_parts(&self) -> (&wgpu::Instance, &wgpu::Adapter, &wgpu::Device, &wgpu::Queue) {
         (&self.instance, &self.adapter, &self.device, &self.queue)
+    }
+
+    fn cache_for_new_pipeline(&self) -> Option<&wgpu::PipelineCache> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.pipeline_cache.as_ref().map(DiskCache::for_new_pipeline);
+        #[cfg(target_arch = "wasm32")]
+        None
+    }
+
+    /// Writes the kernels compiled so far to the pipeline cache file ([`GpuOptions::pipeline_cache`]), if any were
+    /// compiled since the last write. Every readback and [`Gpu::synchronize`] does this, so a run that reads a
+    /// result leaves its kernels for the next one.
+    pub fn save_pipeline_cache(&self) {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(c) = &self.pipeline_cache {
+            c.save();
+        }
+    }
+
+    /// The file the compiled kernels are kept in between runs, when the device has one.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn pipeline_cache_path(&self) -> Option<&std::path::Path> {
+        self.pipeline_cache.as_ref().map(DiskCache::path)
     }
 
     /// Adapter name, backend, driver.
@@ -671,7 +709,7 @@ impl Gpu {
             module: &module,
             entry_point: Some("main"),
             compilation_options: Default::default(),
-            cache: None,
+            cache: self.cache_for_new_pipeline(),
         });
         self.check_errors(&what())?;
         let mut st = self.lock();
@@ -836,6 +874,7 @@ impl Gpu {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| GpuError::Readback(e.to_string()))?;
         self.lock().batch_limit = FIRST_BATCH_AFTER_IDLE;
+        self.save_pipeline_cache();
         Ok(())
     }
 
@@ -890,6 +929,7 @@ impl Gpu {
         }
         read.staging = Some(staging);
         self.check_errors("readback")?;
+        self.save_pipeline_cache();
         Ok(read)
     }
 }

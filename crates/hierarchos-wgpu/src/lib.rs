@@ -11,6 +11,8 @@ mod dtype;
 mod error;
 mod gpu;
 mod options;
+#[cfg(not(target_arch = "wasm32"))]
+mod pipeline_cache;
 mod profiler;
 
 pub use dtype::{Access, COMMON_WGSL, DType};

@@ -1,5 +1,7 @@
 //! How the runtime picks an adapter and which hardware features it may use.
 
+use std::path::PathBuf;
+
 /// Choices made when a [`crate::Gpu`] is opened. [`GpuOptions::from_env`] reads them from the environment so
 /// that tests and users can switch kernels without recompiling.
 #[derive(Clone, Debug)]
@@ -20,6 +22,17 @@ pub struct GpuOptions {
     /// pool and then fails with [`crate::GpuError::OutOfMemory`]: a budget on a shared GPU, and a clean error
     /// where the driver would report running out late or not at all (browsers, software drivers).
     pub memory_limit: Option<u64>,
+    /// Folder where compiled kernels are kept between runs (one file per adapter), so a warm start compiles
+    /// nothing. `None` turns it off; it is always off on the web.
+    pub pipeline_cache: Option<PathBuf>,
+}
+
+/// `<user cache folder>/hierarchos/pipelines` (e.g. `~/.cache/hierarchos/pipelines` on Linux).
+fn default_pipeline_cache() -> Option<PathBuf> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return dirs::cache_dir().map(|d| d.join("hierarchos").join("pipelines"));
+    #[cfg(target_arch = "wasm32")]
+    None
 }
 
 impl Default for GpuOptions {
@@ -31,14 +44,16 @@ impl Default for GpuOptions {
             cooperative_matrix: true,
             profile: false,
             memory_limit: None,
+            pipeline_cache: default_pipeline_cache(),
         }
     }
 }
 
 impl GpuOptions {
     /// Options from `HIERARCHOS_ADAPTER` (name part or index), `HIERARCHOS_PROFILE=1`,
-    /// `HIERARCHOS_MEMORY_LIMIT_MIB` and `HIERARCHOS_DISABLE`, a comma-separated list of `subgroup`, `f16`,
-    /// `coopmat` to turn off (so the portable fallback kernels can be exercised).
+    /// `HIERARCHOS_MEMORY_LIMIT_MIB`, `HIERARCHOS_PIPELINE_CACHE` (a folder) and `HIERARCHOS_DISABLE`, a
+    /// comma-separated list of `subgroup`, `f16`, `coopmat` (so the portable fallback kernels can be exercised)
+    /// and `pipeline_cache` to turn off.
     pub fn from_env() -> Self {
         let memory_limit = std::env::var("HIERARCHOS_MEMORY_LIMIT_MIB").ok().and_then(|v| {
             let mib = v.trim().parse::<u64>().ok();
@@ -51,6 +66,9 @@ impl GpuOptions {
             adapter: std::env::var("HIERARCHOS_ADAPTER").ok(),
             profile: std::env::var("HIERARCHOS_PROFILE").is_ok_and(|v| v == "1"),
             memory_limit,
+            pipeline_cache: std::env::var_os("HIERARCHOS_PIPELINE_CACHE")
+                .map(PathBuf::from)
+                .or_else(default_pipeline_cache),
             ..GpuOptions::default()
         };
         if let Ok(list) = std::env::var("HIERARCHOS_DISABLE") {
@@ -59,6 +77,7 @@ impl GpuOptions {
                     "subgroup" | "subgroups" => o.subgroups = false,
                     "f16" => o.f16 = false,
                     "coopmat" | "cooperative_matrix" => o.cooperative_matrix = false,
+                    "pipeline_cache" => o.pipeline_cache = None,
                     "" => {}
                     other => {
                         tracing::warn!("HIERARCHOS_DISABLE: unknown feature '{other}' ignored")
