@@ -52,6 +52,18 @@ def torch_cases(sizes, linear, rows, cols, iters):
     out[("add", shape, "f32")] = (s, 3 * nbytes / s / 1e9)
     s = bench(lambda: x.sum(-1), iters)
     out[("sum", shape, "f32")] = (s, nbytes / s / 1e9)
+    # Causal attention in training, as `hierarchos bench ops` times it (scaled_dot_product_attention picks its
+    # fused f32 kernel).
+    b, h, t, d = 8, 12, 512, 64
+    q, k, v = (torch.randn(b, h, t, d, device="cuda", requires_grad=True) for _ in range(3))
+    fwd = 2 * b * h * t * t * d
+    attn_shape = f"{b}x{h}x{t}x{d} causal"
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with torch.no_grad():
+        s = bench(lambda: sdpa(q, k, v, is_causal=True), iters)
+    out[("attn_fwd", attn_shape, "f32")] = (s, fwd / s / 1e12)
+    s = bench(lambda: sdpa(q, k, v, is_causal=True).sum().backward(), iters)
+    out[("attn_fwd_bwd", attn_shape, "f32")] = (s, 3.5 * fwd / s / 1e12)
     return out
 
 

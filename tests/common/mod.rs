@@ -2,6 +2,7 @@
 //! and a finite-difference gradient check.
 #![allow(dead_code)]
 
+pub mod attention;
 pub mod fixtures;
 pub mod hub;
 pub mod smollm;

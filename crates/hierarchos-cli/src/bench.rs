@@ -176,7 +176,49 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
         per_launch * 1e6,
         "us/launch",
     );
+    training_attention(args, &device)?;
     decode_attention(args, &device)
+}
+
+/// Causal attention of the 110M Llama shape in training (8 sequences of 512 tokens, 12 heads of 64):
+/// [`Tensor::flash_attention`] forward, and forward plus backward (of the output's sum). FLOPs count the visible
+/// half of the score matrix: 2·B·H·T²·D forward (two products), 2.5 times that backward (five).
+fn training_attention(args: &OpsArgs, device: &Device) -> Result<()> {
+    let (b, h, t, d) = (8, 12, 512, 64);
+    let leaf =
+        |seed| -> Result<Tensor> { Ok(Tensor::randn(&[b, h, t, d], seed, 0, DType::F32, device)?.requires_grad_()) };
+    let (q, k, v) = (leaf(14)?, leaf(15)?, leaf(16)?);
+    let forward_flops = 2.0 * (b * h * t * t * d) as f64;
+    let shape = format!("{b}x{h}x{t}x{d} causal");
+    let secs = time(device, args.iters, || {
+        hierarchos_core::no_grad(|| Ok(q.flash_attention(&k, &v, 0, 0, None)?))
+    })?;
+    report(
+        args.json,
+        "attn_fwd",
+        &shape,
+        DType::F32,
+        secs,
+        forward_flops / secs / 1e12,
+        "TFLOP/s",
+    );
+    let secs = time(device, args.iters, || {
+        for x in [&q, &k, &v] {
+            x.zero_grad();
+        }
+        q.flash_attention(&k, &v, 0, 0, None)?.sum_all()?.backward()?;
+        Ok(q.grad().context("a query gradient")?)
+    })?;
+    report(
+        args.json,
+        "attn_fwd_bwd",
+        &shape,
+        DType::F32,
+        secs,
+        3.5 * forward_flops / secs / 1e12,
+        "TFLOP/s",
+    );
+    Ok(())
 }
 
 /// One decode step's attention (SmolLM2-135M's heads: 9 query heads over 3 key/value heads of 64) at several
@@ -426,7 +468,7 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     Ok(())
 }
 
-/// The kernel profile (`HIERARCHOS_PROFILE=1`) since the last `reset_profile`, as GPU time per `unit` over `count`
+/// The kernel profile (`--profile`, `HIERARCHOS_PROFILE=1`) since the last `reset_profile`, as GPU time per `unit` over `count`
 /// of them, largest first; nothing when profiling is off.
 fn print_profile(device: &Device, count: f64, unit: &str) {
     let profile = device.profile();
@@ -435,7 +477,7 @@ fn print_profile(device: &Device, count: f64, unit: &str) {
     }
     let total: f64 = profile.iter().map(|k| k.total_ns).sum();
     println!(
-        "GPU time per {unit} (HIERARCHOS_PROFILE=1): {:.1} µs in kernels",
+        "GPU time per {unit} (--profile): {:.1} µs in kernels",
         total / 1e3 / count
     );
     for k in &profile {

@@ -24,8 +24,7 @@ enum Command {
     /// `-m FILE.gguf`, what the model file holds instead.
     Info(info::InfoArgs),
     /// Measure kernel throughput.
-    #[command(subcommand)]
-    Bench(Bench),
+    Bench(BenchArgs),
     /// Write the logits of every position of a token sequence to a safetensors file.
     Forward(forward::ForwardArgs),
     /// Generate text from a prompt, streaming tokens to stdout.
@@ -36,6 +35,17 @@ enum Command {
     Eval(train::EvalArgs),
     /// Add a LoRA adapter into its base model's weights and save the result as a plain model folder.
     Merge(merge::MergeArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Time every kernel on the GPU (timestamp queries; the same as `HIERARCHOS_PROFILE=1`) and print the GPU time
+    /// per kernel, per decoded token or training step: where the time goes, to pick what to speed up next.
+    /// Wall-clock figures drop while it is on.
+    #[arg(long, global = true)]
+    profile: bool,
+    #[command(subcommand)]
+    what: Bench,
 }
 
 #[derive(Subcommand)]
@@ -57,9 +67,17 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Info(args) => info::run(&args),
-        Command::Bench(Bench::Ops(args)) => bench::ops(&args),
-        Command::Bench(Bench::Model(args)) => bench::model(&args),
-        Command::Bench(Bench::Train(args)) => bench::train(&args),
+        Command::Bench(args) => {
+            if args.profile {
+                // SAFETY: no other thread runs yet; the device reads the variable when it opens.
+                unsafe { std::env::set_var("HIERARCHOS_PROFILE", "1") };
+            }
+            match args.what {
+                Bench::Ops(args) => bench::ops(&args),
+                Bench::Model(args) => bench::model(&args),
+                Bench::Train(args) => bench::train(&args),
+            }
+        }
         Command::Forward(args) => forward::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Train(args) => train::train(&args),

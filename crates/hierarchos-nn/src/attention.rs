@@ -4,7 +4,7 @@
 use std::cell::OnceCell;
 
 use hierarchos_core::ops::attention::{MAX_HEAD_DIM, NewKeys, STEP_MAX_QUERIES};
-use hierarchos_core::{Device, Tensor, grad_enabled};
+use hierarchos_core::{DType, Device, Tensor, grad_enabled};
 
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
@@ -88,7 +88,8 @@ impl Attention {
     /// the residual are optional: with quantized projections at decode they run inside the projections'
     /// launches). With a cache, the new keys and values are appended to layer `layer` of it and the queries
     /// attend over the cached prefix too; when nothing needs gradients, that step runs fused kernels (rotary and
-    /// cache update in one launch, attention in another).
+    /// cache update in one launch, attention in another). Training runs [`Tensor::flash_attention`], which never
+    /// stores the `[T, S]` scores.
     pub fn forward(
         &self,
         x: &Tensor,
@@ -166,8 +167,12 @@ impl Attention {
                         ));
                     }
                 };
-                let mask = ctx.mask(t, k.shape()[2], x.device())?;
-                scaled_dot_product(&q, &k, &v, mask)?.permute(&[0, 2, 1, 3])?
+                if flash_fits(&[&q, &k, &v]) {
+                    q.flash_attention(&k, &v, ctx.query_start, ctx.key_start, ctx.window)?
+                } else {
+                    let mask = ctx.mask(t, k.shape()[2], x.device())?;
+                    scaled_dot_product(&q, &k, &v, mask)?.permute(&[0, 2, 1, 3])?
+                }
             }
         };
         Ok(self
@@ -198,6 +203,13 @@ impl Attention {
         }
         p
     }
+}
+
+/// Whether [`Tensor::flash_attention`] takes these queries, keys and values (f32, heads of at most
+/// [`MAX_HEAD_DIM`], and at most 65535 sequences times heads); the composed [`scaled_dot_product`] takes the rest.
+fn flash_fits(qkv: &[&Tensor]) -> bool {
+    qkv.iter()
+        .all(|x| x.dtype() == DType::F32 && x.shape()[3] <= MAX_HEAD_DIM && x.shape()[0] * x.shape()[1] <= 65535)
 }
 
 /// `softmax(q kᵀ + mask) v` for queries `[B, H, T, D]` (already carrying the score scale) and keys and values

@@ -25,7 +25,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub const STEP_MAX_QUERIES: usize = 2;
 
 /// Offset and the four element strides of a rank-4 view, as the kernel reads them.
-fn view_params(t: &Tensor) -> [u32; 5] {
+pub(crate) fn view_params(t: &Tensor) -> [u32; 5] {
     let l = t.layout();
     [
         l.offset as u32,
@@ -55,25 +55,34 @@ impl Tensor {
         k_start: usize,
         window: Option<usize>,
     ) -> Result<Tensor> {
-        check(self, k, v, q_start, k_start, window)?;
+        check_shapes("cached_attention", self, k, v, q_start, k_start, window)?;
+        refuse_grad("cached_attention", &[self, k, v])?;
         launch(self, k, v, [q_start, k_start], window, None, self.device())
     }
 }
 
-/// The checks of [`Tensor::cached_attention`] for queries `q` `[B, H, T, D]` and keys/values `[B, KVH, S, D]`.
-fn check(q: &Tensor, k: &Tensor, v: &Tensor, q_start: usize, k_start: usize, window: Option<usize>) -> Result<()> {
-    const OP: &str = "cached_attention";
+/// The checks of [`Tensor::cached_attention`] and [`Tensor::flash_attention`] for queries `q` `[B, H, T, D]` and
+/// keys/values `[B, KVH, S, D]`: ranks, shapes, f32, one device, head size, and every query seeing a key.
+pub(crate) fn check_shapes(
+    op: &'static str,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    q_start: usize,
+    k_start: usize,
+    window: Option<usize>,
+) -> Result<()> {
     for t in [q, k, v] {
         if t.rank() != 4 {
             return Err(Error::RankMismatch {
-                op: OP,
+                op,
                 expected: "4".into(),
                 got: t.shape().to_vec(),
             });
         }
         if t.dtype() != DType::F32 {
             return Err(Error::DTypeMismatch {
-                op: OP,
+                op,
                 expected: "f32".into(),
                 got: t.dtype(),
             });
@@ -81,7 +90,7 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, q_start: usize, k_start: usize, win
     }
     if k.shape() != v.shape() {
         return Err(Error::ShapeMismatch {
-            op: OP,
+            op,
             lhs: k.shape().to_vec(),
             rhs: v.shape().to_vec(),
         });
@@ -90,48 +99,40 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, q_start: usize, k_start: usize, win
     let (kvh, s) = (k.shape()[1], k.shape()[2]);
     if k.shape()[0] != b || k.shape()[3] != d {
         return Err(Error::ShapeMismatch {
-            op: OP,
+            op,
             lhs: q.shape().to_vec(),
             rhs: k.shape().to_vec(),
         });
     }
     if (kvh == 0 && h > 0) || (kvh > 0 && !h.is_multiple_of(kvh)) {
         return Err(Error::Invalid {
-            op: OP,
+            op,
             message: format!("{h} query heads are not a multiple of {kvh} key/value heads"),
         });
     }
     if d > MAX_HEAD_DIM {
         return Err(Error::Invalid {
-            op: OP,
+            op,
             message: format!("head size {d} exceeds {MAX_HEAD_DIM}"),
-        });
-    }
-    if grad_enabled() && [q, k, v].iter().any(|t| t.requires_grad()) {
-        return Err(Error::Invalid {
-            op: OP,
-            message: "the fused attention is for inference and has no backward; use the composed path to \
-                      train or disable grad"
-                .into(),
         });
     }
     if !Arc::ptr_eq(k.device(), q.device()) || !Arc::ptr_eq(v.device(), q.device()) {
         return Err(Error::Invalid {
-            op: OP,
+            op,
             message: "inputs live on different devices".into(),
         });
     }
     if t > 0 {
         if window == Some(0) {
             return Err(Error::Invalid {
-                op: OP,
+                op,
                 message: "a window of 0 hides every key".into(),
             });
         }
         let (q_end, k_end) = (q_start.saturating_add(t), k_start.saturating_add(s));
         if k_start > q_start || q_end > k_end {
             return Err(Error::Invalid {
-                op: OP,
+                op,
                 message: format!(
                     "queries at positions {q_start}..{q_end} do not all see a key of positions {k_start}..{k_end}"
                 ),
@@ -139,10 +140,23 @@ fn check(q: &Tensor, k: &Tensor, v: &Tensor, q_start: usize, k_start: usize, win
         }
         if q_end > u32::MAX as usize {
             return Err(Error::Invalid {
-                op: OP,
+                op,
                 message: format!("position {q_end} exceeds the kernel's 32-bit positions"),
             });
         }
+    }
+    Ok(())
+}
+
+/// Refuses inputs that would need a gradient: the inference kernels record no backward rule.
+fn refuse_grad(op: &'static str, inputs: &[&Tensor]) -> Result<()> {
+    if grad_enabled() && inputs.iter().any(|t| t.requires_grad()) {
+        return Err(Error::Invalid {
+            op,
+            message: "the fused attention is for inference and has no backward; use flash_attention to train or \
+                      disable grad"
+                .into(),
+        });
     }
     Ok(())
 }
@@ -252,14 +266,10 @@ impl Tensor {
         };
         let keys = k_cache.narrow(2, 0, position + t)?;
         let values = v_cache.narrow(2, 0, position + t)?;
-        if grad_enabled() && [q, new.k, new.v].iter().any(|x| x.requires_grad()) {
-            return Err(bad(
-                "the fused attention is for inference and has no backward; use the composed path to train".into(),
-            ));
-        }
+        refuse_grad(OP, &[q, new.k, new.v])?;
         let q_heads = q.permute(&[0, 2, 1, 3])?;
         // Same checks as cached_attention (heads, head size, windows); the step's own went first.
-        check(&q_heads, &keys, &values, position, 0, window)?;
+        check_shapes(OP, &q_heads, &keys, &values, position, 0, window)?;
         let step = Step {
             position,
             k: new.k,

@@ -7,6 +7,7 @@ pub mod binary;
 pub mod cast;
 pub mod concat;
 pub mod cumsum;
+pub mod flash_attention;
 pub mod index;
 pub mod loss;
 pub(crate) mod map;

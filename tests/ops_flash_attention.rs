@@ -1,0 +1,202 @@
+//! flash_attention (fused causal attention for training, forward and backward) against f64 CPU references and
+//! finite differences.
+
+mod common;
+
+use common::attention::*;
+use common::*;
+use hierarchos::core::{DType, Tensor};
+
+/// Gradients of `Σ out · w` (`w` `[B, T, H, D]`) for the queries `[B, H, T, D]`, keys and values `[B, KVH, S, D]`,
+/// in f64: with P the visible-key softmax, dv_j = Σ_i P_ij w_i, dS_ij = P_ij (w_i · v_j - Σ_j' P_ij' w_i · v_j'),
+/// dq_i = Σ_j dS_ij k_j, dk_j = Σ_i dS_ij q_i.
+fn reference_grads(c: Case, q: &[f32], k: &[f32], v: &[f32], w: &[f32]) -> [Vec<f64>; 3] {
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    let group = c.h / c.kvh;
+    for b in 0..c.b {
+        for h in 0..c.h {
+            let kh = h / group;
+            for t in 0..c.t {
+                let qpos = c.q_start + t;
+                let qi = ((b * c.h + h) * c.t + t) * c.d;
+                let wi = ((b * c.t + t) * c.h + h) * c.d;
+                let kj = |j: usize| ((b * c.kvh + kh) * c.s + j) * c.d;
+                let visible = |j: usize| {
+                    let kpos = c.k_start + j;
+                    kpos <= qpos && c.window.is_none_or(|win| kpos + win > qpos)
+                };
+                let dot = |x: &[f32], xi: usize, y: &[f32], yi: usize| -> f64 {
+                    (0..c.d).map(|e| x[xi + e] as f64 * y[yi + e] as f64).sum()
+                };
+                let scores: Vec<f64> = (0..c.s)
+                    .map(|j| {
+                        if visible(j) {
+                            dot(q, qi, k, kj(j))
+                        } else {
+                            f64::NEG_INFINITY
+                        }
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|&s| (s - m).exp()).collect();
+                let total: f64 = e.iter().sum();
+                let p: Vec<f64> = e.iter().map(|x| x / total).collect();
+                let dp: Vec<f64> = (0..c.s).map(|j| dot(w, wi, v, kj(j))).collect();
+                let mean: f64 = (0..c.s).map(|j| p[j] * dp[j]).sum();
+                for j in 0..c.s {
+                    let ds = p[j] * (dp[j] - mean);
+                    for x in 0..c.d {
+                        dv[kj(j) + x] += p[j] * w[wi + x] as f64;
+                        dq[qi + x] += ds * k[kj(j) + x] as f64;
+                        dk[kj(j) + x] += ds * q[qi + x] as f64;
+                    }
+                }
+            }
+        }
+    }
+    [dq, dk, dv]
+}
+
+fn check(rng: &mut Rng, c: Case) {
+    let x = inputs(rng, c);
+    let (q, k, v) = (x.q.requires_grad_(), x.k.requires_grad_(), x.v.requires_grad_());
+    let out = q.flash_attention(&k, &v, c.q_start, c.k_start, c.window).unwrap();
+    assert_eq!(out.shape(), [c.b, c.t, c.h, c.d], "{c:?}");
+    assert!(out.is_contiguous(), "{c:?}");
+    let want = reference(c, &x.qv, &x.kv, &x.vv);
+    assert_close(&format!("{c:?} forward"), &out.to_f32_vec().unwrap(), &want, 1e-5, 2e-6);
+
+    let w = rng.vec(out.numel(), -1.0, 1.0);
+    let wt = Tensor::from_slice(&w, out.shape(), q.device()).unwrap();
+    out.mul(&wt).unwrap().sum_all().unwrap().backward().unwrap();
+    let want = reference_grads(c, &x.qv, &x.kv, &x.vv, &w);
+    for (name, leaf, want) in [("q", &q, &want[0]), ("k", &k, &want[1]), ("v", &v, &want[2])] {
+        let grad = leaf.grad().expect("a gradient");
+        assert_eq!(grad.shape(), leaf.shape(), "{c:?} d{name}");
+        assert_close(&format!("{c:?} d{name}"), &grad.to_f32_vec().unwrap(), want, 1e-4, 1e-5);
+    }
+}
+
+#[test]
+fn flash_attention_matches_reference() {
+    let mut rng = Rng::new("flash_attention_matches_reference");
+    for c in [
+        // One key, one query; a head of one element.
+        case((1, 1, 1), (1, 1, 3), (0, 0, None)),
+        case((1, 2, 1), (3, 3, 1), (0, 0, None)),
+        // Training: queries are the keys, square causal mask, more rows than one workgroup (64) and more keys than
+        // one staged tile; grouped heads; odd head sizes.
+        case((2, 4, 2), (70, 70, 8), (0, 0, None)),
+        case((1, 3, 1), (17, 17, 17), (0, 0, None)),
+        case((1, 2, 2), (130, 130, 64), (0, 0, None)),
+        // Sliding windows: of 1 (only itself), shorter than a tile, longer than the sequence.
+        case((2, 3, 1), (5, 5, 8), (0, 0, Some(1))),
+        case((1, 4, 2), (70, 70, 12), (0, 0, Some(9))),
+        case((1, 2, 1), (9, 9, 4), (0, 0, Some(100))),
+        // Queries after a cached prefix, whose keys start later than position 0.
+        case((2, 9, 3), (3, 17, 3), (14, 0, None)),
+        case((1, 3, 3), (5, 17, 8), (6, 2, Some(3))),
+        case((1, 4, 2), (5, 17, 64), (12, 0, Some(4))),
+        // Head sizes filling 2, 3 and all 4 components of the last quad, up to the largest.
+        case((1, 2, 1), (3, 17, 130), (14, 0, None)),
+        case((1, 2, 2), (4, 4, 256), (0, 0, Some(3))),
+    ] {
+        check(&mut rng, c);
+    }
+}
+
+/// Scores far apart: the running max keeps exp finite, in the forward and in the recomputed backward.
+#[test]
+fn flash_attention_large_scores() {
+    let mut rng = Rng::new("flash_attention_large_scores");
+    let d = dev();
+    let c = case((1, 2, 1), (40, 40, 8), (0, 0, None));
+    let q: Vec<f32> = rng.vec(c.h * c.t * c.d, -1.0, 1.0).iter().map(|x| x * 40.0).collect();
+    let k = rng.vec(c.s * c.d, -1.0, 1.0);
+    let v = rng.vec(c.s * c.d, -1.0, 1.0);
+    let t = |x: &[f32], shape: &[usize]| Tensor::from_slice(x, shape, &d).unwrap().requires_grad_();
+    let (qt, kt, vt) = (
+        t(&q, &[1, c.h, c.t, c.d]),
+        t(&k, &[1, 1, c.s, c.d]),
+        t(&v, &[1, 1, c.s, c.d]),
+    );
+    let out = qt.flash_attention(&kt, &vt, 0, 0, None).unwrap();
+    let got = out.to_f32_vec().unwrap();
+    assert_close("large scores", &got, &reference(c, &q, &k, &v), 1e-4, 1e-5);
+    let w = vec![1.0f32; got.len()];
+    out.sum_all().unwrap().backward().unwrap();
+    let want = reference_grads(c, &q, &k, &v, &w);
+    let grad = qt.grad().unwrap().to_f32_vec().unwrap();
+    assert!(grad.iter().all(|g| g.is_finite()));
+    assert_close("large scores dq", &grad, &want[0], 1e-3, 1e-4);
+}
+
+/// Finite differences through the whole op, with grouped heads and a window.
+#[test]
+fn flash_attention_gradcheck() {
+    let mut rng = Rng::new("flash_attention_gradcheck");
+    let (b, h, kvh, t, d) = (1, 4, 2, 5, 3);
+    let q = rng.vec(b * h * t * d, -1.0, 1.0);
+    let k = rng.vec(b * kvh * t * d, -1.0, 1.0);
+    let v = rng.vec(b * kvh * t * d, -1.0, 1.0);
+    gradcheck(
+        "flash_attention",
+        &mut rng,
+        &[(q, vec![b, h, t, d]), (k, vec![b, kvh, t, d]), (v, vec![b, kvh, t, d])],
+        |x| x[0].flash_attention(&x[1], &x[2], 0, 0, Some(3)),
+    );
+}
+
+/// One launch forward, two backward (queries, then keys and values), whatever the views.
+#[test]
+fn flash_attention_launches() {
+    let d = own_dev();
+    let q = Tensor::from_slice(&[0.5f32; 2 * 4 * 8], &[1, 4, 2, 8], &d)
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+        .requires_grad_();
+    let kv = Tensor::from_slice(&[0.25f32; 2 * 4 * 8], &[1, 2, 4, 8], &d)
+        .unwrap()
+        .requires_grad_();
+    let before = d.dispatch_count();
+    let out = q.flash_attention(&kv, &kv, 0, 0, None).unwrap();
+    assert_eq!(d.dispatch_count() - before, 1);
+    assert_eq!(out.to_f32_vec().unwrap(), vec![0.25; 4 * 2 * 8]);
+    let loss = out.sum_all().unwrap();
+    let before = d.dispatch_count();
+    loss.backward().unwrap();
+    let launches = d.dispatch_count() - before;
+    // The sum's gradient, made dense, the two kernels, and adding the key and value gradients (one tensor).
+    assert!(launches <= 5, "{launches} launches");
+}
+
+#[test]
+fn flash_attention_empty_and_bad_input() {
+    let d = dev();
+    let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &d).unwrap().requires_grad_();
+    for (q, kv) in [
+        ([0, 2, 3, 4], [0, 1, 3, 4]),
+        ([1, 2, 0, 4], [1, 1, 0, 4]),
+        ([1, 2, 3, 0], [1, 1, 3, 0]),
+    ] {
+        let (q, k, v) = (z(&q), z(&kv), z(&kv));
+        let out = q.flash_attention(&k, &v, 0, 0, None).unwrap();
+        assert_eq!(out.shape(), [q.shape()[0], q.shape()[2], q.shape()[1], q.shape()[3]]);
+        out.sum_all().unwrap().backward().unwrap();
+        for x in [&q, &k, &v] {
+            let g = x.grad().unwrap();
+            assert_eq!(g.shape(), x.shape());
+            assert!(g.to_f32_vec().unwrap().iter().all(|&e| e == 0.0));
+        }
+    }
+    let err = |q: &[usize], kv: &[usize], start: usize| {
+        z(q).flash_attention(&z(kv), &z(kv), start, 0, None)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err(&[1, 3, 4, 8], &[1, 2, 4, 8], 0).contains("not a multiple"));
+    assert!(err(&[1, 2, 4, 8], &[1, 1, 4, 16], 0).contains("flash_attention"));
+    assert!(err(&[1, 2, 4, 300], &[1, 1, 4, 300], 0).contains("head size"));
+    assert!(err(&[1, 2, 4, 8], &[1, 1, 4, 8], 3).contains("do not all see a key"));
+}

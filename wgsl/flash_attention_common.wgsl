@@ -1,0 +1,77 @@
+// Shared by the flash-attention kernels (ops/flash_attention.rs): parameters, views and the visible ranges.
+//
+// Parameters (u32 words): [B, H, T, S, group (H / KVH), q_start, k_start, window (0: none), D,
+// q offset, q strides (b, h, t, d), k offset, k strides (b, kvh, s, d), v offset, v strides (b, kvh, s, d)].
+// The Rust side defines D4 (quads per head row, D rounded up to 4), BC (rows per staged tile) and replaces every
+// block between `//@UNROLL` and `//@END` by D4 copies with `@c` set to 0u, 1u, ...: the per-thread rows live in
+// registers only when they are indexed by constants.
+//
+// Visibility, as in attention_decode.wgsl: key j (position k_start + j) is seen by query t (position q_start + t)
+// iff kpos <= qpos and, with a window w > 0, kpos + w > qpos. The Rust side guarantees every query sees a key.
+
+const BR: u32 = 64u;
+const Q_AT: u32 = 9u;
+const K_AT: u32 = 14u;
+const V_AT: u32 = 19u;
+
+// Element offset of row (b, head, pos) of the view whose offset and strides start at p[at].
+fn view_base(at: u32, b: u32, head: u32, pos: u32) -> u32 {
+    return p[at] + b * p[at + 1u] + head * p[at + 2u] + pos * p[at + 3u];
+}
+
+// Quad c of a head row at element offset `base` of q, k or v (read through the view's stride along d; zeros
+// past D).
+fn load_q(base: u32, c: u32) -> vec4<f32> {
+    var r = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        if (4u * c + e < p[8]) {
+            r[e] = q[base + (4u * c + e) * p[Q_AT + 4u]];
+        }
+    }
+    return r;
+}
+
+fn load_k(base: u32, c: u32) -> vec4<f32> {
+    var r = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        if (4u * c + e < p[8]) {
+            r[e] = k[base + (4u * c + e) * p[K_AT + 4u]];
+        }
+    }
+    return r;
+}
+
+fn load_v(base: u32, c: u32) -> vec4<f32> {
+    var r = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        if (4u * c + e < p[8]) {
+            r[e] = v[base + (4u * c + e) * p[V_AT + 4u]];
+        }
+    }
+    return r;
+}
+
+// The keys query `t` sees: [first, end).
+fn keys_seen(t: u32) -> vec2<u32> {
+    let qpos = p[5] + t;
+    let end = min(p[3], qpos + 1u - p[6]);
+    var first = 0u;
+    if (p[7] > 0u && qpos + 1u > p[7] + p[6]) {
+        first = qpos + 1u - p[7] - p[6];
+    }
+    return vec2<u32>(first, end);
+}
+
+// The queries key `j` is seen by: [first, end).
+fn queries_seeing(j: u32) -> vec2<u32> {
+    let kpos = p[6] + j;
+    var first = 0u;
+    if (kpos > p[5]) {
+        first = min(p[2], kpos - p[5]);
+    }
+    var end = p[2];
+    if (p[7] > 0u) {
+        end = min(p[2], max(kpos + p[7], p[5]) - p[5]);
+    }
+    return vec2<u32>(first, max(first, end));
+}
