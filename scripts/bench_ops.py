@@ -2,7 +2,7 @@
 """Runs `hierarchos bench ops --json` and the same shapes in PyTorch on the same GPU; prints both and the ratio.
 
 Usage: python3 scripts/bench_ops.py PATH_TO_HIERARCHOS_BINARY [--sizes 512,1024,2048,4096] [--rows-cols 8192,4096]
-    [--linear 4096x768x768,...]
+    [--linear 4096x768x768,...] [--attention 8x12x512x64,...]
 Cases without a PyTorch counterpart (launch latency, decode attention) print Hierarchos' figure alone.
 """
 import argparse
@@ -23,7 +23,7 @@ def bench(fn, iters):
     return (time.perf_counter() - start) / iters
 
 
-def torch_cases(sizes, linear, rows, cols, iters):
+def torch_cases(sizes, linear, rows, cols, attention, iters):
     out = {}
     dt = {"f32": torch.float32, "f16": torch.float16}
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -54,16 +54,16 @@ def torch_cases(sizes, linear, rows, cols, iters):
     out[("sum", shape, "f32")] = (s, nbytes / s / 1e9)
     # Causal attention in training, as `hierarchos bench ops` times it (scaled_dot_product_attention picks its
     # fused f32 kernel).
-    b, h, t, d = 8, 12, 512, 64
-    q, k, v = (torch.randn(b, h, t, d, device="cuda", requires_grad=True) for _ in range(3))
-    fwd = 2 * b * h * t * t * d
-    attn_shape = f"{b}x{h}x{t}x{d} causal"
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    with torch.no_grad():
-        s = bench(lambda: sdpa(q, k, v, is_causal=True), iters)
-    out[("attn_fwd", attn_shape, "f32")] = (s, fwd / s / 1e12)
-    s = bench(lambda: sdpa(q, k, v, is_causal=True).sum().backward(), iters)
-    out[("attn_fwd_bwd", attn_shape, "f32")] = (s, 3.5 * fwd / s / 1e12)
+    for case in attention:
+        b, h, t, d = (int(v) for v in case.split("x"))
+        q, k, v = (torch.randn(b, h, t, d, device="cuda", requires_grad=True) for _ in range(3))
+        fwd = 2 * b * h * t * t * d
+        with torch.no_grad():
+            s = bench(lambda: sdpa(q, k, v, is_causal=True), iters)
+        out[("attn_fwd", f"{case} causal", "f32")] = (s, fwd / s / 1e12)
+        s = bench(lambda: sdpa(q, k, v, is_causal=True).sum().backward(), iters)
+        out[("attn_fwd_bwd", f"{case} causal", "f32")] = (s, 3.5 * fwd / s / 1e12)
     return out
 
 
@@ -73,18 +73,19 @@ def main():
     p.add_argument("--sizes", default="512,1024,2048,4096")
     p.add_argument("--rows-cols", default="8192,4096")
     p.add_argument("--linear", default="4096x768x768,4096x768x3072,4096x3072x768,4096x768x32000")
+    p.add_argument("--attention", default="8x12x512x64")
     p.add_argument("--iters", type=int, default=10)
     a = p.parse_args()
     sizes = [int(v) for v in a.sizes.split(",")]
     rows, cols = (int(v) for v in a.rows_cols.split(","))
     cmd = [a.binary, "bench", "ops", "--json", "--sizes", a.sizes, "--rows-cols", a.rows_cols, "--linear", a.linear,
-           "--iters", str(a.iters)]
+           "--attention", a.attention, "--iters", str(a.iters)]
     lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
     ours = {}
     for line in lines:
         r = json.loads(line)
         ours[(r["op"], r["shape"], r["dtype"])] = (r["ms"] / 1e3, r["value"], r["unit"])
-    theirs = torch_cases(sizes, a.linear.split(","), rows, cols, a.iters)
+    theirs = torch_cases(sizes, a.linear.split(","), rows, cols, a.attention.split(","), a.iters)
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__} (TF32 off)")
     print(f"| op | shape | dtype | Hierarchos | PyTorch | ratio |")
     print(f"|---|---|---|---|---|---|")

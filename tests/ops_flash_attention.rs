@@ -57,7 +57,8 @@ fn reference_grads(c: Case, q: &[f32], k: &[f32], v: &[f32], w: &[f32]) -> [Vec<
     [dq, dk, dv]
 }
 
-fn check(rng: &mut Rng, c: Case) {
+/// The forward against the f64 reference and, with `backward`, the three gradients of `Σ out · w` too.
+fn check(rng: &mut Rng, c: Case, backward: bool) {
     let x = inputs(rng, c);
     let (q, k, v) = (x.q.requires_grad_(), x.k.requires_grad_(), x.v.requires_grad_());
     let out = q.flash_attention(&k, &v, c.q_start, c.k_start, c.window).unwrap();
@@ -65,6 +66,9 @@ fn check(rng: &mut Rng, c: Case) {
     assert!(out.is_contiguous(), "{c:?}");
     let want = reference(c, &x.qv, &x.kv, &x.vv);
     assert_close(&format!("{c:?} forward"), &out.to_f32_vec().unwrap(), &want, 1e-5, 2e-6);
+    if !backward {
+        return;
+    }
 
     let w = rng.vec(out.numel(), -1.0, 1.0);
     let wt = Tensor::from_slice(&w, out.shape(), q.device()).unwrap();
@@ -97,12 +101,14 @@ fn flash_attention_matches_reference() {
         case((2, 9, 3), (3, 17, 3), (14, 0, None)),
         case((1, 3, 3), (5, 17, 8), (6, 2, Some(3))),
         case((1, 4, 2), (5, 17, 64), (12, 0, Some(4))),
-        // Head sizes filling 2, 3 and all 4 components of the last quad, up to the largest.
-        case((1, 2, 1), (3, 17, 130), (14, 0, None)),
-        case((1, 2, 2), (4, 4, 256), (0, 0, Some(3))),
+        // A head size filling 2 components of the last quad (17 and 3 fill 1 and 3 of them).
+        case((1, 2, 1), (3, 17, 66), (14, 0, None)),
     ] {
-        check(&mut rng, c);
+        check(&mut rng, c, true);
     }
+    // The largest head size, forward only: lavapipe takes ~20 s to compile the three kernels unrolled over 64
+    // quads, and the backward's tiles follow the same rule as the forward's.
+    check(&mut rng, case((1, 2, 2), (4, 4, 256), (0, 0, Some(3))), false);
 }
 
 /// Scores far apart: the running max keeps exp finite, in the forward and in the recomputed backward.

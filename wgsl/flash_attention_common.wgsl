@@ -2,17 +2,23 @@
 //
 // Parameters (u32 words): [B, H, T, S, group (H / KVH), q_start, k_start, window (0: none), D,
 // q offset, q strides (b, h, t, d), k offset, k strides (b, kvh, s, d), v offset, v strides (b, kvh, s, d)].
-// The Rust side defines D4 (quads per head row, D rounded up to 4), BC (rows per staged tile) and replaces every
-// block between `//@UNROLL` and `//@END` by D4 copies with `@c` set to 0u, 1u, ...: the per-thread rows live in
-// registers only when they are indexed by constants.
+// The Rust side defines D4 (quads per head row, D rounded up to 4), BR (rows per workgroup, one thread each), BC
+// (rows per staged tile, at most BR) and replaces every
+// block between `//@UNROLL` and `//@END` by D4 copies with `@c` set to 0u, 1u, ... and `@i` to 0, 1, ...: the
+// per-thread head rows are D4 separate vec4 variables (`acc@i`), which drivers keep in registers.
 //
 // Visibility, as in attention_decode.wgsl: key j (position k_start + j) is seen by query t (position q_start + t)
 // iff kpos <= qpos and, with a window w > 0, kpos + w > qpos. The Rust side guarantees every query sees a key.
 
-const BR: u32 = 64u;
 const Q_AT: u32 = 9u;
 const K_AT: u32 = 14u;
 const V_AT: u32 = 19u;
+
+// The inner loops take four keys (or queries) at a time, for four independent chains of multiply-adds; lanes past
+// the end of the range reread the tile's last row and are given no weight.
+fn hsum(a: vec4<f32>) -> f32 {
+    return (a.x + a.y) + (a.z + a.w);
+}
 
 // Element offset of row (b, head, pos) of the view whose offset and strides start at p[at].
 fn view_base(at: u32, b: u32, head: u32, pos: u32) -> u32 {

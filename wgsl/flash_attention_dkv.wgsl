@@ -12,10 +12,6 @@ var<workgroup> qs: array<vec4<f32>, BC * D4>;
 var<workgroup> gs: array<vec4<f32>, BC * D4>;
 var<workgroup> lse_s: array<f32, BC>;
 var<workgroup> delta_s: array<f32, BC>;
-var<private> kr: array<vec4<f32>, D4>;
-var<private> vr: array<vec4<f32>, D4>;
-var<private> dk_acc: array<vec4<f32>, D4>;
-var<private> dv_acc: array<vec4<f32>, D4>;
 
 fn load_dout(base: u32, c: u32) -> vec4<f32> {
     var r = vec4<f32>(0.0);
@@ -43,8 +39,14 @@ fn store_dv(base: u32, c: u32, x: vec4<f32>) {
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(BR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
+    //@UNROLL
+    var kr@i = vec4<f32>(0.0);
+    var vr@i = vec4<f32>(0.0);
+    var dk_acc@i = vec4<f32>(0.0);
+    var dv_acc@i = vec4<f32>(0.0);
+    //@END
     let lid = lid3.x;
     let H = p[1];
     let T = p[2];
@@ -64,8 +66,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         let kb = view_base(K_AT, b, kh, j);
         let vb = view_base(V_AT, b, kh, j);
         //@UNROLL
-        kr[@c] = load_k(kb, @c);
-        vr[@c] = load_v(vb, @c);
+        kr@i = load_k(kb, @c);
+        vr@i = load_v(vb, @c);
         //@END
     }
     for (var r = 0u; r < group; r = r + 1u) {
@@ -92,19 +94,49 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
             workgroupBarrier();
             let first = max(seeing.x, i0);
             let end = min(seeing.y, i0 + BC);
-            for (var i = first; i < end; i = i + 1u) {
-                let row = (i - i0) * D4;
-                var s = 0.0;
-                var dp = 0.0;
+            let last = i0 + BC - 1u;
+            for (var i = first; i < end; i = i + 4u) {
+                let n0 = i - i0;
+                let n1 = min(i + 1u, last) - i0;
+                let n2 = min(i + 2u, last) - i0;
+                let n3 = min(i + 3u, last) - i0;
+                let r0 = n0 * D4;
+                let r1 = n1 * D4;
+                let r2 = n2 * D4;
+                let r3 = n3 * D4;
+                var a0 = vec4<f32>(0.0);
+                var a1 = vec4<f32>(0.0);
+                var a2 = vec4<f32>(0.0);
+                var a3 = vec4<f32>(0.0);
+                var g0 = vec4<f32>(0.0);
+                var g1 = vec4<f32>(0.0);
+                var g2 = vec4<f32>(0.0);
+                var g3 = vec4<f32>(0.0);
                 //@UNROLL
-                s = s + dot(qs[row + @c], kr[@c]);
-                dp = dp + dot(gs[row + @c], vr[@c]);
+                a0 = fma(qs[r0 + @c], kr@i, a0);
+                a1 = fma(qs[r1 + @c], kr@i, a1);
+                a2 = fma(qs[r2 + @c], kr@i, a2);
+                a3 = fma(qs[r3 + @c], kr@i, a3);
+                g0 = fma(gs[r0 + @c], vr@i, g0);
+                g1 = fma(gs[r1 + @c], vr@i, g1);
+                g2 = fma(gs[r2 + @c], vr@i, g2);
+                g3 = fma(gs[r3 + @c], vr@i, g3);
                 //@END
-                let pr = exp(s - lse_s[i - i0]);
-                let ds = pr * (dp - delta_s[i - i0]);
+                let p0 = exp(hsum(a0) - lse_s[n0]);
+                let p1 = select(0.0, exp(hsum(a1) - lse_s[n1]), i + 1u < end);
+                let p2 = select(0.0, exp(hsum(a2) - lse_s[n2]), i + 2u < end);
+                let p3 = select(0.0, exp(hsum(a3) - lse_s[n3]), i + 3u < end);
+                let d0 = vec4<f32>(p0 * (hsum(g0) - delta_s[n0]));
+                let d1 = vec4<f32>(p1 * (hsum(g1) - delta_s[n1]));
+                let d2 = vec4<f32>(p2 * (hsum(g2) - delta_s[n2]));
+                let d3 = vec4<f32>(p3 * (hsum(g3) - delta_s[n3]));
+                let e0 = vec4<f32>(p0);
+                let e1 = vec4<f32>(p1);
+                let e2 = vec4<f32>(p2);
+                let e3 = vec4<f32>(p3);
                 //@UNROLL
-                dv_acc[@c] = fma(vec4<f32>(pr), gs[row + @c], dv_acc[@c]);
-                dk_acc[@c] = fma(vec4<f32>(ds), qs[row + @c], dk_acc[@c]);
+                dv_acc@i = fma(e0, gs[r0 + @c], fma(e1, gs[r1 + @c], fma(e2, gs[r2 + @c], fma(e3, gs[r3 + @c], dv_acc@i))));
+                dk_acc@i = fma(d0, qs[r0 + @c], fma(d1, qs[r1 + @c], fma(d2, qs[r2 + @c], fma(d3, qs[r3 + @c], dk_acc@i))));
                 //@END
             }
         }
@@ -112,8 +144,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     if (live) {
         let ob = ((b * KVH + kh) * S + j) * D;
         //@UNROLL
-        store_dk(ob, @c, dk_acc[@c]);
-        store_dv(ob, @c, dv_acc[@c]);
+        store_dk(ob, @c, dk_acc@i);
+        store_dv(ob, @c, dv_acc@i);
         //@END
     }
 }

@@ -8,9 +8,6 @@
 
 var<workgroup> ks: array<vec4<f32>, BC * D4>;
 var<workgroup> vs: array<vec4<f32>, BC * D4>;
-var<private> qr: array<vec4<f32>, D4>;
-var<private> gr: array<vec4<f32>, D4>;
-var<private> acc: array<vec4<f32>, D4>;
 
 fn load_dout(base: u32, c: u32) -> vec4<f32> {
     var r = vec4<f32>(0.0);
@@ -40,8 +37,13 @@ fn store_dq(base: u32, c: u32, x: vec4<f32>) {
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(BR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
+    //@UNROLL
+    var qr@i = vec4<f32>(0.0);
+    var gr@i = vec4<f32>(0.0);
+    var acc@i = vec4<f32>(0.0);
+    //@END
     let lid = lid3.x;
     let H = p[1];
     let T = p[2];
@@ -61,9 +63,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         let qb = view_base(Q_AT, b, h, t);
         let ob = ((b * T + t) * H + h) * D;
         //@UNROLL
-        qr[@c] = load_q(qb, @c);
-        gr[@c] = load_dout(ob, @c);
-        delta = delta + dot(gr[@c], load_out(ob, @c));
+        qr@i = load_q(qb, @c);
+        gr@i = load_dout(ob, @c);
+        delta = delta + dot(gr@i, load_out(ob, @c));
         //@END
         row_lse = lse[(b * H + h) * T + t];
         delta_out[(b * H + h) * T + t] = delta;
@@ -85,24 +87,43 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         workgroupBarrier();
         let first = max(seen.x, j0);
         let end = min(seen.y, j0 + BC);
-        for (var j = first; j < end; j = j + 1u) {
-            let row = (j - j0) * D4;
-            var s = 0.0;
-            var dp = 0.0;
+        let last = j0 + BC - 1u;
+        for (var j = first; j < end; j = j + 4u) {
+            let r0 = (j - j0) * D4;
+            let r1 = (min(j + 1u, last) - j0) * D4;
+            let r2 = (min(j + 2u, last) - j0) * D4;
+            let r3 = (min(j + 3u, last) - j0) * D4;
+            var a0 = vec4<f32>(0.0);
+            var a1 = vec4<f32>(0.0);
+            var a2 = vec4<f32>(0.0);
+            var a3 = vec4<f32>(0.0);
+            var g0 = vec4<f32>(0.0);
+            var g1 = vec4<f32>(0.0);
+            var g2 = vec4<f32>(0.0);
+            var g3 = vec4<f32>(0.0);
             //@UNROLL
-            s = s + dot(qr[@c], ks[row + @c]);
-            dp = dp + dot(gr[@c], vs[row + @c]);
+            a0 = fma(qr@i, ks[r0 + @c], a0);
+            a1 = fma(qr@i, ks[r1 + @c], a1);
+            a2 = fma(qr@i, ks[r2 + @c], a2);
+            a3 = fma(qr@i, ks[r3 + @c], a3);
+            g0 = fma(gr@i, vs[r0 + @c], g0);
+            g1 = fma(gr@i, vs[r1 + @c], g1);
+            g2 = fma(gr@i, vs[r2 + @c], g2);
+            g3 = fma(gr@i, vs[r3 + @c], g3);
             //@END
-            let ds = exp(s - row_lse) * (dp - delta);
+            let ds0 = vec4<f32>(exp(hsum(a0) - row_lse) * (hsum(g0) - delta));
+            let ds1 = vec4<f32>(select(0.0, exp(hsum(a1) - row_lse) * (hsum(g1) - delta), j + 1u < end));
+            let ds2 = vec4<f32>(select(0.0, exp(hsum(a2) - row_lse) * (hsum(g2) - delta), j + 2u < end));
+            let ds3 = vec4<f32>(select(0.0, exp(hsum(a3) - row_lse) * (hsum(g3) - delta), j + 3u < end));
             //@UNROLL
-            acc[@c] = fma(vec4<f32>(ds), ks[row + @c], acc[@c]);
+            acc@i = fma(ds0, ks[r0 + @c], fma(ds1, ks[r1 + @c], fma(ds2, ks[r2 + @c], fma(ds3, ks[r3 + @c], acc@i))));
             //@END
         }
     }
     if (live) {
         let db = ((b * H + h) * T + t) * D;
         //@UNROLL
-        store_dq(db, @c, acc[@c]);
+        store_dq(db, @c, acc@i);
         //@END
     }
 }

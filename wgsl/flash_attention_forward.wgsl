@@ -8,8 +8,6 @@
 
 var<workgroup> ks: array<vec4<f32>, BC * D4>;
 var<workgroup> vs: array<vec4<f32>, BC * D4>;
-var<private> qr: array<vec4<f32>, D4>;
-var<private> acc: array<vec4<f32>, D4>;
 
 fn store_out(base: u32, c: u32, x: vec4<f32>) {
     for (var e = 0u; e < 4u; e = e + 1u) {
@@ -19,8 +17,12 @@ fn store_out(base: u32, c: u32, x: vec4<f32>) {
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(BR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
+    //@UNROLL
+    var qr@i = vec4<f32>(0.0);
+    var acc@i = vec4<f32>(0.0);
+    //@END
     let lid = lid3.x;
     let H = p[1];
     let T = p[2];
@@ -37,7 +39,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     if (live) {
         let qb = view_base(Q_AT, b, h, t);
         //@UNROLL
-        qr[@c] = load_q(qb, @c);
+        qr@i = load_q(qb, @c);
         //@END
     }
     var m = neg_inf();
@@ -59,24 +61,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         workgroupBarrier();
         let first = max(seen.x, j0);
         let end = min(seen.y, j0 + BC);
-        for (var j = first; j < end; j = j + 1u) {
-            let row = (j - j0) * D4;
-            var s = 0.0;
+        let last = j0 + BC - 1u;
+        for (var j = first; j < end; j = j + 4u) {
+            let r0 = (j - j0) * D4;
+            let r1 = (min(j + 1u, last) - j0) * D4;
+            let r2 = (min(j + 2u, last) - j0) * D4;
+            let r3 = (min(j + 3u, last) - j0) * D4;
+            var a0 = vec4<f32>(0.0);
+            var a1 = vec4<f32>(0.0);
+            var a2 = vec4<f32>(0.0);
+            var a3 = vec4<f32>(0.0);
             //@UNROLL
-            s = s + dot(qr[@c], ks[row + @c]);
+            a0 = fma(qr@i, ks[r0 + @c], a0);
+            a1 = fma(qr@i, ks[r1 + @c], a1);
+            a2 = fma(qr@i, ks[r2 + @c], a2);
+            a3 = fma(qr@i, ks[r3 + @c], a3);
             //@END
-            if (s > m) {
-                let r = exp(m - s);
+            let s0 = hsum(a0);
+            let s1 = select(neg_inf(), hsum(a1), j + 1u < end);
+            let s2 = select(neg_inf(), hsum(a2), j + 2u < end);
+            let s3 = select(neg_inf(), hsum(a3), j + 3u < end);
+            let mx = max(max(s0, s1), max(s2, s3));
+            if (mx > m) {
+                let r = exp(m - mx);
                 l = l * r;
                 //@UNROLL
-                acc[@c] = acc[@c] * r;
+                acc@i = acc@i * r;
                 //@END
-                m = s;
+                m = mx;
             }
-            let e = exp(s - m);
-            l = l + e;
+            let e0 = vec4<f32>(exp(s0 - m));
+            let e1 = vec4<f32>(exp(s1 - m));
+            let e2 = vec4<f32>(exp(s2 - m));
+            let e3 = vec4<f32>(exp(s3 - m));
+            l = l + (e0.x + e1.x) + (e2.x + e3.x);
             //@UNROLL
-            acc[@c] = fma(vec4<f32>(e), vs[row + @c], acc[@c]);
+            acc@i = fma(e0, vs[r0 + @c], fma(e1, vs[r1 + @c], fma(e2, vs[r2 + @c], fma(e3, vs[r3 + @c], acc@i))));
             //@END
         }
     }
@@ -84,7 +104,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         let ob = ((b * T + t) * H + h) * D;
         let inv = 1.0 / l;
         //@UNROLL
-        store_out(ob, @c, acc[@c] * inv);
+        store_out(ob, @c, acc@i * inv);
         //@END
         lse[(b * H + h) * T + t] = m + log(l);
     }

@@ -31,6 +31,10 @@ pub struct OpsArgs {
     /// Rows × columns of the softmax, elementwise and reduction benchmarks.
     #[arg(long, value_delimiter = ',', default_value = "8192,4096")]
     pub rows_cols: Vec<usize>,
+    /// Causal attention shapes `BATCHxHEADSxTOKENSxHEAD_DIM` timed in training (forward, and forward plus
+    /// backward); the default is the 110M Llama shape at 8 x 512 tokens.
+    #[arg(long, value_delimiter = ',', default_value = "8x12x512x64")]
+    pub attention: Vec<String>,
     /// Timed repetitions per case (after one warm-up run).
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
@@ -180,44 +184,54 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
     decode_attention(args, &device)
 }
 
-/// Causal attention of the 110M Llama shape in training (8 sequences of 512 tokens, 12 heads of 64):
-/// [`Tensor::flash_attention`] forward, and forward plus backward (of the output's sum). FLOPs count the visible
-/// half of the score matrix: 2·B·H·T²·D forward (two products), 2.5 times that backward (five).
+/// Causal attention in training ([`Tensor::flash_attention`]) for each `--attention` shape: forward, and forward
+/// plus backward (of the output's sum). FLOPs count the visible half of the score matrix: 2·B·H·T²·D forward (two
+/// products), 2.5 times that backward (five).
 fn training_attention(args: &OpsArgs, device: &Device) -> Result<()> {
-    let (b, h, t, d) = (8, 12, 512, 64);
-    let leaf =
-        |seed| -> Result<Tensor> { Ok(Tensor::randn(&[b, h, t, d], seed, 0, DType::F32, device)?.requires_grad_()) };
-    let (q, k, v) = (leaf(14)?, leaf(15)?, leaf(16)?);
-    let forward_flops = 2.0 * (b * h * t * t * d) as f64;
-    let shape = format!("{b}x{h}x{t}x{d} causal");
-    let secs = time(device, args.iters, || {
-        hierarchos_core::no_grad(|| Ok(q.flash_attention(&k, &v, 0, 0, None)?))
-    })?;
-    report(
-        args.json,
-        "attn_fwd",
-        &shape,
-        DType::F32,
-        secs,
-        forward_flops / secs / 1e12,
-        "TFLOP/s",
-    );
-    let secs = time(device, args.iters, || {
-        for x in [&q, &k, &v] {
-            x.zero_grad();
-        }
-        q.flash_attention(&k, &v, 0, 0, None)?.sum_all()?.backward()?;
-        q.grad().context("a query gradient")
-    })?;
-    report(
-        args.json,
-        "attn_fwd_bwd",
-        &shape,
-        DType::F32,
-        secs,
-        3.5 * forward_flops / secs / 1e12,
-        "TFLOP/s",
-    );
+    for case in &args.attention {
+        let dims: Vec<usize> = case
+            .split('x')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("--attention {case}: expected BATCHxHEADSxTOKENSxHEAD_DIM"))?;
+        let [b, h, t, d] = dims[..] else {
+            anyhow::bail!("--attention {case}: expected BATCHxHEADSxTOKENSxHEAD_DIM")
+        };
+        let leaf = |seed| -> Result<Tensor> {
+            Ok(Tensor::randn(&[b, h, t, d], seed, 0, DType::F32, device)?.requires_grad_())
+        };
+        let (q, k, v) = (leaf(14)?, leaf(15)?, leaf(16)?);
+        let forward_flops = 2.0 * (b * h * t * t * d) as f64;
+        let shape = format!("{case} causal");
+        let secs = time(device, args.iters, || {
+            hierarchos_core::no_grad(|| Ok(q.flash_attention(&k, &v, 0, 0, None)?))
+        })?;
+        report(
+            args.json,
+            "attn_fwd",
+            &shape,
+            DType::F32,
+            secs,
+            forward_flops / secs / 1e12,
+            "TFLOP/s",
+        );
+        let secs = time(device, args.iters, || {
+            for x in [&q, &k, &v] {
+                x.zero_grad();
+            }
+            q.flash_attention(&k, &v, 0, 0, None)?.sum_all()?.backward()?;
+            q.grad().context("a query gradient")
+        })?;
+        report(
+            args.json,
+            "attn_fwd_bwd",
+            &shape,
+            DType::F32,
+            secs,
+            3.5 * forward_flops / secs / 1e12,
+            "TFLOP/s",
+        );
+    }
     Ok(())
 }
 
