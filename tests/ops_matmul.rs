@@ -450,3 +450,26 @@ fn long_reductions_split_into_slices() {
     check_shapes(&mut rng, &[2, 4, 1100], &[2, 1100, 3], DType::F32);
     check_shapes(&mut rng, &[3, 2050], &[2050, 5], DType::F16);
 }
+
+/// f16 products of whole 128 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (16 x 16 f16
+/// into f32, subgroups of 32) they run on tensor cores; elsewhere the tiled kernel. Both operand layouts, an
+/// offset view, several tiles along M and N, and a batch of one (batched products stay on the tiled kernel).
+#[test]
+fn f16_products_of_whole_tiles() {
+    let mut rng = Rng::new("f16_products_of_whole_tiles");
+    let d = dev();
+    eprintln!("cooperative matrices: {}", d.caps().cooperative_matrix);
+    check_shapes(&mut rng, &[128, 32], &[32, 128], DType::F16);
+    check_shapes(&mut rng, &[256, 96], &[96, 384], DType::F16);
+    check_shapes(&mut rng, &[1, 128, 64], &[64, 256], DType::F16);
+    // x @ W.t() with W [N, K]; and a lhs view starting past the start of its storage.
+    let (x, vx) = random(&mut rng, &[130, 64], DType::F16);
+    let (w, vw) = random(&mut rng, &[256, 64], DType::F16);
+    check(
+        "x[2..] @ W^T f16",
+        &x.narrow(0, 2, 128).unwrap(),
+        &vx,
+        &w.t().unwrap(),
+        &vw,
+    );
+}

@@ -36,7 +36,7 @@ pub struct Caps {
     pub f16: bool,
     /// Timestamp queries are available for profiling.
     pub timestamps: bool,
-    /// Cooperative matrices (tensor cores) are used.
+    /// Cooperative matrices (tensor cores) are used: the adapter multiplies 16 x 16 f16 matrices into f32 ones.
     pub cooperative_matrix: bool,
 }
 
@@ -309,7 +309,14 @@ impl Gpu {
         let timestamps = available.contains(wgpu::Features::TIMESTAMP_QUERY);
         let profile =
             options.profile && timestamps && available.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
-        let coop = options.cooperative_matrix && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        // The one configuration the kernels use: f16 operands, f32 accumulators, 16 x 16 x 16.
+        let coop = options.cooperative_matrix
+            && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && adapter.cooperative_matrix_properties().iter().any(|c| {
+                (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+                    && c.ab_type == wgpu::CooperativeScalarType::F16
+                    && c.cr_type == wgpu::CooperativeScalarType::F32
+            });
         let cache = options.pipeline_cache.is_some()
             && !cfg!(target_arch = "wasm32")
             && available.contains(wgpu::Features::PIPELINE_CACHE);

@@ -8,6 +8,7 @@ use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
+use crate::ops::matmul_coop;
 use crate::shape::{Layout, MAX_DIMS, broadcast_shapes, numel};
 use crate::tensor::Tensor;
 
@@ -216,6 +217,9 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     let mut out_shape = batch.to_vec();
     out_shape.extend([m, n]);
     let device = a.device().clone();
+    if matmul_coop::fits(&device, [a.dtype(), b.dtype()], la, lb) {
+        return matmul_coop::launch(a, la, b, lb)?.reshape(&out_shape);
+    }
     let native_f16 = device.caps().f16;
     let (a_access, b_access) = (Access::new(a.dtype(), native_f16), Access::new(b.dtype(), native_f16));
     let skinny = m <= SKINNY_MAX_ROWS && lb.strides[r - 2] == 1;

@@ -14,6 +14,7 @@ pub(crate) mod map;
 pub mod mask;
 pub(crate) mod math;
 pub mod matmul;
+mod matmul_coop;
 pub mod norm;
 pub mod random;
 pub mod reduce;

@@ -1,0 +1,72 @@
+//! The f16 matrix product on tensor cores through cooperative matrices (wgpu's experimental
+//! `wgpu_cooperative_matrix`): 16 x 16 x 16 products of f16 fragments accumulated in f32. It takes the products
+//! whose shapes fill its 128 x 128 tiles; everything else runs the portable tiled kernel.
+
+use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu};
+
+use crate::error::Result;
+use crate::shape::Layout;
+use crate::tensor::Tensor;
+
+const MATMUL_COOP_WGSL: &str = include_str!("../../../../wgsl/matmul_coop.wgsl");
+
+/// Output tile of one workgroup (rows and columns) and the reduction steps staged at a time.
+const TILE: usize = 128;
+const STEP: usize = 32;
+
+/// Whether `la` `[batch.., M, K]` @ `lb` `[batch.., K, N]` of f16 operands on `device` runs on cooperative matrices:
+/// the adapter has them (16 x 16 f16 into f32), native f16 storage, subgroups of exactly 32 (the kernel's layout
+/// of eight subgroups), one batch entry, dimensions that fill whole tiles, and operands that load eight halves at
+/// a time (unit stride along K for the left one, along K or N for the right one; offsets and other strides
+/// multiples of 8).
+pub(crate) fn fits(device: &Gpu, dtypes: [DType; 2], la: &Layout, lb: &Layout) -> bool {
+    let caps = device.caps();
+    let r = la.rank();
+    let (m, k, n) = (la.shape[r - 2], la.shape[r - 1], lb.shape[r - 1]);
+    let eights = |l: &Layout, unit: usize, other: usize| {
+        l.strides[unit] == 1 && l.strides[other].is_multiple_of(8) && l.offset.is_multiple_of(8)
+    };
+    caps.cooperative_matrix
+        && caps.f16
+        && caps.subgroups
+        && caps.subgroup_size == (32, 32)
+        && dtypes == [DType::F16, DType::F16]
+        && la.shape[..r - 2].iter().all(|&d| d == 1)
+        && m.is_multiple_of(TILE)
+        && n.is_multiple_of(TILE)
+        && k.is_multiple_of(STEP)
+        && k > 0
+        && eights(la, r - 1, r - 2)
+        && (eights(lb, r - 1, r - 2) || eights(lb, r - 2, r - 1))
+}
+
+/// Launches the kernel for `la` `[M, K]` and `lb` `[K, N]` of f16 operands that [`fits`] allowed; returns the
+/// dense f16 `[M, N]` product.
+pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result<Tensor> {
+    let r = la.rank();
+    let (m, k, n) = (la.shape[r - 2], la.shape[r - 1], lb.shape[r - 1]);
+    let device = a.device();
+    let out = device.alloc("matmul", Tensor::bytes_for(m * n, DType::F16))?;
+    let out = Tensor::from_buffer(out, &[m, n], DType::F16, None);
+    // A transposed weight (`x @ W.t()`) has unit stride along K: staged as [n][k] rows.
+    let b_along_k = lb.strides[r - 2] == 1 && lb.strides[r - 1] != 1;
+    let params = [
+        m as u32,
+        n as u32,
+        k as u32,
+        la.offset as u32,
+        la.strides[r - 2] as u32,
+        lb.offset as u32,
+        lb.strides[if b_along_k { r - 1 } else { r - 2 }] as u32,
+        (n / TILE) as u32,
+    ];
+    device.dispatch(Dispatch {
+        op: "matmul",
+        key: &format!("matmul_coop:{b_along_k}"),
+        source: &|| format!("{MATMUL_COOP_WGSL}const B_ALONG_K: bool = {b_along_k};\n{COMMON_WGSL}"),
+        buffers: &[out.buffer(), a.buffer(), b.buffer()],
+        params: &params,
+        workgroups: Gpu::grid(((m / TILE) * (n / TILE)) as u32),
+    })?;
+    Ok(out)
+}

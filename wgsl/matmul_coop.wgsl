@@ -1,0 +1,199 @@
+// f16 matrix product on tensor cores (ops/matmul_coop.rs): out[M, N] = lhs[M, K] @ rhs[K, N], f32 accumulation in
+// cooperative matrices (16 x 16 x 16), f16 result. One workgroup of eight subgroups of 32 computes a BM x BN =
+// 128 x 128 tile; subgroup w owns the 64 x 32 block at rows 64 * (w / 4), columns 32 * (w % 4): 4 x 2 accumulator
+// fragments. Slices of BK = 32 steps of the reduction are staged in workgroup memory (rows padded by 8 halves
+// against bank conflicts); while the subgroups multiply one slice, each thread already holds the next one's
+// loads in registers (eight halves from each operand, twice).
+//
+// Operands are bound as arrays of vec4<f16> and read eight halves at a time (two vec4s): lhs is read along K (unit stride along K), rhs along
+// N (B_ALONG_K = false, staged [k][n] and loaded row-major) or along K (a transposed weight, staged [n][k] and
+// loaded column-major). The Rust side launches it only for M, N multiples of 128, K a multiple of 32, offsets
+// and row strides multiples of 8, on adapters with subgroups of 32, and defines B_ALONG_K.
+//
+// Parameters (u32 words): [M, N, K, lhs offset, lhs stride along M, rhs offset, rhs stride along its outer
+// dimension (N when B_ALONG_K, else K), tiles along N].
+
+enable f16;
+enable wgpu_cooperative_matrix;
+
+@group(0) @binding(0) var<storage, read> p: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f16>;
+@group(0) @binding(2) var<storage, read> lhs: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> rhs: array<vec4<f16>>;
+
+const BM: u32 = 128u;
+const BN: u32 = 128u;
+const BK: u32 = 32u;
+// Row strides (halves) of the staged slices: [m][k] and, along K, [n][k] rows of BK; along N, [k][n] rows of BN.
+const AS: u32 = 40u;
+const BS: u32 = 136u;
+
+var<workgroup> As: array<f16, 5120>;
+var<workgroup> Bs: array<f16, 5120>;
+// One 16 x 16 f32 fragment per subgroup on its way out.
+var<workgroup> Cs: array<f32, 2048>;
+
+// Eight halves (two vec4<f16>) into `As` / `Bs` at element `at`.
+fn stash_a(at: u32, v: array<vec4<f16>, 2>) {
+    As[at + 0u] = v[0].x;
+    As[at + 1u] = v[0].y;
+    As[at + 2u] = v[0].z;
+    As[at + 3u] = v[0].w;
+    As[at + 4u] = v[1].x;
+    As[at + 5u] = v[1].y;
+    As[at + 6u] = v[1].z;
+    As[at + 7u] = v[1].w;
+}
+
+fn stash_b(at: u32, v: array<vec4<f16>, 2>) {
+    Bs[at + 0u] = v[0].x;
+    Bs[at + 1u] = v[0].y;
+    Bs[at + 2u] = v[0].z;
+    Bs[at + 3u] = v[0].w;
+    Bs[at + 4u] = v[1].x;
+    Bs[at + 5u] = v[1].y;
+    Bs[at + 6u] = v[1].z;
+    Bs[at + 7u] = v[1].w;
+}
+
+fn fetch_a(i: u32) -> array<vec4<f16>, 2> {
+    return array<vec4<f16>, 2>(lhs[2u * i], lhs[2u * i + 1u]);
+}
+
+fn fetch_b(i: u32) -> array<vec4<f16>, 2> {
+    return array<vec4<f16>, 2>(rhs[2u * i], rhs[2u * i + 1u]);
+}
+
+// Staged position and global vec4 index of load `e` (0 or 1) of thread `lid` for the slice at k0: A as 128 rows
+// of four vec4s; B along K the same over N rows, along N as 32 rows of sixteen vec4s.
+fn a_at(lid: u32, e: u32) -> u32 {
+    let i = lid + 256u * e;
+    return (i / 4u) * AS + (i % 4u) * 8u;
+}
+
+fn a_src(lid: u32, e: u32, m0: u32, k0: u32) -> u32 {
+    let i = lid + 256u * e;
+    return (p[3] + (m0 + i / 4u) * p[4] + k0 + (i % 4u) * 8u) / 8u;
+}
+
+fn b_at(lid: u32, e: u32) -> u32 {
+    let i = lid + 256u * e;
+    if (B_ALONG_K) {
+        return (i / 4u) * AS + (i % 4u) * 8u;
+    }
+    return (i / 16u) * BS + (i % 16u) * 8u;
+}
+
+fn b_src(lid: u32, e: u32, n0: u32, k0: u32) -> u32 {
+    let i = lid + 256u * e;
+    if (B_ALONG_K) {
+        return (p[5] + (n0 + i / 4u) * p[6] + k0 + (i % 4u) * 8u) / 8u;
+    }
+    return (p[5] + (k0 + i / 16u) * p[6] + n0 + (i % 16u) * 8u) / 8u;
+}
+
+fn load_b(kk: u32, col: u32) -> coop_mat16x16<f16, B> {
+    if (B_ALONG_K) {
+        return coopLoad<coop_mat16x16<f16, B>>(&Bs[col * AS + kk], AS);
+    }
+    return coopLoadT<coop_mat16x16<f16, B>>(&Bs[kk * BS + col], BS);
+}
+
+// Lane `lane` of subgroup `sg` writes its eight elements of the fragment staged in Cs to the tile at (row, col),
+// rounded to f16 as every kernel rounds (round to nearest even).
+fn emit(sg: u32, lane: u32, row: u32, col: u32, N: u32) {
+    for (var e = 0u; e < 8u; e = e + 1u) {
+        let i = lane + 32u * e;
+        out[(row + i / 16u) * N + col + i % 16u] = f16(unpack2x16float(f32_to_f16(Cs[sg * 256u + i])).x);
+    }
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) lane: u32) {
+    let N = p[1];
+    let K = p[2];
+    let tile = wg.x + wg.y * nwg.x;
+    if (tile >= (p[0] / BM) * p[7]) {
+        return;
+    }
+    let m0 = (tile / p[7]) * BM;
+    let n0 = (tile % p[7]) * BN;
+    let wm = (sg / 4u) * 64u;
+    let wn = (sg % 4u) * 32u;
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    var c20 = coop_mat16x16<f32, C>();
+    var c21 = coop_mat16x16<f32, C>();
+    var c30 = coop_mat16x16<f32, C>();
+    var c31 = coop_mat16x16<f32, C>();
+    var ra0 = fetch_a(a_src(lid, 0u, m0, 0u));
+    var ra1 = fetch_a(a_src(lid, 1u, m0, 0u));
+    var rb0 = fetch_b(b_src(lid, 0u, n0, 0u));
+    var rb1 = fetch_b(b_src(lid, 1u, n0, 0u));
+    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {
+        workgroupBarrier();
+        stash_a(a_at(lid, 0u), ra0);
+        stash_a(a_at(lid, 1u), ra1);
+        stash_b(b_at(lid, 0u), rb0);
+        stash_b(b_at(lid, 1u), rb1);
+        workgroupBarrier();
+        if (k0 + BK < K) {
+            ra0 = fetch_a(a_src(lid, 0u, m0, k0 + BK));
+            ra1 = fetch_a(a_src(lid, 1u, m0, k0 + BK));
+            rb0 = fetch_b(b_src(lid, 0u, n0, k0 + BK));
+            rb1 = fetch_b(b_src(lid, 1u, n0, k0 + BK));
+        }
+        for (var kk = 0u; kk < BK; kk = kk + 16u) {
+            let b0 = load_b(kk, wn);
+            let b1 = load_b(kk, wn + 16u);
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&As[wm * AS + kk], AS);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 16u) * AS + kk], AS);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+            let a2 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 32u) * AS + kk], AS);
+            c20 = coopMultiplyAdd(a2, b0, c20);
+            c21 = coopMultiplyAdd(a2, b1, c21);
+            let a3 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 48u) * AS + kk], AS);
+            c30 = coopMultiplyAdd(a3, b0, c30);
+            c31 = coopMultiplyAdd(a3, b1, c31);
+        }
+    }
+    workgroupBarrier();
+    coopStoreT(c00, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 0u, n0 + wn + 0u, N);
+    workgroupBarrier();
+    coopStoreT(c01, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 0u, n0 + wn + 16u, N);
+    workgroupBarrier();
+    coopStoreT(c10, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 16u, n0 + wn + 0u, N);
+    workgroupBarrier();
+    coopStoreT(c11, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 16u, n0 + wn + 16u, N);
+    workgroupBarrier();
+    coopStoreT(c20, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 32u, n0 + wn + 0u, N);
+    workgroupBarrier();
+    coopStoreT(c21, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 32u, n0 + wn + 16u, N);
+    workgroupBarrier();
+    coopStoreT(c30, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 48u, n0 + wn + 0u, N);
+    workgroupBarrier();
+    coopStoreT(c31, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 48u, n0 + wn + 16u, N);
+}
