@@ -451,7 +451,7 @@ fn long_reductions_split_into_slices() {
     check_shapes(&mut rng, &[3, 2050], &[2050, 5], DType::F16);
 }
 
-/// f16 products of whole 128 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (16 x 16 f16
+/// f16 products of whole 256 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (16 x 16 f16
 /// into f32, subgroups of 32) they run on tensor cores; elsewhere the tiled kernel. Both operand layouts, an
 /// offset view, several tiles along M and N, and a batch of one (batched products stay on the tiled kernel).
 #[test]

@@ -1,14 +1,15 @@
 // f16 matrix product on tensor cores (ops/matmul_coop.rs): out[M, N] = lhs[M, K] @ rhs[K, N], f32 accumulation in
 // cooperative matrices (16 x 16 x 16), f16 result. One workgroup of eight subgroups of 32 computes a BM x BN =
-// 128 x 128 tile; subgroup w owns the 64 x 32 block at rows 64 * (w / 4), columns 32 * (w % 4): 4 x 2 accumulator
-// fragments. Slices of BK = 32 steps of the reduction are staged in workgroup memory (rows padded by 8 halves
+// 256 x 128 tile; subgroup w owns the 64 x 64 block at rows 64 * (w / 2), columns 64 * (w % 2): 4 x 4 accumulator
+// fragments, so that each fragment loaded from workgroup memory feeds four products. Slices of BK = 32 steps of the reduction are staged in workgroup memory (rows padded by 8 halves
 // against bank conflicts); while the subgroups multiply one slice, each thread already holds the next one's
 // loads in registers (eight halves from each operand, twice).
 //
 // Operands are bound as arrays of vec4<f16> and read eight halves at a time (two vec4s): lhs is read along K (unit stride along K), rhs along
 // N (B_ALONG_K = false, staged [k][n] and loaded row-major) or along K (a transposed weight, staged [n][k] and
 // loaded column-major). The Rust side launches it only for M, N multiples of 128, K a multiple of 32, offsets
-// and row strides multiples of 8, on adapters with subgroups of 32, and defines B_ALONG_K.
+// and row strides multiples of 8, on adapters with subgroups of 32, and defines B_ALONG_K. (The Rust side checks
+// M against BM, N against BN.)
 //
 // Parameters (u32 words): [M, N, K, lhs offset, lhs stride along M, rhs offset, rhs stride along its outer
 // dimension (N when B_ALONG_K, else K), tiles along N].
@@ -21,14 +22,14 @@ enable wgpu_cooperative_matrix;
 @group(0) @binding(2) var<storage, read> lhs: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read> rhs: array<vec4<f16>>;
 
-const BM: u32 = 128u;
+const BM: u32 = 256u;
 const BN: u32 = 128u;
 const BK: u32 = 32u;
 // Row strides (halves) of the staged slices: [m][k] and, along K, [n][k] rows of BK; along N, [k][n] rows of BN.
 const AS: u32 = 40u;
 const BS: u32 = 136u;
 
-var<workgroup> As: array<f16, 5120>;
+var<workgroup> As: array<f16, 10240>;
 var<workgroup> Bs: array<f16, 5120>;
 // One 16 x 16 f32 fragment per subgroup on its way out.
 var<workgroup> Cs: array<f32, 2048>;
@@ -64,8 +65,8 @@ fn fetch_b(i: u32) -> array<vec4<f16>, 2> {
     return array<vec4<f16>, 2>(rhs[2u * i], rhs[2u * i + 1u]);
 }
 
-// Staged position and global vec4 index of load `e` (0 or 1) of thread `lid` for the slice at k0: A as 128 rows
-// of four vec4s; B along K the same over N rows, along N as 32 rows of sixteen vec4s.
+// Staged position and global vec4 index of load `e` of thread `lid` for the slice at k0 (eight halves each): A as
+// 256 rows of four (loads 0..3); B along K as 128 rows of four, along N as 32 rows of sixteen (loads 0 and 1).
 fn a_at(lid: u32, e: u32) -> u32 {
     let i = lid + 256u * e;
     return (i / 4u) * AS + (i % 4u) * 8u;
@@ -120,48 +121,72 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     let m0 = (tile / p[7]) * BM;
     let n0 = (tile % p[7]) * BN;
-    let wm = (sg / 4u) * 64u;
-    let wn = (sg % 4u) * 32u;
+    let wm = (sg / 2u) * 64u;
+    let wn = (sg % 2u) * 64u;
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
     var c20 = coop_mat16x16<f32, C>();
     var c21 = coop_mat16x16<f32, C>();
+    var c22 = coop_mat16x16<f32, C>();
+    var c23 = coop_mat16x16<f32, C>();
     var c30 = coop_mat16x16<f32, C>();
     var c31 = coop_mat16x16<f32, C>();
+    var c32 = coop_mat16x16<f32, C>();
+    var c33 = coop_mat16x16<f32, C>();
     var ra0 = fetch_a(a_src(lid, 0u, m0, 0u));
     var ra1 = fetch_a(a_src(lid, 1u, m0, 0u));
+    var ra2 = fetch_a(a_src(lid, 2u, m0, 0u));
+    var ra3 = fetch_a(a_src(lid, 3u, m0, 0u));
     var rb0 = fetch_b(b_src(lid, 0u, n0, 0u));
     var rb1 = fetch_b(b_src(lid, 1u, n0, 0u));
     for (var k0 = 0u; k0 < K; k0 = k0 + BK) {
         workgroupBarrier();
         stash_a(a_at(lid, 0u), ra0);
         stash_a(a_at(lid, 1u), ra1);
+        stash_a(a_at(lid, 2u), ra2);
+        stash_a(a_at(lid, 3u), ra3);
         stash_b(b_at(lid, 0u), rb0);
         stash_b(b_at(lid, 1u), rb1);
         workgroupBarrier();
         if (k0 + BK < K) {
             ra0 = fetch_a(a_src(lid, 0u, m0, k0 + BK));
             ra1 = fetch_a(a_src(lid, 1u, m0, k0 + BK));
+            ra2 = fetch_a(a_src(lid, 2u, m0, k0 + BK));
+            ra3 = fetch_a(a_src(lid, 3u, m0, k0 + BK));
             rb0 = fetch_b(b_src(lid, 0u, n0, k0 + BK));
             rb1 = fetch_b(b_src(lid, 1u, n0, k0 + BK));
         }
         for (var kk = 0u; kk < BK; kk = kk + 16u) {
-            let b0 = load_b(kk, wn);
+            let b0 = load_b(kk, wn + 0u);
             let b1 = load_b(kk, wn + 16u);
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&As[wm * AS + kk], AS);
+            let b2 = load_b(kk, wn + 32u);
+            let b3 = load_b(kk, wn + 48u);
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 0u) * AS + kk], AS);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
+            c02 = coopMultiplyAdd(a0, b2, c02);
+            c03 = coopMultiplyAdd(a0, b3, c03);
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 16u) * AS + kk], AS);
             c10 = coopMultiplyAdd(a1, b0, c10);
             c11 = coopMultiplyAdd(a1, b1, c11);
+            c12 = coopMultiplyAdd(a1, b2, c12);
+            c13 = coopMultiplyAdd(a1, b3, c13);
             let a2 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 32u) * AS + kk], AS);
             c20 = coopMultiplyAdd(a2, b0, c20);
             c21 = coopMultiplyAdd(a2, b1, c21);
+            c22 = coopMultiplyAdd(a2, b2, c22);
+            c23 = coopMultiplyAdd(a2, b3, c23);
             let a3 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 48u) * AS + kk], AS);
             c30 = coopMultiplyAdd(a3, b0, c30);
             c31 = coopMultiplyAdd(a3, b1, c31);
+            c32 = coopMultiplyAdd(a3, b2, c32);
+            c33 = coopMultiplyAdd(a3, b3, c33);
         }
     }
     workgroupBarrier();
@@ -173,6 +198,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     workgroupBarrier();
     emit(sg, lane, m0 + wm + 0u, n0 + wn + 16u, N);
     workgroupBarrier();
+    coopStoreT(c02, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 0u, n0 + wn + 32u, N);
+    workgroupBarrier();
+    coopStoreT(c03, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 0u, n0 + wn + 48u, N);
+    workgroupBarrier();
     coopStoreT(c10, &Cs[sg * 256u], 16u);
     workgroupBarrier();
     emit(sg, lane, m0 + wm + 16u, n0 + wn + 0u, N);
@@ -180,6 +213,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     coopStoreT(c11, &Cs[sg * 256u], 16u);
     workgroupBarrier();
     emit(sg, lane, m0 + wm + 16u, n0 + wn + 16u, N);
+    workgroupBarrier();
+    coopStoreT(c12, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 16u, n0 + wn + 32u, N);
+    workgroupBarrier();
+    coopStoreT(c13, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 16u, n0 + wn + 48u, N);
     workgroupBarrier();
     coopStoreT(c20, &Cs[sg * 256u], 16u);
     workgroupBarrier();
@@ -189,6 +230,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     workgroupBarrier();
     emit(sg, lane, m0 + wm + 32u, n0 + wn + 16u, N);
     workgroupBarrier();
+    coopStoreT(c22, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 32u, n0 + wn + 32u, N);
+    workgroupBarrier();
+    coopStoreT(c23, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 32u, n0 + wn + 48u, N);
+    workgroupBarrier();
     coopStoreT(c30, &Cs[sg * 256u], 16u);
     workgroupBarrier();
     emit(sg, lane, m0 + wm + 48u, n0 + wn + 0u, N);
@@ -196,4 +245,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     coopStoreT(c31, &Cs[sg * 256u], 16u);
     workgroupBarrier();
     emit(sg, lane, m0 + wm + 48u, n0 + wn + 16u, N);
+    workgroupBarrier();
+    coopStoreT(c32, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 48u, n0 + wn + 32u, N);
+    workgroupBarrier();
+    coopStoreT(c33, &Cs[sg * 256u], 16u);
+    workgroupBarrier();
+    emit(sg, lane, m0 + wm + 48u, n0 + wn + 48u, N);
 }

@@ -1,6 +1,6 @@
 //! The f16 matrix product on tensor cores through cooperative matrices (wgpu's experimental
 //! `wgpu_cooperative_matrix`): 16 x 16 x 16 products of f16 fragments accumulated in f32. It takes the products
-//! whose shapes fill its 128 x 128 tiles; everything else runs the portable tiled kernel.
+//! whose shapes fill its 256 x 128 tiles; everything else runs the portable tiled kernel.
 
 use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu};
 
@@ -11,7 +11,8 @@ use crate::tensor::Tensor;
 const MATMUL_COOP_WGSL: &str = include_str!("../../../../wgsl/matmul_coop.wgsl");
 
 /// Output tile of one workgroup (rows and columns) and the reduction steps staged at a time.
-const TILE: usize = 128;
+const TILE_M: usize = 256;
+const TILE_N: usize = 128;
 const STEP: usize = 32;
 
 /// Whether `la` `[batch.., M, K]` @ `lb` `[batch.., K, N]` of f16 operands on `device` runs on cooperative matrices:
@@ -32,8 +33,8 @@ pub(crate) fn fits(device: &Gpu, dtypes: [DType; 2], la: &Layout, lb: &Layout) -
         && caps.subgroup_size == (32, 32)
         && dtypes == [DType::F16, DType::F16]
         && la.shape[..r - 2].iter().all(|&d| d == 1)
-        && m.is_multiple_of(TILE)
-        && n.is_multiple_of(TILE)
+        && m.is_multiple_of(TILE_M)
+        && n.is_multiple_of(TILE_N)
         && k.is_multiple_of(STEP)
         && k > 0
         && eights(la, r - 1, r - 2)
@@ -58,7 +59,7 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
         la.strides[r - 2] as u32,
         lb.offset as u32,
         lb.strides[if b_along_k { r - 1 } else { r - 2 }] as u32,
-        (n / TILE) as u32,
+        (n / TILE_N) as u32,
     ];
     device.dispatch(Dispatch {
         op: "matmul",
@@ -66,7 +67,7 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
         source: &|| format!("{MATMUL_COOP_WGSL}const B_ALONG_K: bool = {b_along_k};\n{COMMON_WGSL}"),
         buffers: &[out.buffer(), a.buffer(), b.buffer()],
         params: &params,
-        workgroups: Gpu::grid(((m / TILE) * (n / TILE)) as u32),
+        workgroups: Gpu::grid(((m / TILE_M) * (n / TILE_N)) as u32),
     })?;
     Ok(out)
 }
