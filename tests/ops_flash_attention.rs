@@ -12,36 +12,15 @@ use hierarchos::core::{DType, Tensor};
 /// dq_i = Σ_j dS_ij k_j, dk_j = Σ_i dS_ij q_i.
 fn reference_grads(c: Case, q: &[f32], k: &[f32], v: &[f32], w: &[f32]) -> [Vec<f64>; 3] {
     let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-    let group = c.h / c.kvh;
     for b in 0..c.b {
         for h in 0..c.h {
-            let kh = h / group;
             for t in 0..c.t {
-                let qpos = c.q_start + t;
-                let qi = ((b * c.h + h) * c.t + t) * c.d;
+                let p = probabilities(c, q, k, (b, h, t));
+                let (qi, kj) = rows(c, b, h, t);
                 let wi = ((b * c.t + t) * c.h + h) * c.d;
-                let kj = |j: usize| ((b * c.kvh + kh) * c.s + j) * c.d;
-                let visible = |j: usize| {
-                    let kpos = c.k_start + j;
-                    kpos <= qpos && c.window.is_none_or(|win| kpos + win > qpos)
-                };
-                let dot = |x: &[f32], xi: usize, y: &[f32], yi: usize| -> f64 {
-                    (0..c.d).map(|e| x[xi + e] as f64 * y[yi + e] as f64).sum()
-                };
-                let scores: Vec<f64> = (0..c.s)
-                    .map(|j| {
-                        if visible(j) {
-                            dot(q, qi, k, kj(j))
-                        } else {
-                            f64::NEG_INFINITY
-                        }
-                    })
+                let dp: Vec<f64> = (0..c.s)
+                    .map(|j| (0..c.d).map(|e| w[wi + e] as f64 * v[kj(j) + e] as f64).sum())
                     .collect();
-                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = scores.iter().map(|&s| (s - m).exp()).collect();
-                let total: f64 = e.iter().sum();
-                let p: Vec<f64> = e.iter().map(|x| x / total).collect();
-                let dp: Vec<f64> = (0..c.s).map(|j| dot(w, wi, v, kj(j))).collect();
                 let mean: f64 = (0..c.s).map(|j| p[j] * dp[j]).sum();
                 for j in 0..c.s {
                     let ds = p[j] * (dp[j] - mean);

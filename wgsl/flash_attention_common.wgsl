@@ -5,7 +5,10 @@
 // The Rust side defines D4 (quads per head row, D rounded up to 4), BR (rows per workgroup, one thread each), BC
 // (rows per staged tile, at most BR) and replaces every
 // block between `//@UNROLL` and `//@END` by D4 copies with `@c` set to 0u, 1u, ... and `@i` to 0, 1, ...: the
-// per-thread head rows are D4 separate vec4 variables (`acc@i`), which drivers keep in registers.
+// per-thread head rows are D4 separate vec4 variables (`acc@i`), which drivers keep in registers. It also
+// defines load_NAME(base, c) for every head-row binding read (quad c of the row at element offset `base`: through
+// the view's stride along d for q, k and v, dense otherwise; zeros past D) and store_NAME(base, c, x) for every
+// one written.
 //
 // Visibility, as in attention_decode.wgsl: key j (position k_start + j) is seen by query t (position q_start + t)
 // iff kpos <= qpos and, with a window w > 0, kpos + w > qpos. The Rust side guarantees every query sees a key.
@@ -23,38 +26,6 @@ fn hsum(a: vec4<f32>) -> f32 {
 // Element offset of row (b, head, pos) of the view whose offset and strides start at p[at].
 fn view_base(at: u32, b: u32, head: u32, pos: u32) -> u32 {
     return p[at] + b * p[at + 1u] + head * p[at + 2u] + pos * p[at + 3u];
-}
-
-// Quad c of a head row at element offset `base` of q, k or v (read through the view's stride along d; zeros
-// past D).
-fn load_q(base: u32, c: u32) -> vec4<f32> {
-    var r = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            r[e] = q[base + (4u * c + e) * p[Q_AT + 4u]];
-        }
-    }
-    return r;
-}
-
-fn load_k(base: u32, c: u32) -> vec4<f32> {
-    var r = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            r[e] = k[base + (4u * c + e) * p[K_AT + 4u]];
-        }
-    }
-    return r;
-}
-
-fn load_v(base: u32, c: u32) -> vec4<f32> {
-    var r = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            r[e] = v[base + (4u * c + e) * p[V_AT + 4u]];
-        }
-    }
-    return r;
 }
 
 // The keys query `t` sees: [first, end).

@@ -13,32 +13,6 @@ var<workgroup> gs: array<vec4<f32>, BC * D4>;
 var<workgroup> lse_s: array<f32, BC>;
 var<workgroup> delta_s: array<f32, BC>;
 
-fn load_dout(base: u32, c: u32) -> vec4<f32> {
-    var r = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            r[e] = dout[base + 4u * c + e];
-        }
-    }
-    return r;
-}
-
-fn store_dk(base: u32, c: u32, x: vec4<f32>) {
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            dk[base + 4u * c + e] = x[e];
-        }
-    }
-}
-
-fn store_dv(base: u32, c: u32, x: vec4<f32>) {
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            dv[base + 4u * c + e] = x[e];
-        }
-    }
-}
-
 @compute @workgroup_size(BR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
     //@UNROLL

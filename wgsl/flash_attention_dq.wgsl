@@ -6,36 +6,6 @@
 // Bindings: dq [B, H, T, D] and delta [B, H, T] (dense, written), q, k, v through their views, out and dout
 // [B, T, H, D] and lse [B, H, T] (dense).
 
-var<workgroup> ks: array<vec4<f32>, BC * D4>;
-var<workgroup> vs: array<vec4<f32>, BC * D4>;
-
-fn load_dout(base: u32, c: u32) -> vec4<f32> {
-    var r = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            r[e] = dout[base + 4u * c + e];
-        }
-    }
-    return r;
-}
-
-fn load_out(base: u32, c: u32) -> vec4<f32> {
-    var r = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            r[e] = out[base + 4u * c + e];
-        }
-    }
-    return r;
-}
-
-fn store_dq(base: u32, c: u32, x: vec4<f32>) {
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            dq[base + 4u * c + e] = x[e];
-        }
-    }
-}
 
 @compute @workgroup_size(BR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
@@ -71,20 +41,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         delta_out[(b * H + h) * T + t] = delta;
     }
     for (var j0 = tile_first; j0 < tile_end; j0 = j0 + BC) {
-        workgroupBarrier();
-        for (var i = lid; i < BC * D4; i = i + BR) {
-            let j = j0 + i / D4;
-            let c = i % D4;
-            var kq = vec4<f32>(0.0);
-            var vq = vec4<f32>(0.0);
-            if (j < tile_end) {
-                kq = load_k(view_base(K_AT, b, kh, j), c);
-                vq = load_v(view_base(V_AT, b, kh, j), c);
-            }
-            ks[i] = kq;
-            vs[i] = vq;
-        }
-        workgroupBarrier();
+        stage_keys(lid, j0, tile_end, b, kh);
         let first = max(seen.x, j0);
         let end = min(seen.y, j0 + BC);
         let last = j0 + BC - 1u;

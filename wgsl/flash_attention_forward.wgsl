@@ -6,16 +6,6 @@
 //
 // Bindings: out [B, T, H, D] and lse [B, H, T] (dense), q, k, v through their views.
 
-var<workgroup> ks: array<vec4<f32>, BC * D4>;
-var<workgroup> vs: array<vec4<f32>, BC * D4>;
-
-fn store_out(base: u32, c: u32, x: vec4<f32>) {
-    for (var e = 0u; e < 4u; e = e + 1u) {
-        if (4u * c + e < p[8]) {
-            out[base + 4u * c + e] = x[e];
-        }
-    }
-}
 
 @compute @workgroup_size(BR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
@@ -45,20 +35,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     var m = neg_inf();
     var l = 0.0;
     for (var j0 = tile_first; j0 < tile_end; j0 = j0 + BC) {
-        workgroupBarrier();
-        for (var i = lid; i < BC * D4; i = i + BR) {
-            let j = j0 + i / D4;
-            let c = i % D4;
-            var kq = vec4<f32>(0.0);
-            var vq = vec4<f32>(0.0);
-            if (j < tile_end) {
-                kq = load_k(view_base(K_AT, b, kh, j), c);
-                vq = load_v(view_base(V_AT, b, kh, j), c);
-            }
-            ks[i] = kq;
-            vs[i] = vq;
-        }
-        workgroupBarrier();
+        stage_keys(lid, j0, tile_end, b, kh);
         let first = max(seen.x, j0);
         let end = min(seen.y, j0 + BC);
         let last = j0 + BC - 1u;

@@ -1,15 +1,15 @@
 // f16 matrix product on tensor cores (ops/matmul_coop.rs): out[M, N] = lhs[M, K] @ rhs[K, N], f32 accumulation in
 // cooperative matrices (16 x 16 x 16), f16 result. One workgroup of eight subgroups of 32 computes a BM x BN =
 // 256 x 128 tile; subgroup w owns the 64 x 64 block at rows 64 * (w / 2), columns 64 * (w % 2): 4 x 4 accumulator
-// fragments, so that each fragment loaded from workgroup memory feeds four products. Slices of BK = 32 steps of the reduction are staged in workgroup memory (rows padded by 8 halves
-// against bank conflicts); while the subgroups multiply one slice, each thread already holds the next one's
-// loads in registers (eight halves from each operand, twice).
+// fragments, so that each fragment loaded from workgroup memory feeds four products (the Rust side writes out
+// the blocks marked `//@NAME` over the sixteen accumulators `c{i}{j}`). Slices of BK = 32 steps of the reduction
+// are staged in workgroup memory (rows padded by 8 halves against bank conflicts); while the subgroups multiply
+// one slice, each thread already holds the next one's loads in registers (eight halves from each operand, twice).
 //
-// Operands are bound as arrays of vec4<f16> and read eight halves at a time (two vec4s): lhs is read along K (unit stride along K), rhs along
-// N (B_ALONG_K = false, staged [k][n] and loaded row-major) or along K (a transposed weight, staged [n][k] and
-// loaded column-major). The Rust side launches it only for M, N multiples of 128, K a multiple of 32, offsets
-// and row strides multiples of 8, on adapters with subgroups of 32, and defines B_ALONG_K. (The Rust side checks
-// M against BM, N against BN.)
+// Operands are bound as arrays of vec4<f16> and read eight halves at a time (two vec4s): lhs along K (unit
+// stride along K), rhs along N (B_ALONG_K = false, staged [k][n] and loaded row-major) or along K (a transposed
+// weight, staged [n][k] and loaded column-major). The Rust side launches it only for M a multiple of BM, N of
+// BN, K of BK, offsets and row strides multiples of 8, on adapters with subgroups of 32, and defines B_ALONG_K.
 //
 // Parameters (u32 words): [M, N, K, lhs offset, lhs stride along M, rhs offset, rhs stride along its outer
 // dimension (N when B_ALONG_K, else K), tiles along N].
@@ -123,22 +123,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let n0 = (tile % p[7]) * BN;
     let wm = (sg / 2u) * 64u;
     let wn = (sg % 2u) * 64u;
-    var c00 = coop_mat16x16<f32, C>();
-    var c01 = coop_mat16x16<f32, C>();
-    var c02 = coop_mat16x16<f32, C>();
-    var c03 = coop_mat16x16<f32, C>();
-    var c10 = coop_mat16x16<f32, C>();
-    var c11 = coop_mat16x16<f32, C>();
-    var c12 = coop_mat16x16<f32, C>();
-    var c13 = coop_mat16x16<f32, C>();
-    var c20 = coop_mat16x16<f32, C>();
-    var c21 = coop_mat16x16<f32, C>();
-    var c22 = coop_mat16x16<f32, C>();
-    var c23 = coop_mat16x16<f32, C>();
-    var c30 = coop_mat16x16<f32, C>();
-    var c31 = coop_mat16x16<f32, C>();
-    var c32 = coop_mat16x16<f32, C>();
-    var c33 = coop_mat16x16<f32, C>();
+    //@ACCUMULATORS
     var ra0 = fetch_a(a_src(lid, 0u, m0, 0u));
     var ra1 = fetch_a(a_src(lid, 1u, m0, 0u));
     var ra2 = fetch_a(a_src(lid, 2u, m0, 0u));
@@ -163,94 +148,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             rb1 = fetch_b(b_src(lid, 1u, n0, k0 + BK));
         }
         for (var kk = 0u; kk < BK; kk = kk + 16u) {
-            let b0 = load_b(kk, wn + 0u);
-            let b1 = load_b(kk, wn + 16u);
-            let b2 = load_b(kk, wn + 32u);
-            let b3 = load_b(kk, wn + 48u);
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 0u) * AS + kk], AS);
-            c00 = coopMultiplyAdd(a0, b0, c00);
-            c01 = coopMultiplyAdd(a0, b1, c01);
-            c02 = coopMultiplyAdd(a0, b2, c02);
-            c03 = coopMultiplyAdd(a0, b3, c03);
-            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 16u) * AS + kk], AS);
-            c10 = coopMultiplyAdd(a1, b0, c10);
-            c11 = coopMultiplyAdd(a1, b1, c11);
-            c12 = coopMultiplyAdd(a1, b2, c12);
-            c13 = coopMultiplyAdd(a1, b3, c13);
-            let a2 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 32u) * AS + kk], AS);
-            c20 = coopMultiplyAdd(a2, b0, c20);
-            c21 = coopMultiplyAdd(a2, b1, c21);
-            c22 = coopMultiplyAdd(a2, b2, c22);
-            c23 = coopMultiplyAdd(a2, b3, c23);
-            let a3 = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + 48u) * AS + kk], AS);
-            c30 = coopMultiplyAdd(a3, b0, c30);
-            c31 = coopMultiplyAdd(a3, b1, c31);
-            c32 = coopMultiplyAdd(a3, b2, c32);
-            c33 = coopMultiplyAdd(a3, b3, c33);
+            //@PRODUCTS
         }
     }
-    workgroupBarrier();
-    coopStoreT(c00, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 0u, n0 + wn + 0u, N);
-    workgroupBarrier();
-    coopStoreT(c01, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 0u, n0 + wn + 16u, N);
-    workgroupBarrier();
-    coopStoreT(c02, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 0u, n0 + wn + 32u, N);
-    workgroupBarrier();
-    coopStoreT(c03, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 0u, n0 + wn + 48u, N);
-    workgroupBarrier();
-    coopStoreT(c10, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 16u, n0 + wn + 0u, N);
-    workgroupBarrier();
-    coopStoreT(c11, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 16u, n0 + wn + 16u, N);
-    workgroupBarrier();
-    coopStoreT(c12, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 16u, n0 + wn + 32u, N);
-    workgroupBarrier();
-    coopStoreT(c13, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 16u, n0 + wn + 48u, N);
-    workgroupBarrier();
-    coopStoreT(c20, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 32u, n0 + wn + 0u, N);
-    workgroupBarrier();
-    coopStoreT(c21, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 32u, n0 + wn + 16u, N);
-    workgroupBarrier();
-    coopStoreT(c22, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 32u, n0 + wn + 32u, N);
-    workgroupBarrier();
-    coopStoreT(c23, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 32u, n0 + wn + 48u, N);
-    workgroupBarrier();
-    coopStoreT(c30, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 48u, n0 + wn + 0u, N);
-    workgroupBarrier();
-    coopStoreT(c31, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 48u, n0 + wn + 16u, N);
-    workgroupBarrier();
-    coopStoreT(c32, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 48u, n0 + wn + 32u, N);
-    workgroupBarrier();
-    coopStoreT(c33, &Cs[sg * 256u], 16u);
-    workgroupBarrier();
-    emit(sg, lane, m0 + wm + 48u, n0 + wn + 48u, N);
+    //@STORE
 }

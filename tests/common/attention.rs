@@ -59,33 +59,45 @@ pub fn inputs(rng: &mut Rng, c: Case) -> Inputs {
     Inputs { q, k, v, qv, kv, vv }
 }
 
+/// Row-major offsets into `[B, H, T, D]` queries and `[B, KVH, S, D]` keys/values of query row (b, h, t) and of
+/// key row j of the key/value head that query head reads.
+pub fn rows(c: Case, b: usize, h: usize, t: usize) -> (usize, impl Fn(usize) -> usize) {
+    let kh = h / (c.h / c.kvh);
+    (((b * c.h + h) * c.t + t) * c.d, move |j| {
+        ((b * c.kvh + kh) * c.s + j) * c.d
+    })
+}
+
+/// softmax_j(q·k_j) of query row (b, h, t) over all S keys (zero where a key is hidden), in f64.
+pub fn probabilities(c: Case, q: &[f32], k: &[f32], (b, h, t): (usize, usize, usize)) -> Vec<f64> {
+    let (qi, kj) = rows(c, b, h, t);
+    let qpos = c.q_start + t;
+    let scores: Vec<f64> = (0..c.s)
+        .map(|j| {
+            let kpos = c.k_start + j;
+            if kpos <= qpos && c.window.is_none_or(|w| kpos + w > qpos) {
+                (0..c.d).map(|e| q[qi + e] as f64 * k[kj(j) + e] as f64).sum()
+            } else {
+                f64::NEG_INFINITY
+            }
+        })
+        .collect();
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = scores.iter().map(|&s| (s - m).exp()).collect();
+    let total: f64 = w.iter().sum();
+    w.iter().map(|x| x / total).collect()
+}
+
 /// out[b, t, h, :] = Σ_j softmax_j(q·k_j) v_j over the visible keys, in f64, as a `[B, T, H, D]` array.
 pub fn reference(c: Case, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f64> {
     let mut out = vec![0.0; c.b * c.t * c.h * c.d];
-    let group = c.h / c.kvh;
     for b in 0..c.b {
         for h in 0..c.h {
-            let kh = h / group;
             for t in 0..c.t {
-                let qpos = c.q_start + t;
-                let qrow = &q[((b * c.h + h) * c.t + t) * c.d..][..c.d];
-                let krow = |j: usize| ((b * c.kvh + kh) * c.s + j) * c.d;
-                let scores: Vec<f64> = (0..c.s)
-                    .map(|j| {
-                        let kpos = c.k_start + j;
-                        let visible = kpos <= qpos && c.window.is_none_or(|w| kpos + w > qpos);
-                        if !visible {
-                            return f64::NEG_INFINITY;
-                        }
-                        (0..c.d).map(|e| qrow[e] as f64 * k[krow(j) + e] as f64).sum()
-                    })
-                    .collect();
-                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let w: Vec<f64> = scores.iter().map(|&s| (s - m).exp()).collect();
-                let total: f64 = w.iter().sum();
+                let p = probabilities(c, q, k, (b, h, t));
+                let (_, kj) = rows(c, b, h, t);
                 for e in 0..c.d {
-                    out[((b * c.t + t) * c.h + h) * c.d + e] =
-                        (0..c.s).map(|j| w[j] * v[krow(j) + e] as f64).sum::<f64>() / total;
+                    out[((b * c.t + t) * c.h + h) * c.d + e] = (0..c.s).map(|j| p[j] * v[kj(j) + e] as f64).sum();
                 }
             }
         }

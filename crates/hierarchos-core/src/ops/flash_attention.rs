@@ -15,6 +15,7 @@ const COMMON: &str = include_str!("../../../../wgsl/flash_attention_common.wgsl"
 const FORWARD: &str = include_str!("../../../../wgsl/flash_attention_forward.wgsl");
 const GRAD_Q: &str = include_str!("../../../../wgsl/flash_attention_dq.wgsl");
 const GRAD_KV: &str = include_str!("../../../../wgsl/flash_attention_dkv.wgsl");
+const KEY_TILES: &str = include_str!("../../../../wgsl/flash_attention_key_tiles.wgsl");
 
 /// Rows staged per tile at most. Measured on the H200 (8 x 12 heads of 64, 512 tokens): tiles of 16 rows took the
 /// forward from 2.6 to 5.0 TFLOP/s against tiles of 64 (less workgroup memory, more workgroups resident per
@@ -126,35 +127,43 @@ enum Kernel {
 }
 
 impl Kernel {
-    /// Binding declarations (after the parameters at 0) and the kernel body.
-    fn parts(self) -> (&'static [(&'static str, &'static str)], &'static str) {
-        const W: &str = "read_write";
-        const R: &str = "read";
+    /// Bindings after the parameters at 0 (name, written, what its rows are) and the kernel body.
+    fn parts(self) -> (&'static [(&'static str, bool, Rows)], &'static str) {
+        use Rows::{Dense, Scalars, View};
         match self {
-            Kernel::Forward => (&[("out", W), ("lse", W), ("q", R), ("k", R), ("v", R)], FORWARD),
+            Kernel::Forward => (
+                &[
+                    ("out", true, Dense),
+                    ("lse", true, Scalars),
+                    ("q", false, View("Q_AT")),
+                    ("k", false, View("K_AT")),
+                    ("v", false, View("V_AT")),
+                ],
+                FORWARD,
+            ),
             Kernel::GradQ => (
                 &[
-                    ("dq", W),
-                    ("delta_out", W),
-                    ("q", R),
-                    ("k", R),
-                    ("v", R),
-                    ("out", R),
-                    ("dout", R),
-                    ("lse", R),
+                    ("dq", true, Dense),
+                    ("delta_out", true, Scalars),
+                    ("q", false, View("Q_AT")),
+                    ("k", false, View("K_AT")),
+                    ("v", false, View("V_AT")),
+                    ("out", false, Dense),
+                    ("dout", false, Dense),
+                    ("lse", false, Scalars),
                 ],
                 GRAD_Q,
             ),
             Kernel::GradKv => (
                 &[
-                    ("dk", W),
-                    ("dv", W),
-                    ("q", R),
-                    ("k", R),
-                    ("v", R),
-                    ("dout", R),
-                    ("lse", R),
-                    ("delta", R),
+                    ("dk", true, Dense),
+                    ("dv", true, Dense),
+                    ("q", false, View("Q_AT")),
+                    ("k", false, View("K_AT")),
+                    ("v", false, View("V_AT")),
+                    ("dout", false, Dense),
+                    ("lse", false, Scalars),
+                    ("delta", false, Scalars),
                 ],
                 GRAD_KV,
             ),
@@ -178,6 +187,47 @@ impl Kernel {
             Kernel::GradKv => 2 * 16 * d4 + 8,
         }
     }
+}
+
+/// What a binding's elements are: head rows of D read through a view (whose parameters start at the named
+/// constant), dense head rows, or one value per row.
+#[derive(Clone, Copy, Debug)]
+enum Rows {
+    View(&'static str),
+    Dense,
+    Scalars,
+}
+
+/// The binding's declaration and, for head rows, `load_NAME(base, c)` (quad c of the row at element offset
+/// `base`, zeros past D) when it is read or `store_NAME(base, c, x)` when it is written.
+fn binding(index: usize, name: &str, written: bool, rows: Rows) -> String {
+    let access = if written { "read_write" } else { "read" };
+    let mut s = format!("@group(0) @binding({index}) var<storage, {access}> {name}: array<f32>;\n");
+    let stride = match rows {
+        Rows::Scalars => return s,
+        Rows::View(at) => format!(" * p[{at} + 4u]"),
+        Rows::Dense => String::new(),
+    };
+    let (signature, body) = if written {
+        (
+            format!("fn store_{name}(base: u32, c: u32, x: vec4<f32>)"),
+            format!("{name}[base + 4u * c + e] = x[e];"),
+        )
+    } else {
+        (
+            format!("fn load_{name}(base: u32, c: u32) -> vec4<f32>"),
+            format!("r[e] = {name}[base + (4u * c + e){stride}];"),
+        )
+    };
+    let (init, ret) = if written {
+        ("", "")
+    } else {
+        ("    var r = vec4<f32>(0.0);\n", "    return r;\n")
+    };
+    s.push_str(&format!(
+        "{signature} {{\n{init}    for (var e = 0u; e < 4u; e = e + 1u) {{\n        if (4u * c + e < p[8]) {{ {body} }}\n    }}\n{ret}}}\n"
+    ));
+    s
 }
 
 /// The launch parameters shared by the forward and backward kernels (see flash_attention_common.wgsl).
@@ -220,17 +270,17 @@ impl Params {
         let source = || {
             let (bindings, body) = kernel.parts();
             let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
-            for (i, (name, access)) in bindings.iter().enumerate() {
-                s.push_str(&format!(
-                    "@group(0) @binding({}) var<storage, {access}> {name}: array<f32>;\n",
-                    i + 1
-                ));
+            for (i, &(name, written, rows)) in bindings.iter().enumerate() {
+                s.push_str(&binding(i + 1, name, written, rows));
             }
             s.push_str(&format!(
                 "const D4: u32 = {d4}u;\nconst BR: u32 = {br}u;\nconst BC: u32 = {bc}u;\n"
             ));
             s.push_str(COMMON_WGSL);
             s.push_str(COMMON);
+            if matches!(kernel, Kernel::Forward | Kernel::GradQ) {
+                s.push_str(KEY_TILES);
+            }
             s.push_str(&unroll(body, d4));
             s
         };

@@ -14,6 +14,8 @@ const MATMUL_COOP_WGSL: &str = include_str!("../../../../wgsl/matmul_coop.wgsl")
 const TILE_M: usize = 256;
 const TILE_N: usize = 128;
 const STEP: usize = 32;
+/// Fragments of 16 x 16 along each side of a subgroup's 64 x 64 block.
+const FRAGMENTS: usize = 4;
 
 /// Whether `la` `[batch.., M, K]` @ `lb` `[batch.., K, N]` of f16 operands on `device` runs on cooperative matrices:
 /// the adapter has them (16 x 16 f16 into f32), native f16 storage, subgroups of exactly 32 (the kernel's layout
@@ -64,10 +66,40 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
     device.dispatch(Dispatch {
         op: "matmul",
         key: &format!("matmul_coop:{b_along_k}"),
-        source: &|| format!("{MATMUL_COOP_WGSL}const B_ALONG_K: bool = {b_along_k};\n{COMMON_WGSL}"),
+        source: &|| format!("{}const B_ALONG_K: bool = {b_along_k};\n{COMMON_WGSL}", unrolled()),
         buffers: &[out.buffer(), a.buffer(), b.buffer()],
         params: &params,
         workgroups: Gpu::grid(((m / TILE_M) * (n / TILE_N)) as u32),
     })?;
     Ok(out)
+}
+
+/// The kernel with its marked blocks written out for a subgroup's 4 x 4 fragments: the accumulators, the products
+/// of one 16-step slice (four fragments of B, then each fragment of A times all four), and the stores through
+/// workgroup memory into the f16 output.
+fn unrolled() -> String {
+    let (mut accumulators, mut products, mut store) = (String::new(), String::new(), String::new());
+    for j in 0..FRAGMENTS {
+        products += &format!("            let b{j} = load_b(kk, wn + {}u);\n", 16 * j);
+    }
+    for i in 0..FRAGMENTS {
+        products += &format!(
+            "            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + {}u) * AS + kk], AS);\n",
+            16 * i
+        );
+        for j in 0..FRAGMENTS {
+            accumulators += &format!("    var c{i}{j} = coop_mat16x16<f32, C>();\n");
+            products += &format!("            c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
+            store += &format!(
+                "    workgroupBarrier();\n    coopStoreT(c{i}{j}, &Cs[sg * 256u], 16u);\n    workgroupBarrier();\n    \
+                 emit(sg, lane, m0 + wm + {}u, n0 + wn + {}u, N);\n",
+                16 * i,
+                16 * j
+            );
+        }
+    }
+    MATMUL_COOP_WGSL
+        .replace("            //@PRODUCTS\n", &products)
+        .replace("    //@ACCUMULATORS\n", &accumulators)
+        .replace("    //@STORE\n", &store)
 }
