@@ -46,14 +46,16 @@ def main():
 
     prefill_tps, decode_tps = 0.0, 0.0
     gen = dict(max_new_tokens=a.decode, min_new_tokens=a.decode, do_sample=False, pad_token_id=0)
+    # Prefill as generation runs it, on both sides: the prompt's keys and values cached and the logits of the last
+    # position only (Hierarchos' `forward_last`; transformers' `logits_to_keep=1`, which `generate` passes).
     with torch.no_grad():
-        model(ids)
+        model(ids, logits_to_keep=1)
         model.generate(short, **gen)
         for _ in range(a.repeats):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(a.iters):
-                model(ids)
+                model(ids, logits_to_keep=1)
             torch.cuda.synchronize()
             prefill_tps = max(prefill_tps, a.prefill * a.iters / (time.perf_counter() - t0))
 

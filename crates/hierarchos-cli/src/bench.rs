@@ -400,10 +400,13 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     };
 
     let prompt = ids(args.prefill)?;
+    device.reset_profile();
     let prefill_secs = time(&device, args.iters, || {
         let mut cache = lm.new_cache(1, args.prefill)?;
         Ok(lm.forward_last(&prompt, Some(&mut cache))?)
     })?;
+    // `time` runs the prefill once more to warm up.
+    print_profile(&device, (args.iters + 1) as f64, "prefill");
 
     // Decode: the best of `iters` runs (the first also warms the pool and pipeline caches).
     // Decode as `hierarchos generate` does it: greedy, the argmax on the GPU and each token read one step
@@ -482,8 +485,8 @@ pub fn model(args: &ModelArgs) -> Result<()> {
     Ok(())
 }
 
-/// The kernel profile (`--profile`, `HIERARCHOS_PROFILE=1`) since the last `reset_profile`, as GPU time per `unit` over `count`
-/// of them, largest first; nothing when profiling is off.
+/// The kernel profile (`--profile`, `HIERARCHOS_PROFILE=1`) since the last `reset_profile`, as GPU time per
+/// `unit` over `count` of them, largest first; nothing when profiling is off.
 fn print_profile(device: &Device, count: f64, unit: &str) {
     let profile = device.profile();
     if profile.is_empty() {
@@ -613,8 +616,9 @@ pub struct TrainBenchArgs {
     pub json: bool,
 }
 
-/// Full-parameter (or LoRA) training throughput (forward, backward, clipping and the AdamW update, f32) of a random-weight
-/// Llama shape on random token ids, and the peak GPU memory held by tensors.
+/// Full-parameter (or LoRA) training throughput (forward, backward, clipping and the AdamW update, f32) of a
+/// random-weight Llama shape on random token ids, the kernel launches per step and the peak GPU memory held by
+/// tensors.
 pub fn train(args: &TrainBenchArgs) -> Result<()> {
     let device = default_device().context("opening the default GPU")?;
     let config = args.shape.config(args.seq_len)?;
@@ -667,12 +671,14 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
     device.synchronize()?;
     device.reset_peak();
     device.reset_profile();
+    let launches = device.dispatch_count();
     let start = Instant::now();
     let mut last_loss = 0.0;
     for _ in 0..args.steps {
         last_loss = trainer.step(&data)?.loss;
     }
     let secs = start.elapsed().as_secs_f64();
+    let launches_per_step = (device.dispatch_count() - launches) as f64 / args.steps as f64;
     let tokens_per_sec = (args.steps * args.batch_size * args.seq_len) as f64 / secs;
     print_profile(&device, args.steps as f64, "training step");
     let memory = device.memory();
@@ -691,6 +697,7 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
                 "step_ms": secs * 1e3 / args.steps as f64,
                 "peak_bytes": memory.peak_bytes,
                 "pooled_bytes": memory.pooled_bytes,
+                "launches_per_step": launches_per_step,
                 "loss": last_loss,
             })
         );
@@ -708,7 +715,8 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
             args.seq_len
         );
         println!(
-            "training: {tokens_per_sec:.0} tokens/s ({:.1} ms per step), peak {:.0} MiB in tensors, {:.0} MiB pooled",
+            "training: {tokens_per_sec:.0} tokens/s ({:.1} ms per step, {launches_per_step:.0} kernel launches), peak \
+             {:.0} MiB in tensors, {:.0} MiB pooled",
             secs * 1e3 / args.steps as f64,
             memory.peak_bytes as f64 / (1 << 20) as f64,
             memory.pooled_bytes as f64 / (1 << 20) as f64
