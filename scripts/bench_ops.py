@@ -35,13 +35,14 @@ def torch_cases(sizes, linear, rows, cols, attention, iters):
             out[("matmul", f"{n}x{n}x{n}", name)] = (s, 2 * n**3 / s / 1e12)
     for case in linear:
         tokens, inputs, outputs = (int(v) for v in case.split("x"))
-        x = torch.randn(tokens, inputs, device="cuda")
-        w = torch.randn(outputs, inputs, device="cuda")
-        g = torch.randn(tokens, outputs, device="cuda")
         flops = 2 * tokens * inputs * outputs
-        for name, fn in [("x@W.t", lambda: x @ w.t()), ("g@W", lambda: g @ w), ("g.t@x", lambda: g.t() @ x)]:
-            s = bench(fn, iters)
-            out[("linear", f"{case} {name}", "f32")] = (s, flops / s / 1e12)
+        for name, dtype in dt.items():
+            x = torch.randn(tokens, inputs, device="cuda", dtype=dtype)
+            w = torch.randn(outputs, inputs, device="cuda", dtype=dtype)
+            g = torch.randn(tokens, outputs, device="cuda", dtype=dtype)
+            for op, fn in [("x@W.t", lambda: x @ w.t()), ("g@W", lambda: g @ w), ("g.t@x", lambda: g.t() @ x)]:
+                s = bench(fn, iters)
+                out[("linear", f"{case} {op}", name)] = (s, flops / s / 1e12)
     x = torch.randn(rows, cols, device="cuda")
     y = torch.randn(rows, cols, device="cuda")
     nbytes = rows * cols * 4

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use hierarchos::core::{DType, Tensor};
+use hierarchos::core::{DType, Gpu, GpuOptions, Tensor};
 
 /// A tensor of random values in [-1, 1) with `shape`, and its values (after rounding to `dtype`) as f32.
 fn random(rng: &mut Rng, shape: &[usize], dtype: DType) -> (Tensor, Vec<f32>) {
@@ -452,24 +452,40 @@ fn long_reductions_split_into_slices() {
 }
 
 /// f16 products of whole 256 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (16 x 16 f16
-/// into f32, subgroups of 32) they run on tensor cores; elsewhere the tiled kernel. Both operand layouts, an
-/// offset view, several tiles along M and N, and a batch of one (batched products stay on the tiled kernel).
+/// into f32, subgroups of 32) they run on tensor cores; elsewhere the tiled kernel. Every pairing of operand
+/// layouts, an offset view, several tiles along M and N, and a batch of one (batched products stay on the tiled
+/// kernel).
 #[test]
 fn f16_products_of_whole_tiles() {
     let mut rng = Rng::new("f16_products_of_whole_tiles");
     let d = dev();
     eprintln!("cooperative matrices: {}", d.caps().cooperative_matrix);
-    check_shapes(&mut rng, &[128, 32], &[32, 128], DType::F16);
-    check_shapes(&mut rng, &[256, 96], &[96, 384], DType::F16);
-    check_shapes(&mut rng, &[1, 128, 64], &[64, 256], DType::F16);
-    // x @ W.t() with W [N, K]; and a lhs view starting past the start of its storage.
-    let (x, vx) = random(&mut rng, &[130, 64], DType::F16);
+    check_shapes(&mut rng, &[256, 32], &[32, 128], DType::F16);
+    check_shapes(&mut rng, &[512, 96], &[96, 384], DType::F16);
+    check_shapes(&mut rng, &[1, 256, 64], &[64, 256], DType::F16);
+    // x @ W.t() with W [N, K], x a view starting past the start of its storage.
+    let (x, vx) = random(&mut rng, &[258, 64], DType::F16);
     let (w, vw) = random(&mut rng, &[256, 64], DType::F16);
-    check(
-        "x[2..] @ W^T f16",
-        &x.narrow(0, 2, 128).unwrap(),
-        &vx,
-        &w.t().unwrap(),
-        &vw,
-    );
+    let x = x.narrow(0, 2, 256).unwrap();
+    check("x[2..] @ W^T f16", &x, &vx, &w.t().unwrap(), &vw);
+    // A weight gradient g.t() @ x: the left operand has unit stride along M; and both operands transposed.
+    let (g, vg) = random(&mut rng, &[64, 256], DType::F16);
+    let (x, vx) = random(&mut rng, &[64, 128], DType::F16);
+    check("g^T @ x f16", &g.t().unwrap(), &vg, &x, &vx);
+    let (w, vw) = random(&mut rng, &[128, 64], DType::F16);
+    check("g^T @ W^T f16", &g.t().unwrap(), &vg, &w.t().unwrap(), &vw);
+    // Where the adapter has them, these products did run on cooperative matrices (the kernel profile names them).
+    let inside_passes = hierarchos::runtime::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    if d.caps().cooperative_matrix && d.wgpu_parts().1.features().contains(inside_passes) {
+        let options = GpuOptions {
+            profile: true,
+            ..GpuOptions::from_env()
+        };
+        let p = pollster::block_on(Gpu::open(&options)).unwrap();
+        let a = Tensor::zeros(&[256, 32], DType::F16, &p).unwrap();
+        let b = Tensor::zeros(&[32, 128], DType::F16, &p).unwrap();
+        a.matmul(&b).unwrap().to_f32_vec().unwrap();
+        let kernels: Vec<String> = p.profile().into_iter().map(|k| k.kernel).collect();
+        assert!(kernels.iter().any(|k| k.starts_with("matmul_coop")), "{kernels:?}");
+    }
 }

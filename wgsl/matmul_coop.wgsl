@@ -6,13 +6,15 @@
 // are staged in workgroup memory (rows padded by 8 halves against bank conflicts); while the subgroups multiply
 // one slice, each thread already holds the next one's loads in registers (eight halves from each operand, twice).
 //
-// Operands are bound as arrays of vec4<f16> and read eight halves at a time (two vec4s): lhs along K (unit
-// stride along K), rhs along N (B_ALONG_K = false, staged [k][n] and loaded row-major) or along K (a transposed
-// weight, staged [n][k] and loaded column-major). The Rust side launches it only for M a multiple of BM, N of
-// BN, K of BK, offsets and row strides multiples of 8, on adapters with subgroups of 32, and defines B_ALONG_K.
+// Operands are bound as arrays of vec4<f16> and read eight halves at a time (two vec4s), each along its
+// unit-stride dimension: lhs along K (staged [m][k], loaded row-major) or along M (A_ALONG_M: a transposed
+// operand such as a gradient in a weight gradient, staged [k][m] and loaded column-major); rhs along N (staged
+// [k][n], row-major) or along K (B_ALONG_K: a transposed weight, staged [n][k], column-major). The Rust side
+// launches it only for M a multiple of BM, N of BN, K of BK, offsets and row strides multiples of 8, on adapters
+// with subgroups of 32, and defines A_ALONG_M and B_ALONG_K.
 //
-// Parameters (u32 words): [M, N, K, lhs offset, lhs stride along M, rhs offset, rhs stride along its outer
-// dimension (N when B_ALONG_K, else K), tiles along N].
+// Parameters (u32 words): [M, N, K, lhs offset, lhs stride along its outer dimension (K when A_ALONG_M, else
+// M), rhs offset, rhs stride along its outer dimension (N when B_ALONG_K, else K), tiles along N].
 
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -25,8 +27,10 @@ enable wgpu_cooperative_matrix;
 const BM: u32 = 256u;
 const BN: u32 = 128u;
 const BK: u32 = 32u;
-// Row strides (halves) of the staged slices: [m][k] and, along K, [n][k] rows of BK; along N, [k][n] rows of BN.
+// Row strides (halves) of the staged slices: [m][k] and, along K, [n][k] rows of BK; along N, [k][n] rows of BN;
+// along M, [k][m] rows of BM.
 const AS: u32 = 40u;
+const AMS: u32 = 264u;
 const BS: u32 = 136u;
 
 var<workgroup> As: array<f16, 10240>;
@@ -69,11 +73,17 @@ fn fetch_b(i: u32) -> array<vec4<f16>, 2> {
 // 256 rows of four (loads 0..3); B along K as 128 rows of four, along N as 32 rows of sixteen (loads 0 and 1).
 fn a_at(lid: u32, e: u32) -> u32 {
     let i = lid + 256u * e;
+    if (A_ALONG_M) {
+        return (i / 32u) * AMS + (i % 32u) * 8u;
+    }
     return (i / 4u) * AS + (i % 4u) * 8u;
 }
 
 fn a_src(lid: u32, e: u32, m0: u32, k0: u32) -> u32 {
     let i = lid + 256u * e;
+    if (A_ALONG_M) {
+        return (p[3] + (k0 + i / 32u) * p[4] + m0 + (i % 32u) * 8u) / 8u;
+    }
     return (p[3] + (m0 + i / 4u) * p[4] + k0 + (i % 4u) * 8u) / 8u;
 }
 
@@ -91,6 +101,13 @@ fn b_src(lid: u32, e: u32, n0: u32, k0: u32) -> u32 {
         return (p[5] + (n0 + i / 4u) * p[6] + k0 + (i % 4u) * 8u) / 8u;
     }
     return (p[5] + (k0 + i / 16u) * p[6] + n0 + (i % 16u) * 8u) / 8u;
+}
+
+fn load_a(kk: u32, row: u32) -> coop_mat16x16<f16, A> {
+    if (A_ALONG_M) {
+        return coopLoad<coop_mat16x16<f16, A>>(&As[kk * AMS + row], AMS);
+    }
+    return coopLoadT<coop_mat16x16<f16, A>>(&As[row * AS + kk], AS);
 }
 
 fn load_b(kk: u32, col: u32) -> coop_mat16x16<f16, B> {

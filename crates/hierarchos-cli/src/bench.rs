@@ -19,9 +19,9 @@ pub struct OpsArgs {
     /// Square matmul sizes.
     #[arg(long, value_delimiter = ',', default_value = "512,1024,2048,4096")]
     pub sizes: Vec<usize>,
-    /// Linear layers `TOKENSxINxOUT` whose three training products are timed: the forward `x @ W.t()`, the
-    /// input gradient `g @ W` and the weight gradient `g.t() @ x` (the defaults are the 110M Llama shape's
-    /// projections, MLP and head at 8 x 512 tokens).
+    /// Linear layers `TOKENSxINxOUT` whose three training products are timed in f32 and f16: the forward
+    /// `x @ W.t()`, the input gradient `g @ W` and the weight gradient `g.t() @ x` (the defaults are the 110M
+    /// Llama shape's projections, MLP and head at 8 x 512 tokens).
     #[arg(
         long,
         value_delimiter = ',',
@@ -108,26 +108,20 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
         let [tokens, inputs, outputs] = dims[..] else {
             anyhow::bail!("--linear {case}: expected TOKENSxINxOUT")
         };
-        let x = Tensor::randn(&[tokens, inputs], 11, 0, DType::F32, &device)?;
-        let w = Tensor::randn(&[outputs, inputs], 12, 0, DType::F32, &device)?;
-        let g = Tensor::randn(&[tokens, outputs], 13, 0, DType::F32, &device)?;
         let flops = 2.0 * (tokens * inputs * outputs) as f64;
-        for (name, [lhs, rhs]) in [
-            ("x@W.t", [x.clone(), w.t()?]),
-            ("g@W", [g.clone(), w.clone()]),
-            ("g.t@x", [g.t()?, x.clone()]),
-        ] {
-            let secs = time(&device, args.iters, || Ok(lhs.matmul(&rhs)?))?;
-            let shape = format!("{case} {name}");
-            report(
-                args.json,
-                "linear",
-                &shape,
-                DType::F32,
-                secs,
-                flops / secs / 1e12,
-                "TFLOP/s",
-            );
+        for dtype in [DType::F32, DType::F16] {
+            let x = Tensor::randn(&[tokens, inputs], 11, 0, dtype, &device)?;
+            let w = Tensor::randn(&[outputs, inputs], 12, 0, dtype, &device)?;
+            let g = Tensor::randn(&[tokens, outputs], 13, 0, dtype, &device)?;
+            for (name, [lhs, rhs]) in [
+                ("x@W.t", [x.clone(), w.t()?]),
+                ("g@W", [g.clone(), w.clone()]),
+                ("g.t@x", [g.t()?, x.clone()]),
+            ] {
+                let secs = time(&device, args.iters, || Ok(lhs.matmul(&rhs)?))?;
+                let shape = format!("{case} {name}");
+                report(args.json, "linear", &shape, dtype, secs, flops / secs / 1e12, "TFLOP/s");
+            }
         }
     }
     let [rows, cols] = args.rows_cols[..] else {

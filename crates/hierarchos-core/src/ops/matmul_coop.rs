@@ -20,8 +20,7 @@ const FRAGMENTS: usize = 4;
 /// Whether `la` `[batch.., M, K]` @ `lb` `[batch.., K, N]` of f16 operands on `device` runs on cooperative matrices:
 /// the adapter has them (16 x 16 f16 into f32), native f16 storage, subgroups of exactly 32 (the kernel's layout
 /// of eight subgroups), one batch entry, dimensions that fill whole tiles, and operands that load eight halves at
-/// a time (unit stride along K for the left one, along K or N for the right one; offsets and other strides
-/// multiples of 8).
+/// a time (unit stride along either dimension; offsets and other strides multiples of 8).
 pub(crate) fn fits(device: &Gpu, dtypes: [DType; 2], la: &Layout, lb: &Layout) -> bool {
     let caps = device.caps();
     let r = la.rank();
@@ -39,7 +38,7 @@ pub(crate) fn fits(device: &Gpu, dtypes: [DType; 2], la: &Layout, lb: &Layout) -
         && n.is_multiple_of(TILE_N)
         && k.is_multiple_of(STEP)
         && k > 0
-        && eights(la, r - 1, r - 2)
+        && (eights(la, r - 1, r - 2) || eights(la, r - 2, r - 1))
         && (eights(lb, r - 1, r - 2) || eights(lb, r - 2, r - 1))
 }
 
@@ -51,22 +50,29 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
     let device = a.device();
     let out = device.alloc("matmul", Tensor::bytes_for(m * n, DType::F16))?;
     let out = Tensor::from_buffer(out, &[m, n], DType::F16, None);
-    // A transposed weight (`x @ W.t()`) has unit stride along K: staged as [n][k] rows.
+    // A transposed weight (`x @ W.t()`) has unit stride along K: staged as [n][k] rows; a transposed left
+    // operand (`g.t() @ x`) along M: staged as [k][m] rows.
     let b_along_k = lb.strides[r - 2] == 1 && lb.strides[r - 1] != 1;
+    let a_along_m = la.strides[r - 2] == 1 && la.strides[r - 1] != 1;
     let params = [
         m as u32,
         n as u32,
         k as u32,
         la.offset as u32,
-        la.strides[r - 2] as u32,
+        la.strides[if a_along_m { r - 1 } else { r - 2 }] as u32,
         lb.offset as u32,
         lb.strides[if b_along_k { r - 1 } else { r - 2 }] as u32,
         (n / TILE_N) as u32,
     ];
     device.dispatch(Dispatch {
         op: "matmul",
-        key: &format!("matmul_coop:{b_along_k}"),
-        source: &|| format!("{}const B_ALONG_K: bool = {b_along_k};\n{COMMON_WGSL}", unrolled()),
+        key: &format!("matmul_coop:{a_along_m}:{b_along_k}"),
+        source: &|| {
+            format!(
+                "{}const A_ALONG_M: bool = {a_along_m};\nconst B_ALONG_K: bool = {b_along_k};\n{COMMON_WGSL}",
+                unrolled()
+            )
+        },
         buffers: &[out.buffer(), a.buffer(), b.buffer()],
         params: &params,
         workgroups: Gpu::grid(((m / TILE_M) * (n / TILE_N)) as u32),
@@ -83,10 +89,7 @@ fn unrolled() -> String {
         products += &format!("            let b{j} = load_b(kk, wn + {}u);\n", 16 * j);
     }
     for i in 0..FRAGMENTS {
-        products += &format!(
-            "            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&As[(wm + {}u) * AS + kk], AS);\n",
-            16 * i
-        );
+        products += &format!("            let a{i} = load_a(kk, wm + {}u);\n", 16 * i);
         for j in 0..FRAGMENTS {
             accumulators += &format!("    var c{i}{j} = coop_mat16x16<f32, C>();\n");
             products += &format!("            c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
