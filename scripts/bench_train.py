@@ -2,10 +2,11 @@
 """Training tokens/s and peak memory of a Llama-shaped model (random f32 weights, AdamW, clipping at 1.0) in
 Hierarchos and in PyTorch eager (HF transformers' LlamaForCausalLM, TF32 off) on the same GPU: full-parameter
 training, and with --lora R also LoRA fine-tuning (rank R, alpha 2R, every linear layer but the head, no dropout)
-beside HF PEFT, with Hierarchos' frozen base held in f32 and in bf16.
+beside HF PEFT, with Hierarchos' frozen base held in f32 and in bf16. With --mixed, also mixed precision:
+Hierarchos' `--dtype f16` and `--dtype bf16` beside `torch.autocast` in f16 (with a GradScaler) and bf16.
 
 Usage: python3 scripts/bench_train.py PATH_TO_HIERARCHOS_BINARY [--batch-size 8] [--seq-len 512] [--steps 5]
-    [--lora 16]
+    [--lora 16] [--mixed]
 The default shape is the ~110M Llama: hidden 768, 12 layers, 12 heads, MLP 3072, vocabulary 32000.
 """
 import argparse
@@ -26,8 +27,9 @@ def hierarchos(a, extra):
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
 
 
-def pytorch(a, lora):
-    """tokens/s, peak bytes, trained parameters of PyTorch eager (with PEFT's LoRA when `lora` is a rank)."""
+def pytorch(a, lora, autocast=None):
+    """tokens/s, peak bytes, trained parameters of PyTorch eager (with PEFT's LoRA when `lora` is a rank; under
+    torch.autocast in `autocast`, "f16" or "bf16", when given)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
@@ -44,11 +46,17 @@ def pytorch(a, lora):
     opt = torch.optim.AdamW(trained, lr=1e-4)
     batches = [torch.randint(0, SHAPE["vocab"], (a.batch_size, a.seq_len), device="cuda") for _ in range(a.steps + 1)]
 
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(autocast)
+    scaler = torch.amp.GradScaler("cuda", enabled=autocast == "f16")
+
     def step(ids):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+        with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = model(input_ids=ids, labels=ids).loss
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad(set_to_none=True)
         return loss.item()
 
@@ -74,9 +82,14 @@ def main():
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lora", type=int, help="also LoRA fine-tuning of this rank")
+    p.add_argument("--mixed", action="store_true", help="also mixed precision (f16, bf16) against torch.autocast")
     a = p.parse_args()
 
     rows = [("full-parameter", hierarchos(a, []), pytorch(a, None))]
+    if a.mixed:
+        for dtype in ["f16", "bf16"]:
+            rows.append((f"full-parameter, products in {dtype} (autocast)", hierarchos(a, ["--dtype", dtype]),
+                         pytorch(a, None, dtype)))
     if a.lora:
         peft_run = pytorch(a, a.lora)
         lora = ["--lora-r", str(a.lora), "--lora-targets", "all-linear"]

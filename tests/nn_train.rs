@@ -7,11 +7,11 @@ use common::fixtures::*;
 use common::*;
 use std::path::Path;
 
-use hierarchos::core::Tensor;
+use hierarchos::core::{DType, Tensor};
 use hierarchos::nn::optim::{AdamW, AdamWConfig};
 use hierarchos::nn::train::checkpoint::{self, ModelFiles};
 use hierarchos::nn::train::data::TokenData;
-use hierarchos::nn::train::{LrScheduler, Schedule, TrainConfig, Trainer};
+use hierarchos::nn::train::{LossScale, LrScheduler, Precision, Schedule, StepStats, TrainConfig, Trainer};
 use hierarchos::nn::{CausalLm, Error, Model, ModelConfig, Weights};
 
 /// The bound on any parameter after the two damped steps, unless PyTorch's own f32 lands further from the
@@ -116,6 +116,7 @@ fn small_run(steps: usize) -> TrainConfig {
         max_grad_norm: 0.5,
         shuffle: true,
         seed: 7,
+        precision: Default::default(),
     }
 }
 
@@ -128,17 +129,28 @@ fn values(lm: &CausalLm) -> Vec<(String, Vec<f32>)> {
 
 #[test]
 fn resuming_from_a_checkpoint_continues_bit_for_bit() {
+    // In mixed precision too: an f16 run's loss scale is part of the checkpoint.
+    for precision in [Precision::F32, Precision::F16] {
+        resume_continues_bit_for_bit(precision);
+    }
+}
+
+fn resume_continues_bit_for_bit(precision: Precision) {
     let dir = fixture("llama");
     let data = random_data(&mut Rng::new("resume data"), 7, 12);
     let files = ModelFiles::read(&dir).unwrap();
+    let run = TrainConfig {
+        precision,
+        ..small_run(4)
+    };
     // Four steps straight.
     let straight = trainable(&dir);
-    let mut t = Trainer::new(&straight, small_run(4), data.sequences.len(), 1).unwrap();
+    let mut t = Trainer::new(&straight, run.clone(), data.sequences.len(), 1).unwrap();
     let losses: Vec<f64> = (0..4).map(|_| t.step(&data).unwrap().loss).collect();
     // Two steps, a checkpoint, a fresh process's worth of loading, two more.
     let out = tmpdir("resume");
     let first = trainable(&dir);
-    let mut t = Trainer::new(&first, small_run(4), data.sequences.len(), 1).unwrap();
+    let mut t = Trainer::new(&first, run, data.sequences.len(), 1).unwrap();
     for _ in 0..2 {
         t.step(&data).unwrap();
     }
@@ -149,9 +161,80 @@ fn resuming_from_a_checkpoint_continues_bit_for_bit() {
     assert_eq!(values(&ckpt.lm), values(&first), "weights read back");
     let mut t = Trainer::resume(&ckpt.lm, &ckpt.state, ckpt.moments, data.sequences.len(), 1).unwrap();
     let resumed: Vec<f64> = (0..2).map(|_| t.step(&data).unwrap().loss).collect();
-    assert_eq!(resumed, losses[2..], "losses after resuming");
-    assert_eq!(values(&ckpt.lm), values(&straight), "parameters after 2 + 2 steps");
-    assert!(losses[3] < losses[0], "training lowers the loss: {losses:?}");
+    assert_eq!(resumed, losses[2..], "{precision}: losses after resuming");
+    assert_eq!(
+        values(&ckpt.lm),
+        values(&straight),
+        "{precision}: parameters after 2 + 2 steps"
+    );
+    assert!(
+        losses[3] < losses[0],
+        "{precision}: training lowers the loss: {losses:?}"
+    );
+}
+
+/// Products in f16 or bf16 (f32 master weights): the losses follow the f32 run's closely, the parameters stay
+/// f32, and only f16 carries a loss scale (2^16 while nothing overflows).
+#[test]
+fn mixed_precision_follows_f32_training() {
+    let dir = fixture("llama");
+    let data = random_data(&mut Rng::new("mixed precision data"), 7, 12);
+    let f32_run = trainable(&dir);
+    let mut t = Trainer::new(&f32_run, small_run(4), data.sequences.len(), 1).unwrap();
+    let want: Vec<f64> = (0..4).map(|_| t.step(&data).unwrap().loss).collect();
+    for precision in [Precision::F16, Precision::Bf16] {
+        let lm = trainable(&dir);
+        let run = TrainConfig {
+            precision,
+            ..small_run(4)
+        };
+        let mut t = Trainer::new(&lm, run, data.sequences.len(), 1).unwrap();
+        let steps: Vec<StepStats> = (0..4).map(|_| t.step(&data).unwrap()).collect();
+        for (s, w) in steps.iter().zip(&want) {
+            assert!(
+                (s.loss - w).abs() <= 2e-2 * w.abs(),
+                "{precision}: loss {} against f32 {w}",
+                s.loss
+            );
+            assert!(!s.skipped);
+            let scale = (precision == Precision::F16).then_some(LossScale::INITIAL);
+            assert_eq!(s.loss_scale, scale, "{precision}");
+        }
+        assert!(lm.parameters().iter().all(|(_, p)| p.dtype() == DType::F32));
+        assert!(steps[3].loss < steps[0].loss, "{precision}: {steps:?}");
+        let losses: Vec<f64> = steps.iter().map(|s| s.loss).collect();
+        assert_ne!(losses, want, "{precision}: the products did run in 16 bits");
+    }
+}
+
+/// An f16 step whose scaled gradients overflow is skipped (the weights stay as they were) and halves the scale;
+/// the next step runs at the halved scale.
+#[test]
+fn an_f16_overflow_skips_the_step_and_halves_the_loss_scale() {
+    let dir = fixture("llama");
+    let data = random_data(&mut Rng::new("overflow data"), 6, 12);
+    let lm = trainable(&dir);
+    let run = TrainConfig {
+        precision: Precision::F16,
+        ..small_run(3)
+    };
+    let t = Trainer::new(&lm, run, data.sequences.len(), 1).unwrap();
+    let mut state = t.state("random");
+    let huge = 2f64.powi(100);
+    state.loss_scale = Some(LossScale {
+        scale: huge,
+        good_steps: 0,
+    });
+    let mut t = Trainer::resume(&lm, &state, Default::default(), data.sequences.len(), 1).unwrap();
+    let before = values(&lm);
+    let s = t.step(&data).unwrap();
+    assert!(s.skipped && !s.grad_norm.is_finite(), "{s:?}");
+    assert!(s.loss.is_finite());
+    assert_eq!(s.loss_scale, Some(huge));
+    assert_eq!(values(&lm), before, "a skipped step leaves the weights alone");
+    assert_eq!(t.state("random").loss_scale.unwrap().scale, huge / 2.0);
+    let s = t.step(&data).unwrap();
+    assert_eq!((s.step, s.loss_scale), (2, Some(huge / 2.0)));
 }
 
 #[test]

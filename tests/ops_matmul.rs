@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use hierarchos::core::{DType, Gpu, GpuOptions, Tensor};
+use hierarchos::core::{DType, Gpu, GpuOptions, Tensor, autocast, autocast_dtype};
 
 /// A tensor of random values in [-1, 1) with `shape`, and its values (after rounding to `dtype`) as f32.
 fn random(rng: &mut Rng, shape: &[usize], dtype: DType) -> (Tensor, Vec<f32>) {
@@ -488,4 +488,47 @@ fn f16_products_of_whole_tiles() {
         let kernels: Vec<String> = p.profile().into_iter().map(|k| k.kernel).collect();
         assert!(kernels.iter().any(|k| k.starts_with("matmul_coop")), "{kernels:?}");
     }
+}
+
+/// Inside `autocast(f16 | bf16)` a product of f32 operands is the 16-bit product of the rounded operands, handed
+/// back as f32, and its gradients reach the f32 leaves as f32; outside, products are f32 again.
+#[test]
+fn autocast_runs_products_in_16_bits() {
+    let mut rng = Rng::new("autocast_runs_products_in_16_bits");
+    let (a, va) = random(&mut rng, &[2, 17, 33], DType::F32);
+    let (b, vb) = random(&mut rng, &[33, 9], DType::F32);
+    for half in [DType::F16, DType::BF16] {
+        let (a, b) = (a.detach().requires_grad_(), b.detach().requires_grad_());
+        let got = autocast(half, || a.matmul(&b)).unwrap().unwrap();
+        assert_eq!(got.dtype(), DType::F32);
+        assert_eq!(autocast_dtype(), None, "the dtype is restored");
+        let want = a
+            .to_dtype(half)
+            .unwrap()
+            .matmul(&b.to_dtype(half).unwrap())
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        assert_eq!(got.to_f32_vec().unwrap(), want.to_f32_vec().unwrap(), "{half}");
+        got.sum_all().unwrap().backward().unwrap();
+        // d(sum)/da = ones @ b^T, in 16-bit precision.
+        let ga = a.grad().unwrap();
+        assert_eq!(ga.dtype(), DType::F32);
+        let rows = 2 * 17;
+        let want: Vec<f64> = (0..rows * 33)
+            .map(|i| (0..9).map(|c| vb[(i % 33) * 9 + c] as f64).sum())
+            .collect();
+        assert_close(
+            &format!("autocast {half} grad"),
+            &ga.to_f32_vec().unwrap(),
+            &want,
+            2e-2,
+            2e-2,
+        );
+    }
+    assert_eq!(a.matmul(&b).unwrap().dtype(), DType::F32);
+    let plain = a.matmul(&b).unwrap().to_f32_vec().unwrap();
+    let (want, _) = reference(&host(&a, &va), a.shape(), &host(&b, &vb), b.shape());
+    assert_close("after autocast", &plain, &want, 1e-5, 1e-4);
+    assert!(autocast(DType::F32, || ()).is_err());
 }

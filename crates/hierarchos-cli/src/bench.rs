@@ -10,7 +10,7 @@ use hierarchos_nn::lora::{LoraConfig, TargetModules};
 use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::sampling::argmax;
 use hierarchos_nn::train::data::TokenData;
-use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer};
+use hierarchos_nn::train::{LrScheduler, Precision, Schedule, TrainConfig, Trainer};
 use hierarchos_nn::{CausalLm, LinearWeight, Model, ModelConfig, SamplingConfig, StopConditions, generate};
 
 /// What to measure.
@@ -605,6 +605,9 @@ pub struct TrainBenchArgs {
     /// With --lora-r: hold the frozen model's matrices in this dtype.
     #[arg(long, default_value = "f32", requires = "lora_r")]
     pub base_dtype: DType,
+    /// Mixed precision: the dtype of the matrix products (f32, f16 or bf16), as `train --dtype`.
+    #[arg(long, default_value = "f32")]
+    pub dtype: Precision,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -658,6 +661,7 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
         max_grad_norm: 1.0,
         shuffle: false,
         seed: 0,
+        precision: args.dtype,
     };
     let mut trainer = Trainer::new(&lm, run, rows, 0)?;
     // The warm-up step compiles the kernels and fills the buffer pool.
@@ -684,6 +688,7 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
                 "trainable_params": trainable,
                 "lora_r": args.lora_r,
                 "base_dtype": args.base_dtype.to_string(),
+                "dtype": args.dtype.to_string(),
                 "batch_size": args.batch_size,
                 "seq_len": args.seq_len,
                 "steps": args.steps,
@@ -702,11 +707,12 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
             device.adapter_info().backend
         );
         println!(
-            "model: {:.1}M parameters ({:.2}M trained), batch {} x {} tokens, f32, AdamW",
+            "model: {:.1}M parameters ({:.2}M trained), batch {} x {} tokens, products in {}, AdamW",
             params as f64 / 1e6,
             trainable as f64 / 1e6,
             args.batch_size,
-            args.seq_len
+            args.seq_len,
+            args.dtype
         );
         println!(
             "training: {tokens_per_sec:.0} tokens/s ({:.1} ms per step, {launches_per_step:.0} kernel launches), peak \

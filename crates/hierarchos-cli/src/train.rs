@@ -13,7 +13,7 @@ use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::train::checkpoint;
 use hierarchos_nn::train::data::{TokenData, pad_id};
 use hierarchos_nn::train::setup::{Source, Trained, load_source};
-use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate};
+use hierarchos_nn::train::{LrScheduler, Precision, Schedule, TrainConfig, Trainer, evaluate};
 
 /// Optimizer steps of a new run when --steps is not given.
 const DEFAULT_STEPS: usize = 100;
@@ -77,6 +77,11 @@ pub struct TrainArgs {
     /// Seed of the data order and of random initial weights.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
+    /// Mixed precision: the dtype of the matrix products (f32, f16 or bf16; master weights, optimizer and every
+    /// other op stay f32). f16 runs on tensor cores where the GPU has cooperative matrices, with dynamic loss
+    /// scaling; bf16 needs none.
+    #[arg(long, default_value = "f32", conflicts_with = "resume")]
+    pub dtype: Precision,
     /// Hold out this fraction of the sequences (the last ones) for evaluation.
     #[arg(long, default_value_t = 0.0)]
     pub eval_split: f64,
@@ -193,6 +198,7 @@ fn config_from(args: &TrainArgs) -> Result<TrainConfig> {
         max_grad_norm: args.max_grad_norm,
         shuffle: !args.no_shuffle,
         seed: args.seed,
+        precision: args.dtype,
     };
     config.validate()?;
     Ok(config)
@@ -365,17 +371,30 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         tokens += s.tokens;
         secs += s.secs;
         bar.set_position(s.step as u64);
+        let skipped = if s.skipped {
+            " (gradients overflowed: step skipped)"
+        } else {
+            ""
+        };
         bar.set_message(format!(
-            "loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s",
+            "loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s{skipped}",
             s.loss,
             s.lr,
             s.grad_norm,
             tokens as f64 / secs.max(1e-9)
         ));
-        log(serde_json::json!({
+        if s.skipped {
+            tracing::warn!(step = s.step, loss_scale = ?s.loss_scale, "f16 gradients overflowed: step skipped");
+        }
+        let mut line = serde_json::json!({
             "step": s.step, "loss": s.loss, "lr": s.lr, "grad_norm": s.grad_norm,
             "tokens": s.tokens, "tokens_per_sec": s.tokens as f64 / s.secs.max(1e-9),
-        }))?;
+        });
+        if let Some(scale) = s.loss_scale {
+            line["loss_scale"] = scale.into();
+            line["skipped"] = s.skipped.into();
+        }
+        log(line)?;
         let last = s.step == config.steps;
         if args.eval_every > 0 && s.step % args.eval_every == 0 && !last {
             evaluate_now(s.step, &mut log)?;

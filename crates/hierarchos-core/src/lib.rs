@@ -15,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+mod autocast;
 mod autograd;
 mod error;
 pub mod ops;
@@ -22,6 +23,7 @@ pub mod quant;
 pub mod shape;
 mod tensor;
 
+pub use autocast::{autocast, autocast_dtype};
 pub use autograd::{grad_enabled, no_grad};
 pub use error::{Error, Result};
 pub use hierarchos_wgpu::{DType, Gpu, GpuOptions};

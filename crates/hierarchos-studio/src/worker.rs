@@ -333,6 +333,7 @@ impl Worker {
             max_grad_norm: 1.0,
             shuffle: true,
             seed: s.seed,
+            precision: Default::default(),
         };
         let pad = pad_id(source.tokenizer.as_ref());
         std::fs::create_dir_all(&s.out).with_context(|| format!("creating {}", s.out.display()))?;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu};
 
+use crate::autocast::autocast_dtype;
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::matmul_coop;
@@ -90,6 +91,12 @@ impl Tensor {
 
 /// Both operands have rank >= 2.
 fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    // Under autocast, a product with an f32 operand runs in the 16-bit dtype and comes back as f32.
+    if let Some(half) = autocast_dtype().filter(|_| a.dtype() == DType::F32 || b.dtype() == DType::F32) {
+        if [a, b].iter().all(|t| t.dtype().is_float()) {
+            return matmul_nd(&a.to_dtype(half)?, &b.to_dtype(half)?)?.to_dtype(DType::F32);
+        }
+    }
     let out = product(a, b)?;
     if !grad_enabled() || !(a.requires_grad() || b.requires_grad()) {
         return Ok(out);

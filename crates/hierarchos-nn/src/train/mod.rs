@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod data;
 #[cfg(not(target_arch = "wasm32"))]
 mod files;
+pub mod precision;
 mod rows;
 pub mod schedule;
 #[cfg(not(target_arch = "wasm32"))]
@@ -13,6 +14,7 @@ pub mod setup;
 pub mod state;
 pub mod trainer;
 
+pub use precision::{LossScale, Precision};
 pub use schedule::{LrScheduler, Schedule};
 #[cfg(not(target_arch = "wasm32"))]
 pub use trainer::evaluate;

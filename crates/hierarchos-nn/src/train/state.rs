@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::train::data::BatcherState;
+use crate::train::precision::LossScale;
 use crate::train::trainer::TrainConfig;
 
 /// The format tag of [`TrainingState`].
@@ -29,6 +30,9 @@ pub struct TrainingState {
     /// The dtype a frozen base is held in while an adapter trains (`f16`, `bf16`; f32 when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_dtype: Option<String>,
+    /// The loss scale of an f16 run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<LossScale>,
 }
 
 /// The state of a new run, before its first step.
@@ -41,5 +45,6 @@ pub fn initial_state(config: &TrainConfig, data: &str, batcher: BatcherState) ->
         config: config.clone(),
         data: data.into(),
         base_dtype: None,
+        loss_scale: None,
     }
 }

@@ -1,7 +1,8 @@
-//! The training step: gradient accumulation over micro-batches, the loss and gradient norm read back (a
-//! non-finite one stops the run), clipping and the AdamW update at the scheduled learning rate.
+//! The training step: gradient accumulation over micro-batches (under autocast in mixed precision), the loss and
+//! gradient norm read back (a non-finite one stops the run, or skips the step of an f16 run), clipping and the
+//! AdamW update at the scheduled learning rate.
 
-use hierarchos_core::{DType, PendingVec, Tensor, no_grad};
+use hierarchos_core::{DType, PendingVec, Tensor, autocast, no_grad};
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
@@ -9,6 +10,7 @@ use crate::CausalLm;
 use crate::error::{Error, Result};
 use crate::optim::{AdamW, AdamWConfig, Moments, clip_factor, grad_norm_squared};
 use crate::train::data::{Batch, Batcher, TokenData, make_batch};
+use crate::train::precision::{LossScale, Precision};
 use crate::train::schedule::Schedule;
 use crate::train::state::{TrainingState, initial_state};
 
@@ -33,6 +35,9 @@ pub struct TrainConfig {
     pub shuffle: bool,
     /// Seed of the data order (and of the initial weights when training from scratch).
     pub seed: u64,
+    /// The dtype of the matrix products (mixed precision; f32 master weights either way).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 impl TrainConfig {
@@ -74,8 +79,12 @@ pub struct StepStats {
     pub loss: f64,
     /// Learning rate it ran at.
     pub lr: f64,
-    /// Global gradient norm before clipping.
+    /// Global gradient norm before clipping (unscaled; infinite or NaN when an f16 step overflowed).
     pub grad_norm: f64,
+    /// The loss scale the step ran at (f16 runs).
+    pub loss_scale: Option<f64>,
+    /// The gradients overflowed the loss scale: the update was skipped and the scale halved (f16 runs).
+    pub skipped: bool,
     /// Tokens in its batches (padding left out).
     pub tokens: usize,
     /// Wall-clock seconds it took.
@@ -91,6 +100,7 @@ pub struct Trainer<'m> {
     config: TrainConfig,
     step: usize,
     pad_id: u32,
+    loss_scale: Option<LossScale>,
 }
 
 impl<'m> Trainer<'m> {
@@ -115,6 +125,7 @@ impl<'m> Trainer<'m> {
             params,
             optimizer: AdamW::new(config.adamw.clone())?,
             batcher: Batcher::new(sequences, config.seed, config.shuffle)?,
+            loss_scale: (config.precision == Precision::F16).then(LossScale::default),
             config,
             step: 0,
             pad_id,
@@ -138,6 +149,9 @@ impl<'m> Trainer<'m> {
             state.batcher.clone(),
         )?;
         t.step = state.step;
+        if t.loss_scale.is_some() {
+            t.loss_scale = Some(state.loss_scale.clone().unwrap_or_default());
+        }
         Ok(t)
     }
 
@@ -161,6 +175,7 @@ impl<'m> Trainer<'m> {
         let mut s = initial_state(&self.config, data, self.batcher.state());
         s.step = self.step;
         s.base_dtype = self.lm.frozen_dtype().map(|d| d.to_string());
+        s.loss_scale = self.loss_scale.clone();
         s
     }
 
@@ -187,15 +202,19 @@ impl<'m> Trainer<'m> {
         let accum = self.config.grad_accum;
         let mut losses = Vec::with_capacity(accum);
         let mut tokens = 0;
+        let scale = self.loss_scale.as_ref().map_or(1.0, |s| s.scale);
         for micro in 0..accum {
             // Each micro-batch draws its own adapter dropout masks, the same ones when a run is resumed.
             self.lm.seed_lora_dropout(self.config.seed, self.step * accum + micro);
             let indices = self.batcher.next_indices(self.config.batch_size);
             let batch = make_batch(data, &indices, self.pad_id);
             tokens += batch.labels.iter().filter(|&&l| l != -100).count();
-            let loss = batch_loss(self.lm, &batch)?;
+            let loss = match self.config.precision.autocast() {
+                Some(half) => autocast(half, || batch_loss(self.lm, &batch))??,
+                None => batch_loss(self.lm, &batch)?,
+            };
             // The mean over micro-batches, as transformers' Trainer divides each by the accumulation steps.
-            loss.mul_scalar(1.0 / accum as f64)?.backward()?;
+            loss.mul_scalar(scale / accum as f64)?.backward()?;
             losses.push(loss.detach().reshape(&[1])?);
         }
         let read = no_grad(|| -> Result<_> {
@@ -209,29 +228,41 @@ impl<'m> Trainer<'m> {
         Ok((read, Began { tokens, start }))
     }
 
-    /// The second half: with the loss and squared norm read back, stop on a non-finite one or clip and update.
+    /// The second half: with the loss and squared norm read back, stop on a non-finite one or clip and update (an
+    /// f16 run skips a step whose scaled gradients overflowed, and halves the scale).
     fn finish_step(&mut self, began: Began, values: &[f32]) -> Result<StepStats> {
         let number = self.step + 1;
         let lr = self.config.schedule.lr_at(self.step);
-        let (loss, norm) = (values[0] as f64, (values[1] as f64).sqrt());
+        let scale = self.loss_scale.as_ref().map_or(1.0, |s| s.scale);
+        let (loss, norm) = (values[0] as f64, (values[1] as f64).sqrt() / scale);
+        let overflow = self.loss_scale.is_some() && loss.is_finite() && !norm.is_finite();
         if !loss.is_finite() || !norm.is_finite() {
             for (_, p) in &self.params {
                 p.zero_grad();
             }
-            return Err(Error::NonFinite {
-                step: number,
-                what: if loss.is_finite() { "gradient norm" } else { "loss" },
-                value: if loss.is_finite() { norm } else { loss },
-            });
+            if !overflow {
+                return Err(Error::NonFinite {
+                    step: number,
+                    what: if loss.is_finite() { "gradient norm" } else { "loss" },
+                    value: if loss.is_finite() { norm } else { loss },
+                });
+            }
+        } else {
+            // Unscaling rides along with the clipping factor into the fused update.
+            let factor = clip_factor(norm, self.config.max_grad_norm) / scale;
+            self.optimizer.step(&self.params, lr, factor)?;
         }
-        self.optimizer
-            .step(&self.params, lr, clip_factor(norm, self.config.max_grad_norm))?;
+        if let Some(s) = &mut self.loss_scale {
+            s.update(!overflow);
+        }
         self.step = number;
         Ok(StepStats {
             step: number,
             loss,
             lr,
             grad_norm: norm,
+            loss_scale: self.loss_scale.is_some().then_some(scale),
+            skipped: overflow,
             tokens: began.tokens,
             secs: began.start.elapsed().as_secs_f64(),
         })

@@ -214,6 +214,7 @@ pub async fn train(state: State, ctx: egui::Context, device: Device, r: TrainReq
             max_grad_norm: 1.0,
             shuffle: true,
             seed: 0,
+            precision: Default::default(),
         };
         let mut trainer = Trainer::new(
             &model.lm,
