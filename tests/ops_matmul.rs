@@ -453,8 +453,8 @@ fn long_reductions_split_into_slices() {
 
 /// f16 products of whole 256 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (16 x 16 f16
 /// into f32, subgroups of 32) they run on tensor cores; elsewhere the tiled kernel. Every pairing of operand
-/// layouts, an offset view, several tiles along M and N, and a batch of one (batched products stay on the tiled
-/// kernel).
+/// layouts, an offset view, several tiles along M and N, a batch of one (batched products stay on the tiled
+/// kernel), and single tiles over a long reduction (split along K).
 #[test]
 fn f16_products_of_whole_tiles() {
     let mut rng = Rng::new("f16_products_of_whole_tiles");
@@ -474,6 +474,11 @@ fn f16_products_of_whole_tiles() {
     check("g^T @ x f16", &g.t().unwrap(), &vg, &x, &vx);
     let (w, vw) = random(&mut rng, &[128, 64], DType::F16);
     check("g^T @ W^T f16", &g.t().unwrap(), &vg, &w.t().unwrap(), &vw);
+    // One tile over a long reduction: split along K into slices whose f32 partial products are added.
+    check_shapes(&mut rng, &[256, 1024], &[1024, 128], DType::F16);
+    let (g, vg) = random(&mut rng, &[1024, 256], DType::F16);
+    let (x, vx) = random(&mut rng, &[1024, 128], DType::F16);
+    check("g^T @ x f16, split along K", &g.t().unwrap(), &vg, &x, &vx);
     // Where the adapter has them, these products did run on cooperative matrices (the kernel profile names them).
     let inside_passes = hierarchos::runtime::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
     if d.caps().cooperative_matrix && d.wgpu_parts().1.features().contains(inside_passes) {

@@ -13,14 +13,19 @@
 // launches it only for M a multiple of BM, N of BN, K of BK, offsets and row strides multiples of 8, on adapters
 // with subgroups of 32, and defines A_ALONG_M and B_ALONG_K.
 //
+// Products with few tiles and a long reduction are split along K into slices run side by side (as the tiled
+// kernel does): slice s covers K_SLICE steps from s * K_SLICE and writes its own f32 partial product, which the
+// split-sum kernel adds; an unsplit product writes f16. The Rust side defines OutType and to_out for the two.
+//
 // Parameters (u32 words): [M, N, K, lhs offset, lhs stride along its outer dimension (K when A_ALONG_M, else
-// M), rhs offset, rhs stride along its outer dimension (N when B_ALONG_K, else K), tiles along N].
+// M), rhs offset, rhs stride along its outer dimension (N when B_ALONG_K, else K), tiles along N, K_SLICE,
+// slices].
 
 enable f16;
 enable wgpu_cooperative_matrix;
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f16>;
+@group(0) @binding(1) var<storage, read_write> out: array<OutType>;
 @group(0) @binding(2) var<storage, read> lhs: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read> rhs: array<vec4<f16>>;
 
@@ -117,12 +122,16 @@ fn load_b(kk: u32, col: u32) -> coop_mat16x16<f16, B> {
     return coopLoadT<coop_mat16x16<f16, B>>(&Bs[kk * BS + col], BS);
 }
 
+// Where this workgroup's slice of the reduction writes its product (past the partial products of the slices
+// before it).
+var<private> out_base: u32;
+
 // Lane `lane` of subgroup `sg` writes its eight elements of the fragment staged in Cs to the tile at (row, col),
-// rounded to f16 as every kernel rounds (round to nearest even).
+// through `to_out` (f16 rounded as every kernel rounds, round to nearest even; or the f32 partial product).
 fn emit(sg: u32, lane: u32, row: u32, col: u32, N: u32) {
     for (var e = 0u; e < 8u; e = e + 1u) {
         let i = lane + 32u * e;
-        out[(row + i / 16u) * N + col + i % 16u] = f16(unpack2x16float(f32_to_f16(Cs[sg * 256u + i])).x);
+        out[out_base + (row + i / 16u) * N + col + i % 16u] = to_out(Cs[sg * 256u + i]);
     }
 }
 
@@ -131,23 +140,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32) {
     let N = p[1];
-    let K = p[2];
-    let tile = wg.x + wg.y * nwg.x;
-    if (tile >= (p[0] / BM) * p[7]) {
+    let tiles = (p[0] / BM) * p[7];
+    let t = wg.x + wg.y * nwg.x;
+    if (t >= tiles * p[9]) {
         return;
     }
+    let slice = t / tiles;
+    let tile = t % tiles;
+    let k_begin = slice * p[8];
+    let K = min(p[2], k_begin + p[8]);
+    out_base = slice * p[0] * N;
     let m0 = (tile / p[7]) * BM;
     let n0 = (tile % p[7]) * BN;
     let wm = (sg / 2u) * 64u;
     let wn = (sg % 2u) * 64u;
     //@ACCUMULATORS
-    var ra0 = fetch_a(a_src(lid, 0u, m0, 0u));
-    var ra1 = fetch_a(a_src(lid, 1u, m0, 0u));
-    var ra2 = fetch_a(a_src(lid, 2u, m0, 0u));
-    var ra3 = fetch_a(a_src(lid, 3u, m0, 0u));
-    var rb0 = fetch_b(b_src(lid, 0u, n0, 0u));
-    var rb1 = fetch_b(b_src(lid, 1u, n0, 0u));
-    for (var k0 = 0u; k0 < K; k0 = k0 + BK) {
+    var ra0 = fetch_a(a_src(lid, 0u, m0, k_begin));
+    var ra1 = fetch_a(a_src(lid, 1u, m0, k_begin));
+    var ra2 = fetch_a(a_src(lid, 2u, m0, k_begin));
+    var ra3 = fetch_a(a_src(lid, 3u, m0, k_begin));
+    var rb0 = fetch_b(b_src(lid, 0u, n0, k_begin));
+    var rb1 = fetch_b(b_src(lid, 1u, n0, k_begin));
+    for (var k0 = k_begin; k0 < K; k0 = k0 + BK) {
         workgroupBarrier();
         stash_a(a_at(lid, 0u), ra0);
         stash_a(a_at(lid, 1u), ra1);

@@ -382,7 +382,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
 }
 
 /// The sum over the leading dimension of the partial products `partial` `[slices, ..shape]` (f32), in slice order.
-fn split_sum(partial: &Tensor, shape: &[usize]) -> Result<Tensor> {
+pub(crate) fn split_sum(partial: &Tensor, shape: &[usize]) -> Result<Tensor> {
     let device = partial.device();
     let n = numel(shape);
     let out = device.alloc("matmul_split_sum", Tensor::bytes_for(n, DType::F32))?;
