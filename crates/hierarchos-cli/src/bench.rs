@@ -100,14 +100,7 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
         }
     }
     for case in &args.linear {
-        let dims: Vec<usize> = case
-            .split('x')
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("--linear {case}: expected TOKENSxINxOUT"))?;
-        let [tokens, inputs, outputs] = dims[..] else {
-            anyhow::bail!("--linear {case}: expected TOKENSxINxOUT")
-        };
+        let [tokens, inputs, outputs] = dims("--linear", case, "TOKENSxINxOUT")?;
         let flops = 2.0 * (tokens * inputs * outputs) as f64;
         for dtype in [DType::F32, DType::F16] {
             let x = Tensor::randn(&[tokens, inputs], 11, 0, dtype, &device)?;
@@ -178,19 +171,24 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
     decode_attention(args, &device)
 }
 
+/// The `N` sizes of a shape argument such as `4096x768x768` given to `flag`, which expects `form`.
+fn dims<const N: usize>(flag: &str, case: &str, form: &str) -> Result<[usize; N]> {
+    let sizes: Vec<usize> = case
+        .split('x')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{flag} {case}: expected {form}"))?;
+    sizes
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("{flag} {case}: expected {form}"))
+}
+
 /// Causal attention in training ([`Tensor::flash_attention`]) for each `--attention` shape: forward, and forward
 /// plus backward (of the output's sum). FLOPs count the visible half of the score matrix: 2·B·H·T²·D forward (two
 /// products), 2.5 times that backward (five).
 fn training_attention(args: &OpsArgs, device: &Device) -> Result<()> {
     for case in &args.attention {
-        let dims: Vec<usize> = case
-            .split('x')
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("--attention {case}: expected BATCHxHEADSxTOKENSxHEAD_DIM"))?;
-        let [b, h, t, d] = dims[..] else {
-            anyhow::bail!("--attention {case}: expected BATCHxHEADSxTOKENSxHEAD_DIM")
-        };
+        let [b, h, t, d] = dims("--attention", case, "BATCHxHEADSxTOKENSxHEAD_DIM")?;
         let leaf = |seed| -> Result<Tensor> {
             Ok(Tensor::randn(&[b, h, t, d], seed, 0, DType::F32, device)?.requires_grad_())
         };
