@@ -1,5 +1,6 @@
 //! Compiled kernels kept on disk (`GpuOptions::pipeline_cache`): a run that reads a result leaves a cache file
-//! for its adapter, the next run starts from it and computes the same, and a damaged file is ignored, not fatal.
+//! for its adapter, the next run starts from it and computes the same, and a damaged file (foreign, or with its
+//! contents changed) is ignored, not fatal, and rewritten.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -44,13 +45,16 @@ fn the_pipeline_cache_is_written_reused_and_survives_damage() {
     let second = open(&dir);
     assert_eq!(compute(&second), want);
 
-    std::fs::write(&path, b"not a pipeline cache").unwrap();
-    let third = open(&dir);
-    assert_eq!(compute(&third), want);
-    assert_ne!(
-        std::fs::read(&path).unwrap(),
-        b"not a pipeline cache",
-        "the damaged file was replaced"
-    );
+    // A file that is not a cache, and a cache with one byte flipped (same length: only the checksum tells), are
+    // ignored and replaced.
+    let mut flipped = written.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x40;
+    for damaged in [b"not a pipeline cache".to_vec(), flipped] {
+        std::fs::write(&path, &damaged).unwrap();
+        let again = open(&dir);
+        assert_eq!(compute(&again), want);
+        assert_ne!(std::fs::read(&path).unwrap(), damaged, "the damaged file was replaced");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
