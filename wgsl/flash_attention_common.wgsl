@@ -23,6 +23,12 @@ fn hsum(a: vec4<f32>) -> f32 {
     return (a.x + a.y) + (a.z + a.w);
 }
 
+// The rows within the tile staged from row `first` of the four rows from `i` (rows past `last`, the tile's last
+// one, read as it).
+fn four_rows(i: u32, first: u32, last: u32) -> vec4<u32> {
+    return min(vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) - vec4<u32>(first);
+}
+
 // Element offset of row (b, head, pos) of the view whose offset and strides start at p[at].
 fn view_base(at: u32, b: u32, head: u32, pos: u32) -> u32 {
     return p[at] + b * p[at + 1u] + head * p[at + 2u] + pos * p[at + 3u];

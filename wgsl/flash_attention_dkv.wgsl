@@ -68,16 +68,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
             workgroupBarrier();
             let first = max(seeing.x, i0);
             let end = min(seeing.y, i0 + BC);
-            let last = i0 + BC - 1u;
             for (var i = first; i < end; i = i + 4u) {
-                let n0 = i - i0;
-                let n1 = min(i + 1u, last) - i0;
-                let n2 = min(i + 2u, last) - i0;
-                let n3 = min(i + 3u, last) - i0;
-                let r0 = n0 * D4;
-                let r1 = n1 * D4;
-                let r2 = n2 * D4;
-                let r3 = n3 * D4;
+                let n = four_rows(i, i0, i0 + BC - 1u);
+                let r = n * D4;
                 var a0 = vec4<f32>(0.0);
                 var a1 = vec4<f32>(0.0);
                 var a2 = vec4<f32>(0.0);
@@ -87,30 +80,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
                 var g2 = vec4<f32>(0.0);
                 var g3 = vec4<f32>(0.0);
                 //@UNROLL
-                a0 = fma(qs[r0 + @c], kr@i, a0);
-                a1 = fma(qs[r1 + @c], kr@i, a1);
-                a2 = fma(qs[r2 + @c], kr@i, a2);
-                a3 = fma(qs[r3 + @c], kr@i, a3);
-                g0 = fma(gs[r0 + @c], vr@i, g0);
-                g1 = fma(gs[r1 + @c], vr@i, g1);
-                g2 = fma(gs[r2 + @c], vr@i, g2);
-                g3 = fma(gs[r3 + @c], vr@i, g3);
+                a0 = fma(qs[r.x + @c], kr@i, a0);
+                a1 = fma(qs[r.y + @c], kr@i, a1);
+                a2 = fma(qs[r.z + @c], kr@i, a2);
+                a3 = fma(qs[r.w + @c], kr@i, a3);
+                g0 = fma(gs[r.x + @c], vr@i, g0);
+                g1 = fma(gs[r.y + @c], vr@i, g1);
+                g2 = fma(gs[r.z + @c], vr@i, g2);
+                g3 = fma(gs[r.w + @c], vr@i, g3);
                 //@END
-                let p0 = exp(hsum(a0) - lse_s[n0]);
-                let p1 = select(0.0, exp(hsum(a1) - lse_s[n1]), i + 1u < end);
-                let p2 = select(0.0, exp(hsum(a2) - lse_s[n2]), i + 2u < end);
-                let p3 = select(0.0, exp(hsum(a3) - lse_s[n3]), i + 3u < end);
-                let d0 = vec4<f32>(p0 * (hsum(g0) - delta_s[n0]));
-                let d1 = vec4<f32>(p1 * (hsum(g1) - delta_s[n1]));
-                let d2 = vec4<f32>(p2 * (hsum(g2) - delta_s[n2]));
-                let d3 = vec4<f32>(p3 * (hsum(g3) - delta_s[n3]));
+                let p0 = exp(hsum(a0) - lse_s[n.x]);
+                let p1 = select(0.0, exp(hsum(a1) - lse_s[n.y]), i + 1u < end);
+                let p2 = select(0.0, exp(hsum(a2) - lse_s[n.z]), i + 2u < end);
+                let p3 = select(0.0, exp(hsum(a3) - lse_s[n.w]), i + 3u < end);
+                let d0 = vec4<f32>(p0 * (hsum(g0) - delta_s[n.x]));
+                let d1 = vec4<f32>(p1 * (hsum(g1) - delta_s[n.y]));
+                let d2 = vec4<f32>(p2 * (hsum(g2) - delta_s[n.z]));
+                let d3 = vec4<f32>(p3 * (hsum(g3) - delta_s[n.w]));
                 let e0 = vec4<f32>(p0);
                 let e1 = vec4<f32>(p1);
                 let e2 = vec4<f32>(p2);
                 let e3 = vec4<f32>(p3);
                 //@UNROLL
-                dv_acc@i = fma(e0, gs[r0 + @c], fma(e1, gs[r1 + @c], fma(e2, gs[r2 + @c], fma(e3, gs[r3 + @c], dv_acc@i))));
-                dk_acc@i = fma(d0, qs[r0 + @c], fma(d1, qs[r1 + @c], fma(d2, qs[r2 + @c], fma(d3, qs[r3 + @c], dk_acc@i))));
+                dv_acc@i = fma(e0, gs[r.x + @c], fma(e1, gs[r.y + @c], fma(e2, gs[r.z + @c], fma(e3, gs[r.w + @c], dv_acc@i))));
+                dk_acc@i = fma(d0, qs[r.x + @c], fma(d1, qs[r.y + @c], fma(d2, qs[r.z + @c], fma(d3, qs[r.w + @c], dk_acc@i))));
                 //@END
             }
         }

@@ -44,12 +44,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         stage_keys(lid, j0, tile_end, b, kh);
         let first = max(seen.x, j0);
         let end = min(seen.y, j0 + BC);
-        let last = j0 + BC - 1u;
         for (var j = first; j < end; j = j + 4u) {
-            let r0 = (j - j0) * D4;
-            let r1 = (min(j + 1u, last) - j0) * D4;
-            let r2 = (min(j + 2u, last) - j0) * D4;
-            let r3 = (min(j + 3u, last) - j0) * D4;
+            let r = four_rows(j, j0, j0 + BC - 1u) * D4;
             var a0 = vec4<f32>(0.0);
             var a1 = vec4<f32>(0.0);
             var a2 = vec4<f32>(0.0);
@@ -59,21 +55,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
             var g2 = vec4<f32>(0.0);
             var g3 = vec4<f32>(0.0);
             //@UNROLL
-            a0 = fma(qr@i, ks[r0 + @c], a0);
-            a1 = fma(qr@i, ks[r1 + @c], a1);
-            a2 = fma(qr@i, ks[r2 + @c], a2);
-            a3 = fma(qr@i, ks[r3 + @c], a3);
-            g0 = fma(gr@i, vs[r0 + @c], g0);
-            g1 = fma(gr@i, vs[r1 + @c], g1);
-            g2 = fma(gr@i, vs[r2 + @c], g2);
-            g3 = fma(gr@i, vs[r3 + @c], g3);
+            a0 = fma(qr@i, ks[r.x + @c], a0);
+            a1 = fma(qr@i, ks[r.y + @c], a1);
+            a2 = fma(qr@i, ks[r.z + @c], a2);
+            a3 = fma(qr@i, ks[r.w + @c], a3);
+            g0 = fma(gr@i, vs[r.x + @c], g0);
+            g1 = fma(gr@i, vs[r.y + @c], g1);
+            g2 = fma(gr@i, vs[r.z + @c], g2);
+            g3 = fma(gr@i, vs[r.w + @c], g3);
             //@END
             let ds0 = vec4<f32>(exp(hsum(a0) - row_lse) * (hsum(g0) - delta));
             let ds1 = vec4<f32>(select(0.0, exp(hsum(a1) - row_lse) * (hsum(g1) - delta), j + 1u < end));
             let ds2 = vec4<f32>(select(0.0, exp(hsum(a2) - row_lse) * (hsum(g2) - delta), j + 2u < end));
             let ds3 = vec4<f32>(select(0.0, exp(hsum(a3) - row_lse) * (hsum(g3) - delta), j + 3u < end));
             //@UNROLL
-            acc@i = fma(ds0, ks[r0 + @c], fma(ds1, ks[r1 + @c], fma(ds2, ks[r2 + @c], fma(ds3, ks[r3 + @c], acc@i))));
+            acc@i = fma(ds0, ks[r.x + @c], fma(ds1, ks[r.y + @c], fma(ds2, ks[r.z + @c], fma(ds3, ks[r.w + @c], acc@i))));
             //@END
         }
     }

@@ -38,21 +38,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         stage_keys(lid, j0, tile_end, b, kh);
         let first = max(seen.x, j0);
         let end = min(seen.y, j0 + BC);
-        let last = j0 + BC - 1u;
         for (var j = first; j < end; j = j + 4u) {
-            let r0 = (j - j0) * D4;
-            let r1 = (min(j + 1u, last) - j0) * D4;
-            let r2 = (min(j + 2u, last) - j0) * D4;
-            let r3 = (min(j + 3u, last) - j0) * D4;
+            let r = four_rows(j, j0, j0 + BC - 1u) * D4;
             var a0 = vec4<f32>(0.0);
             var a1 = vec4<f32>(0.0);
             var a2 = vec4<f32>(0.0);
             var a3 = vec4<f32>(0.0);
             //@UNROLL
-            a0 = fma(qr@i, ks[r0 + @c], a0);
-            a1 = fma(qr@i, ks[r1 + @c], a1);
-            a2 = fma(qr@i, ks[r2 + @c], a2);
-            a3 = fma(qr@i, ks[r3 + @c], a3);
+            a0 = fma(qr@i, ks[r.x + @c], a0);
+            a1 = fma(qr@i, ks[r.y + @c], a1);
+            a2 = fma(qr@i, ks[r.z + @c], a2);
+            a3 = fma(qr@i, ks[r.w + @c], a3);
             //@END
             let s0 = hsum(a0);
             let s1 = select(neg_inf(), hsum(a1), j + 1u < end);
@@ -73,7 +69,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
             let e3 = vec4<f32>(exp(s3 - m));
             l = l + (e0.x + e1.x) + (e2.x + e3.x);
             //@UNROLL
-            acc@i = fma(e0, vs[r0 + @c], fma(e1, vs[r1 + @c], fma(e2, vs[r2 + @c], fma(e3, vs[r3 + @c], acc@i))));
+            acc@i = fma(e0, vs[r.x + @c], fma(e1, vs[r.y + @c], fma(e2, vs[r.z + @c], fma(e3, vs[r.w + @c], acc@i))));
             //@END
         }
     }

@@ -4,7 +4,8 @@
 use std::cell::OnceCell;
 
 use hierarchos_core::ops::attention::{MAX_HEAD_DIM, NewKeys, STEP_MAX_QUERIES};
-use hierarchos_core::{DType, Device, Tensor, grad_enabled};
+use hierarchos_core::ops::flash_attention::flash_attention_fits;
+use hierarchos_core::{Device, Tensor, grad_enabled};
 
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
@@ -167,7 +168,8 @@ impl Attention {
                         ));
                     }
                 };
-                if flash_fits(&[&q, &k, &v]) {
+                // Anything else (16-bit activations, larger heads) takes the composed path.
+                if flash_attention_fits(&q, &k, &v) {
                     q.flash_attention(&k, &v, ctx.query_start, ctx.key_start, ctx.window)?
                 } else {
                     let mask = ctx.mask(t, k.shape()[2], x.device())?;
@@ -203,13 +205,6 @@ impl Attention {
         }
         p
     }
-}
-
-/// Whether [`Tensor::flash_attention`] takes these queries, keys and values (f32, heads of at most
-/// [`MAX_HEAD_DIM`], and at most 65535 sequences times heads); the composed [`scaled_dot_product`] takes the rest.
-fn flash_fits(qkv: &[&Tensor]) -> bool {
-    qkv.iter()
-        .all(|x| x.dtype() == DType::F32 && x.shape()[3] <= MAX_HEAD_DIM && x.shape()[0] * x.shape()[1] <= 65535)
 }
 
 /// `softmax(q kᵀ + mask) v` for queries `[B, H, T, D]` (already carrying the score scale) and keys and values

@@ -8,7 +8,7 @@ use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch};
 
 use crate::autograd::Node;
 use crate::error::{Error, Result};
-use crate::ops::attention::{check_shapes, view_params};
+use crate::ops::attention::{MAX_HEAD_DIM, check_shapes, view_params};
 use crate::tensor::{Device, Tensor};
 
 const COMMON: &str = include_str!("../../../../wgsl/flash_attention_common.wgsl");
@@ -41,8 +41,7 @@ impl Tensor {
         check_shapes(OP, self, k, v, q_start, k_start, window)?;
         let (q, device) = (self, self.device());
         let [b, h, t, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
-        let kvh = k.shape()[1];
-        if b * h > u16::MAX as usize || b * kvh > u16::MAX as usize {
+        if !within_grid(q) {
             return Err(Error::Invalid {
                 op: OP,
                 message: format!("{b} sequences of {h} heads exceed the launch grid"),
@@ -69,6 +68,19 @@ impl Tensor {
         });
         Ok(out.with_node(node))
     }
+}
+
+/// Whether [`Tensor::flash_attention`] takes queries `q` `[B, H, T, D]` with keys and values `k`, `v`: f32
+/// throughout, heads of at most [`MAX_HEAD_DIM`], and sequences times heads within one dimension of the launch
+/// grid. Shapes that do not fit each other are errors of the op, not refusals here.
+pub fn flash_attention_fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+    [q, k, v].iter().all(|x| x.dtype() == DType::F32) && q.rank() == 4 && q.shape()[3] <= MAX_HEAD_DIM && within_grid(q)
+}
+
+/// Each kernel launches one row of workgroups per sequence and (query or key/value) head; the query heads are the
+/// more numerous.
+fn within_grid(q: &Tensor) -> bool {
+    q.shape()[0] * q.shape()[1] <= u16::MAX as usize
 }
 
 /// Gradients of the queries, keys and values from the output gradient `g` (`[B, T, H, D]`, any strides).
