@@ -282,15 +282,13 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     } else {
         tiles_of(bm, bn)
     };
-    let slices = if skinny || dtype != DType::F32 {
-        1
+    // Skinny and 16-bit products are never split (a target of no workgroups gives one slice).
+    let target = if skinny || dtype != DType::F32 {
+        0
     } else {
-        (SPLIT_K_TARGET_WORKGROUPS / tiles.max(1))
-            .min(k / SPLIT_K_MIN_SLICE)
-            .max(1)
+        SPLIT_K_TARGET_WORKGROUPS
     };
-    let slice_len = k.div_ceil(slices).next_multiple_of(BK);
-    let slices = k.div_ceil(slice_len).max(1);
+    let (slices, slice_len) = split_k(tiles, k, target, SPLIT_K_MIN_SLICE, BK);
     let mut partial_shape = out_shape.clone();
     if slices > 1 {
         partial_shape.insert(0, slices);
@@ -379,6 +377,15 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     })?;
     let out = if slices > 1 { split_sum(&out, &out_shape)? } else { out };
     if direct { Ok(out) } else { out.to_dtype(dtype) }
+}
+
+/// How a reduction of `k` (> 0) steps over `tiles` output tiles is cut into slices run side by side: about `target`
+/// workgroups in all, slices of at least `min_slice` steps and a multiple of `step`. Returns the number of slices
+/// and their length (the last one may be shorter).
+pub(crate) fn split_k(tiles: usize, k: usize, target: usize, min_slice: usize, step: usize) -> (usize, usize) {
+    let slices = (target / tiles.max(1)).min(k / min_slice).max(1);
+    let slice_len = k.div_ceil(slices).next_multiple_of(step);
+    (k.div_ceil(slice_len).max(1), slice_len)
 }
 
 /// The sum over the leading dimension of the partial products `partial` `[slices, ..shape]` (f32), in slice order.

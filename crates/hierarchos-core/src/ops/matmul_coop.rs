@@ -5,7 +5,7 @@
 use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu};
 
 use crate::error::Result;
-use crate::ops::matmul::split_sum;
+use crate::ops::matmul::{split_k, split_sum};
 use crate::shape::Layout;
 use crate::tensor::Tensor;
 
@@ -59,9 +59,7 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
     let tiles = (m / TILE_M) * (n / TILE_N);
     // Few tiles over a long reduction (the weight gradients of small layers) leave most of a large GPU idle:
     // split K into slices whose f32 partial products are added afterwards.
-    let slices = (SPLIT_K_TARGET_WORKGROUPS / tiles).min(k / SPLIT_K_MIN_SLICE).max(1);
-    let slice_len = k.div_ceil(slices).next_multiple_of(STEP);
-    let slices = k.div_ceil(slice_len);
+    let (slices, slice_len) = split_k(tiles, k, SPLIT_K_TARGET_WORKGROUPS, SPLIT_K_MIN_SLICE, STEP);
     let out_dtype = if slices > 1 { DType::F32 } else { DType::F16 };
     let out = device.alloc("matmul", Tensor::bytes_for(slices * m * n, out_dtype))?;
     let out = Tensor::from_buffer(out, &[slices, m, n], out_dtype, None);
@@ -109,7 +107,7 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
 
 /// The kernel with its marked blocks written out for a subgroup's 4 x 4 fragments: the accumulators, the products
 /// of one 16-step slice (four fragments of B, then each fragment of A times all four), and the stores through
-/// workgroup memory into the f16 output.
+/// workgroup memory into the output (f16, or the slice's f32 partial product).
 fn unrolled() -> String {
     let (mut accumulators, mut products, mut store) = (String::new(), String::new(), String::new());
     for j in 0..FRAGMENTS {

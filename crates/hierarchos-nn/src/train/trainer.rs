@@ -195,6 +195,11 @@ impl<'m> Trainer<'m> {
         self.finish_step(began, &values)
     }
 
+    /// The factor the loss is multiplied by before the backward (1 unless f16 scales it).
+    fn scale(&self) -> f64 {
+        self.loss_scale.as_ref().map_or(1.0, |s| s.scale)
+    }
+
     /// The first half of a step: forward and backward of its micro-batches, and a readback of `[mean loss,
     /// squared gradient norm]` under way.
     fn begin_step(&mut self, data: &TokenData) -> Result<(PendingVec<f32>, Began)> {
@@ -202,7 +207,7 @@ impl<'m> Trainer<'m> {
         let accum = self.config.grad_accum;
         let mut losses = Vec::with_capacity(accum);
         let mut tokens = 0;
-        let scale = self.loss_scale.as_ref().map_or(1.0, |s| s.scale);
+        let scale = self.scale();
         for micro in 0..accum {
             // Each micro-batch draws its own adapter dropout masks, the same ones when a run is resumed.
             self.lm.seed_lora_dropout(self.config.seed, self.step * accum + micro);
@@ -233,7 +238,7 @@ impl<'m> Trainer<'m> {
     fn finish_step(&mut self, began: Began, values: &[f32]) -> Result<StepStats> {
         let number = self.step + 1;
         let lr = self.config.schedule.lr_at(self.step);
-        let scale = self.loss_scale.as_ref().map_or(1.0, |s| s.scale);
+        let scale = self.scale();
         let (loss, norm) = (values[0] as f64, (values[1] as f64).sqrt() / scale);
         let overflow = self.loss_scale.is_some() && loss.is_finite() && !norm.is_finite();
         if !loss.is_finite() || !norm.is_finite() {
