@@ -5,6 +5,7 @@ mod common;
 
 use common::attention::*;
 use common::*;
+use hierarchos::core::ops::flash_attention::flash_attention_fits;
 use hierarchos::core::{DType, Tensor};
 
 /// Gradients of `Σ out · w` (`w` `[B, T, H, D]`) for the queries `[B, H, T, D]`, keys and values `[B, KVH, S, D]`,
@@ -39,7 +40,8 @@ fn reference_grads(c: Case, q: &[f32], k: &[f32], v: &[f32], w: &[f32]) -> [Vec<
 /// The forward against the f64 reference and, with `backward`, the three gradients of `Σ out · w` too.
 fn check(rng: &mut Rng, c: Case, backward: bool) {
     let x = inputs(rng, c);
-    let (q, k, v) = (x.q.requires_grad_(), x.k.requires_grad_(), x.v.requires_grad_());
+    let grad = |t: Tensor| if backward { t.requires_grad_() } else { t };
+    let (q, k, v) = (grad(x.q), grad(x.k), grad(x.v));
     let out = q.flash_attention(&k, &v, c.q_start, c.k_start, c.window).unwrap();
     assert_eq!(out.shape(), [c.b, c.t, c.h, c.d], "{c:?}");
     assert!(out.is_contiguous(), "{c:?}");
@@ -82,12 +84,38 @@ fn flash_attention_matches_reference() {
         case((1, 4, 2), (5, 17, 64), (12, 0, Some(4))),
         // A head size filling 2 components of the last quad (17 and 3 fill 1 and 3 of them).
         case((1, 2, 1), (3, 17, 66), (14, 0, None)),
+        // Heads of 128: the backward's smallest tiles on lavapipe (32 KiB of workgroup memory), more query and key
+        // tiles than one.
+        case((1, 2, 1), (20, 20, 128), (0, 0, None)),
     ] {
         check(&mut rng, c, true);
     }
-    // The largest head size, forward only: lavapipe takes ~20 s to compile the three kernels unrolled over 64
-    // quads, and the backward's tiles follow the same rule as the forward's.
+    // The largest head size, forward only: lavapipe takes ~20 s to compile the forward unrolled over 64 quads.
     check(&mut rng, case((1, 2, 2), (4, 4, 256), (0, 0, Some(3))), false);
+}
+
+/// Heads of 256 with gradients: exact where the backward's tiles fit the workgroup memory (48 KiB on the H200),
+/// otherwise a clear error, which is also why attention layers ask `flash_attention_fits` first.
+#[test]
+fn flash_attention_largest_heads_backward() {
+    let mut rng = Rng::new("flash_attention_largest_heads_backward");
+    let c = case((1, 1, 1), (9, 9, 256), (0, 0, None));
+    let x = inputs(&mut rng, c);
+    if flash_attention_fits(&x.q, &x.k, &x.v) {
+        check(&mut rng, c, true);
+        return;
+    }
+    let q = x.q.requires_grad_();
+    let err = q.flash_attention(&x.k, &x.v, 0, 0, None).unwrap_err().to_string();
+    assert!(err.contains("workgroup memory") && err.contains("backward"), "{err}");
+    let out = hierarchos::core::no_grad(|| q.flash_attention(&x.k, &x.v, 0, 0, None)).unwrap();
+    assert_close(
+        "forward without gradients",
+        &out.to_f32_vec().unwrap(),
+        &reference(c, &x.qv, &x.kv, &x.vv),
+        1e-5,
+        2e-6,
+    );
 }
 
 /// Scores far apart: the running max keeps exp finite, in the forward and in the recomputed backward.

@@ -2,13 +2,13 @@
 //
 // Parameters (u32 words): [B, H, T, S, group (H / KVH), q_start, k_start, window (0: none), D,
 // q offset, q strides (b, h, t, d), k offset, k strides (b, kvh, s, d), v offset, v strides (b, kvh, s, d)].
-// The Rust side defines D4 (quads per head row, D rounded up to 4), BR (rows per workgroup, one thread each), BC
-// (rows per staged tile, at most BR) and replaces every
-// block between `//@UNROLL` and `//@END` by D4 copies with `@c` set to 0u, 1u, ... and `@i` to 0, 1, ...: the
-// per-thread head rows are D4 separate vec4 variables (`acc@i`), which drivers keep in registers. It also
-// defines load_NAME(base, c) for every head-row binding read (quad c of the row at element offset `base`: through
-// the view's stride along d for q, k and v, dense otherwise; zeros past D) and store_NAME(base, c, x) for every
-// one written.
+// The Rust side defines D4 (quads per head row, D rounded up to 4) and the tile constants of each kernel (BR and
+// BC for the forward, R and M for the backward ones; see their files), and repeats every block between
+// `//@FOR x N` and its `//@END` N times (N one of those constants; blocks nest), with `@x` set to 0, 1, ... in
+// each copy: per-thread rows and tiles are separate variables (`acc@i`), which drivers keep in registers where
+// arrays indexed in loops land in slow local memory. It also defines load_NAME(base, c) for every head-row
+// binding read (quad c of the row at element offset `base`: through the view's stride along d for q, k and v,
+// dense otherwise; zeros past D) and store_NAME(base, c, x) for every one written.
 //
 // Visibility, as in attention_decode.wgsl: key j (position k_start + j) is seen by query t (position q_start + t)
 // iff kpos <= qpos and, with a window w > 0, kpos + w > qpos. The Rust side guarantees every query sees a key.
@@ -16,18 +16,6 @@
 const Q_AT: u32 = 9u;
 const K_AT: u32 = 14u;
 const V_AT: u32 = 19u;
-
-// The inner loops take four keys (or queries) at a time, for four independent chains of multiply-adds; lanes past
-// the end of the range reread the tile's last row and are given no weight.
-fn hsum(a: vec4<f32>) -> f32 {
-    return (a.x + a.y) + (a.z + a.w);
-}
-
-// The rows within the tile staged from row `first` of the four rows from `i` (rows past `last`, the tile's last
-// one, read as it).
-fn four_rows(i: u32, first: u32, last: u32) -> vec4<u32> {
-    return min(vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) - vec4<u32>(first);
-}
 
 // Element offset of row (b, head, pos) of the view whose offset and strides start at p[at].
 fn view_base(at: u32, b: u32, head: u32, pos: u32) -> u32 {

@@ -1,82 +1,93 @@
 // Causal attention for training, backward to the queries (ops/flash_attention.rs), run before the key/value
 // kernel: with p_j = exp(q · k_j - lse) the probabilities recomputed from the forward's log-sum-exp and
-// delta = Σ_d dout · out (also stored for the key/value kernel), dq = Σ_j p_j (dout · v_j - delta) k_j. One thread
-// per query row, keys in staged tiles, as in the forward.
+// delta = Σ_d dout · out (also stored for the key/value kernel), dq = Σ_j p_j (dout · v_j - delta) k_j. A
+// workgroup keeps TILE query rows of one head staged and walks the tiles of keys they see
+// (flash_attention_grad_tiles.wgsl); thread (ty, tx) accumulates query rows tx + 8x, head-row quads ty + 8m.
 //
 // Bindings: dq [B, H, T, D] and delta [B, H, T] (dense, written), q, k, v through their views, out and dout
 // [B, T, H, D] and lse [B, H, T] (dense).
 
+const SCORES_KEY_MAJOR: bool = true;
 
-@compute @workgroup_size(BR)
+@compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
-    //@UNROLL
-    var qr@i = vec4<f32>(0.0);
-    var gr@i = vec4<f32>(0.0);
-    var acc@i = vec4<f32>(0.0);
+    //@FOR x R
+    //@FOR m M
+    var dq_@x_@m = vec4<f32>(0.0);
+    //@END
     //@END
     let lid = lid3.x;
+    let ty = lid / 8u;
+    let tx = lid % 8u;
     let H = p[1];
     let T = p[2];
     let D = p[8];
     let b = wg.y / H;
     let h = wg.y % H;
     let kh = h / p[4];
-    let t0 = wg.x * BR;
-    let t = t0 + lid;
-    let live = t < T;
-    let seen = keys_seen(min(t, T - 1u));
+    let t0 = wg.x * TILE;
     let tile_first = keys_seen(t0).x;
-    let tile_end = keys_seen(min(t0 + BR, T) - 1u).y;
-    var row_lse = 0.0;
-    var delta = 0.0;
-    if (live) {
-        let qb = view_base(Q_AT, b, h, t);
-        let ob = ((b * T + t) * H + h) * D;
-        //@UNROLL
-        qr@i = load_q(qb, @c);
-        gr@i = load_dout(ob, @c);
-        delta = delta + dot(gr@i, load_out(ob, @c));
-        //@END
-        row_lse = lse[(b * H + h) * T + t];
-        delta_out[(b * H + h) * T + t] = delta;
+    let tile_end = keys_seen(min(t0 + TILE, T) - 1u).y;
+    //@FOR e STAGED
+    let qg@e = fetch_query(lid + 64u * @eu, t0, T, b, h);
+    //@END
+    //@FOR e STAGED
+    put_query(lid + 64u * @eu, qg@e);
+    //@END
+    // Key tiles, each fetched a round ahead.
+    //@FOR e STAGED
+    var next@e = fetch_key(lid + 64u * @eu, tile_first, tile_end, b, kh);
+    //@END
+    workgroupBarrier();
+    if (lid < TILE) {
+        let t = t0 + lid;
+        var delta = 0.0;
+        if (t < T) {
+            let ob = ((b * T + t) * H + h) * D;
+            for (var c = 0u; c < D4; c = c + 1u) {
+                delta = delta + dot(g_s[lid * RS + c], load_out(ob, c));
+            }
+            delta_out[(b * H + h) * T + t] = delta;
+        }
+        lse_s[lid] = lse[(b * H + h) * T + min(t, T - 1u)];
+        delta_s[lid] = delta;
     }
-    for (var j0 = tile_first; j0 < tile_end; j0 = j0 + BC) {
-        stage_keys(lid, j0, tile_end, b, kh);
-        let first = max(seen.x, j0);
-        let end = min(seen.y, j0 + BC);
-        for (var j = first; j < end; j = j + 4u) {
-            let r = four_rows(j, j0, j0 + BC - 1u) * D4;
-            var a0 = vec4<f32>(0.0);
-            var a1 = vec4<f32>(0.0);
-            var a2 = vec4<f32>(0.0);
-            var a3 = vec4<f32>(0.0);
-            var g0 = vec4<f32>(0.0);
-            var g1 = vec4<f32>(0.0);
-            var g2 = vec4<f32>(0.0);
-            var g3 = vec4<f32>(0.0);
-            //@UNROLL
-            a0 = fma(qr@i, ks[r.x + @c], a0);
-            a1 = fma(qr@i, ks[r.y + @c], a1);
-            a2 = fma(qr@i, ks[r.z + @c], a2);
-            a3 = fma(qr@i, ks[r.w + @c], a3);
-            g0 = fma(gr@i, vs[r.x + @c], g0);
-            g1 = fma(gr@i, vs[r.y + @c], g1);
-            g2 = fma(gr@i, vs[r.z + @c], g2);
-            g3 = fma(gr@i, vs[r.w + @c], g3);
+    for (var j0 = tile_first; j0 < tile_end; j0 = j0 + TILE) {
+        workgroupBarrier();
+        //@FOR e STAGED
+        put_key(lid + 64u * @eu, next@e);
+        //@END
+        workgroupBarrier();
+        if (j0 + TILE < tile_end) {
+            //@FOR e STAGED
+            next@e = fetch_key(lid + 64u * @eu, j0 + TILE, tile_end, b, kh);
             //@END
-            let ds0 = vec4<f32>(exp(hsum(a0) - row_lse) * (hsum(g0) - delta));
-            let ds1 = vec4<f32>(select(0.0, exp(hsum(a1) - row_lse) * (hsum(g1) - delta), j + 1u < end));
-            let ds2 = vec4<f32>(select(0.0, exp(hsum(a2) - row_lse) * (hsum(g2) - delta), j + 2u < end));
-            let ds3 = vec4<f32>(select(0.0, exp(hsum(a3) - row_lse) * (hsum(g3) - delta), j + 3u < end));
-            //@UNROLL
-            acc@i = fma(ds0, ks[r.x + @c], fma(ds1, ks[r.y + @c], fma(ds2, ks[r.z + @c], fma(ds3, ks[r.w + @c], acc@i))));
+        }
+        score_tile(ty, tx, t0, j0);
+        workgroupBarrier();
+        let keys = min(TILE, tile_end - j0);
+        for (var j = 0u; j < keys; j = j + 1u) {
+            //@FOR m M
+            let k@m = k_s[j * RS + min(ty + 8u * @mu, D4 - 1u)];
+            //@END
+            //@FOR x R
+            let ds@x = vec4<f32>(ds_s[j * PS + tx + 8u * @xu]);
+            //@FOR m M
+            dq_@x_@m = fma(ds@x, k@m, dq_@x_@m);
+            //@END
             //@END
         }
     }
-    if (live) {
-        let db = ((b * H + h) * T + t) * D;
-        //@UNROLL
-        store_dq(db, @c, acc@i);
-        //@END
+    //@FOR x R
+    //@FOR m M
+    store_query(b, h, t0 + tx + 8u * @xu, ty + 8u * @mu, dq_@x_@m);
+    //@END
+    //@END
+}
+
+// Quad c of the gradient of query t (of batch b, head h), where it is in range.
+fn store_query(b: u32, h: u32, t: u32, c: u32, quad: vec4<f32>) {
+    if (t < p[2] && c < D4) {
+        store_dq(((b * p[1] + h) * p[2] + t) * p[8], c, quad);
     }
 }

@@ -6,10 +6,21 @@
 //
 // Bindings: out [B, T, H, D] and lse [B, H, T] (dense), q, k, v through their views.
 
+// The inner loop takes four keys at a time, for four independent chains of multiply-adds; lanes past
+// the end of the range reread the tile's last row and are given no weight.
+fn hsum(a: vec4<f32>) -> f32 {
+    return (a.x + a.y) + (a.z + a.w);
+}
+
+// The rows within the tile staged from row `first` of the four rows from `i` (rows past `last`, the tile's last
+// one, read as it).
+fn four_rows(i: u32, first: u32, last: u32) -> vec4<u32> {
+    return min(vec4<u32>(i) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) - vec4<u32>(first);
+}
 
 @compute @workgroup_size(BR)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
-    //@UNROLL
+    //@FOR i D4
     var qr@i = vec4<f32>(0.0);
     var acc@i = vec4<f32>(0.0);
     //@END
@@ -28,8 +39,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     let tile_end = keys_seen(min(t0 + BR, T) - 1u).y;
     if (live) {
         let qb = view_base(Q_AT, b, h, t);
-        //@UNROLL
-        qr@i = load_q(qb, @c);
+        //@FOR i D4
+        qr@i = load_q(qb, @iu);
         //@END
     }
     var m = neg_inf();
@@ -44,11 +55,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
             var a1 = vec4<f32>(0.0);
             var a2 = vec4<f32>(0.0);
             var a3 = vec4<f32>(0.0);
-            //@UNROLL
-            a0 = fma(qr@i, ks[r.x + @c], a0);
-            a1 = fma(qr@i, ks[r.y + @c], a1);
-            a2 = fma(qr@i, ks[r.z + @c], a2);
-            a3 = fma(qr@i, ks[r.w + @c], a3);
+            //@FOR i D4
+            a0 = fma(qr@i, ks[r.x + @iu], a0);
+            a1 = fma(qr@i, ks[r.y + @iu], a1);
+            a2 = fma(qr@i, ks[r.z + @iu], a2);
+            a3 = fma(qr@i, ks[r.w + @iu], a3);
             //@END
             let s0 = hsum(a0);
             let s1 = select(neg_inf(), hsum(a1), j + 1u < end);
@@ -58,7 +69,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
             if (mx > m) {
                 let r = exp(m - mx);
                 l = l * r;
-                //@UNROLL
+                //@FOR i D4
                 acc@i = acc@i * r;
                 //@END
                 m = mx;
@@ -68,16 +79,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
             let e2 = vec4<f32>(exp(s2 - m));
             let e3 = vec4<f32>(exp(s3 - m));
             l = l + (e0.x + e1.x) + (e2.x + e3.x);
-            //@UNROLL
-            acc@i = fma(e0, vs[r.x + @c], fma(e1, vs[r.y + @c], fma(e2, vs[r.z + @c], fma(e3, vs[r.w + @c], acc@i))));
+            //@FOR i D4
+            acc@i = fma(e0, vs[r.x + @iu], fma(e1, vs[r.y + @iu], fma(e2, vs[r.z + @iu], fma(e3, vs[r.w + @iu], acc@i))));
             //@END
         }
     }
     if (live) {
         let ob = ((b * T + t) * H + h) * D;
         let inv = 1.0 / l;
-        //@UNROLL
-        store_out(ob, @c, acc@i * inv);
+        //@FOR i D4
+        store_out(ob, @iu, acc@i * inv);
         //@END
         lse[(b * H + h) * T + t] = m + log(l);
     }

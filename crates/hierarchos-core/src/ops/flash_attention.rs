@@ -6,7 +6,7 @@
 
 use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch};
 
-use crate::autograd::Node;
+use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::attention::{MAX_HEAD_DIM, check_shapes, view_params};
 use crate::tensor::{Device, Tensor};
@@ -16,6 +16,7 @@ const FORWARD: &str = include_str!("../../../../wgsl/flash_attention_forward.wgs
 const GRAD_Q: &str = include_str!("../../../../wgsl/flash_attention_dq.wgsl");
 const GRAD_KV: &str = include_str!("../../../../wgsl/flash_attention_dkv.wgsl");
 const KEY_TILES: &str = include_str!("../../../../wgsl/flash_attention_key_tiles.wgsl");
+const GRAD_TILES: &str = include_str!("../../../../wgsl/flash_attention_grad_tiles.wgsl");
 
 /// Rows staged per tile at most. Measured on the H200 (8 x 12 heads of 64, 512 tokens): tiles of 16 rows took the
 /// forward from 2.6 to 5.0 TFLOP/s against tiles of 64 (less workgroup memory, more workgroups resident per
@@ -47,16 +48,23 @@ impl Tensor {
                 message: format!("{b} sequences of {h} heads exceed the launch grid"),
             });
         }
+        let with_grads = grad_enabled() && [q, k, v].iter().any(|x| x.requires_grad());
+        let kernels: &[Kernel] = if with_grads { &Kernel::ALL } else { &[Kernel::Forward] };
+        if !tiles_fit(q, kernels) {
+            return Err(Error::Invalid {
+                op: OP,
+                message: format!(
+                    "heads of {d} elements need more workgroup memory than the device's {} bytes{}",
+                    workgroup_memory(device),
+                    if with_grads { " (for the backward)" } else { "" }
+                ),
+            });
+        }
         let params = Params::new(q, k, v, [q_start, k_start], window);
         let out = output(OP, &[b, t, h, d], device)?;
         let lse = output(OP, &[b, h, t], device)?;
         if b * h * t > 0 && d > 0 {
-            params.launch(
-                OP,
-                Kernel::Forward,
-                &[&out, &lse, q, k, v],
-                [t.div_ceil(Kernel::Forward.rows()), b * h],
-            )?;
+            params.launch(OP, Kernel::Forward, &[&out, &lse, q, k, v], [t, b * h])?;
         }
         let node = Node::record(OP, &[q, k, v], {
             let (q, k, v) = (q.detach(), k.detach(), v.detach());
@@ -71,10 +79,25 @@ impl Tensor {
 }
 
 /// Whether [`Tensor::flash_attention`] takes queries `q` `[B, H, T, D]` with keys and values `k`, `v`: f32
-/// throughout, heads of at most [`MAX_HEAD_DIM`], and sequences times heads within one dimension of the launch
-/// grid. Shapes that do not fit each other are errors of the op, not refusals here.
+/// throughout, heads of at most [`MAX_HEAD_DIM`] whose tiles fit the device's workgroup memory, and sequences
+/// times heads within one dimension of the launch grid. Shapes that do not fit each other are errors of the op,
+/// not refusals here.
 pub fn flash_attention_fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
-    [q, k, v].iter().all(|x| x.dtype() == DType::F32) && q.rank() == 4 && q.shape()[3] <= MAX_HEAD_DIM && within_grid(q)
+    [q, k, v].iter().all(|x| x.dtype() == DType::F32)
+        && q.rank() == 4
+        && q.shape()[3] <= MAX_HEAD_DIM
+        && within_grid(q)
+        && tiles_fit(q, &Kernel::ALL)
+}
+
+/// Whether `kernels` have tiles for heads of `q`'s size within the device's workgroup memory.
+fn tiles_fit(q: &Tensor, kernels: &[Kernel]) -> bool {
+    let (d4, budget) = (q.shape()[3].div_ceil(4), workgroup_memory(q.device()));
+    kernels.iter().all(|k| k.tiling(d4, budget).is_some())
+}
+
+fn workgroup_memory(device: &Device) -> usize {
+    device.limits().max_compute_workgroup_storage_size as usize
 }
 
 /// Each kernel launches one row of workgroups per sequence and (query or key/value) head; the query heads are the
@@ -102,19 +125,9 @@ fn backward(params: &Params, [q, k, v]: [&Tensor; 3], out: &Tensor, lse: &Tensor
     let dv = output(OP, v.shape(), device)?;
     {
         let delta = output(OP, &[b, h, t], device)?;
-        params.launch(
-            OP,
-            Kernel::GradQ,
-            &[&dq, &delta, q, k, v, out, &g, lse],
-            [t.div_ceil(Kernel::GradQ.rows()), b * h],
-        )?;
+        params.launch(OP, Kernel::GradQ, &[&dq, &delta, q, k, v, out, &g, lse], [t, b * h])?;
         if s > 0 {
-            params.launch(
-                OP,
-                Kernel::GradKv,
-                &[&dk, &dv, q, k, v, &g, lse, &delta],
-                [s.div_ceil(Kernel::GradKv.rows()), b * kvh],
-            )?;
+            params.launch(OP, Kernel::GradKv, &[&dk, &dv, q, k, v, &g, lse, &delta], [s, b * kvh])?;
         }
     }
     Ok(vec![dq, dk, dv])
@@ -139,6 +152,8 @@ enum Kernel {
 }
 
 impl Kernel {
+    const ALL: [Kernel; 3] = [Kernel::Forward, Kernel::GradQ, Kernel::GradKv];
+
     /// Bindings after the parameters at 0 (name, written, what its rows are) and the kernel body.
     fn parts(self) -> (&'static [(&'static str, bool, Rows)], &'static str) {
         use Rows::{Dense, Scalars, View};
@@ -182,21 +197,31 @@ impl Kernel {
         }
     }
 
-    /// Rows per workgroup, one thread each (the backward kernels hold more per thread: 128 measured best there,
-    /// 5.8 against 9.0 ms for forward and backward of the shape of [`MAX_TILE_ROWS`]).
-    fn rows(self) -> usize {
+    /// Rows per workgroup and the tile constants of the source (besides D4), for heads of `d4` quads and `budget`
+    /// bytes of workgroup memory; `None` when even the smallest tiles do not fit.
+    ///
+    /// The forward takes 256 query rows per workgroup, one thread each, and stages up to [`MAX_TILE_ROWS`] keys
+    /// and values at a time (a power of two that fits). The backward kernels take tiles of `8R` query and key rows
+    /// (flash_attention_grad_tiles.wgsl) with R = 2 where it fits, else 1. Measured on the H200 (the 12 layers of
+    /// the 110M training shape, query and key/value kernels together): 19.8 ms with R = 2, 20.7 with R = 1 and
+    /// 31.4 with R = 4, whose larger register tiles and tile fetched ahead crowd the registers.
+    fn tiling(self, d4: usize, budget: usize) -> Option<(usize, Vec<(&'static str, usize)>)> {
         match self {
-            Kernel::Forward => 256,
-            Kernel::GradQ | Kernel::GradKv => 128,
-        }
-    }
-
-    /// Workgroup memory per staged row: the forward and query kernels stage keys and values, the key/value kernel
-    /// queries and output gradients with their log-sum-exp and delta.
-    fn staged_bytes_per_row(self, d4: usize) -> usize {
-        match self {
-            Kernel::Forward | Kernel::GradQ => 2 * 16 * d4,
-            Kernel::GradKv => 2 * 16 * d4 + 8,
+            Kernel::Forward => {
+                let bc = (budget / (2 * 16 * d4.max(1))).min(MAX_TILE_ROWS);
+                (bc > 0).then(|| (256, vec![("BR", 256), ("BC", 1 << bc.ilog2())]))
+            }
+            Kernel::GradQ | Kernel::GradKv => {
+                let bytes = |r: usize| {
+                    let tile = 8 * r;
+                    4 * tile * (d4 + 1) * 16 + 2 * tile * (tile + 1) * 4 + 2 * tile * 4
+                };
+                let r = [2, 1].into_iter().find(|&r| bytes(r) <= budget)?;
+                Some((
+                    8 * r,
+                    vec![("R", r), ("M", d4.div_ceil(8)), ("STAGED", (8 * r * d4).div_ceil(64))],
+                ))
+            }
         }
     }
 }
@@ -220,25 +245,27 @@ fn binding(index: usize, name: &str, written: bool, rows: Rows) -> String {
         Rows::View(at) => format!(" * p[{at} + 4u]"),
         Rows::Dense => String::new(),
     };
-    let (signature, body) = if written {
-        (
-            format!("fn store_{name}(base: u32, c: u32, x: vec4<f32>)"),
-            format!("{name}[base + 4u * c + e] = x[e];"),
-        )
+    if written {
+        s.push_str(&format!(
+            "fn store_{name}(base: u32, c: u32, x: vec4<f32>) {{
+    for (var e = 0u; e < 4u; e = e + 1u) {{
+        if (4u * c + e < p[8]) {{ {name}[base + 4u * c + e] = x[e]; }}
+    }}
+}}
+"
+        ));
     } else {
-        (
-            format!("fn load_{name}(base: u32, c: u32) -> vec4<f32>"),
-            format!("r[e] = {name}[base + (4u * c + e){stride}];"),
-        )
-    };
-    let (init, ret) = if written {
-        ("", "")
-    } else {
-        ("    var r = vec4<f32>(0.0);\n", "    return r;\n")
-    };
-    s.push_str(&format!(
-        "{signature} {{\n{init}    for (var e = 0u; e < 4u; e = e + 1u) {{\n        if (4u * c + e < p[8]) {{ {body} }}\n    }}\n{ret}}}\n"
-    ));
+        // Straight-line code, four independent loads (clamped to the row, zeros past D): the compiler keeps them
+        // in flight together.
+        s.push_str(&format!(
+            "fn load_{name}(base: u32, c: u32) -> vec4<f32> {{
+    let e = vec4<u32>(4u * c) + vec4<u32>(0u, 1u, 2u, 3u);
+    let at = vec4<u32>(base) + min(e, vec4<u32>(p[8] - 1u)){stride};
+    return select(vec4<f32>(0.0), vec4<f32>({name}[at.x], {name}[at.y], {name}[at.z], {name}[at.w]), e < vec4<u32>(p[8]));
+}}
+"
+        ));
+    }
     s
 }
 
@@ -269,32 +296,33 @@ impl Params {
         Params { words, d }
     }
 
-    /// Records `kernel` with `buffers` bound in the order of [`Kernel::parts`] over `grid` workgroups.
-    fn launch(&self, op: &str, kernel: Kernel, buffers: &[&Tensor], grid: [usize; 2]) -> Result<()> {
+    /// Records `kernel` with `buffers` bound in the order of [`Kernel::parts`] over `rows` (query or key rows)
+    /// of each of `heads` sequence heads.
+    fn launch(&self, op: &str, kernel: Kernel, buffers: &[&Tensor], [rows, heads]: [usize; 2]) -> Result<()> {
         let device: &Device = buffers[0].device();
         let d4 = self.d.div_ceil(4);
-        let budget = device.limits().max_compute_workgroup_storage_size as usize;
-        let br = kernel.rows();
-        // Rows per staged tile: a power of two that fits the workgroup memory.
-        let bc = (budget / kernel.staged_bytes_per_row(d4)).clamp(1, MAX_TILE_ROWS);
-        let bc = 1 << bc.ilog2();
-        let key = format!("flash_attention:{kernel:?}:{d4}:{br}:{bc}");
+        let (per_workgroup, mut constants) = kernel
+            .tiling(d4, workgroup_memory(device))
+            .expect("checked by flash_attention");
+        constants.push(("D4", d4));
+        let key = format!("flash_attention:{kernel:?}:{d4}:{per_workgroup}");
         let source = || {
             let (bindings, body) = kernel.parts();
             let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
             for (i, &(name, written, rows)) in bindings.iter().enumerate() {
                 s.push_str(&binding(i + 1, name, written, rows));
             }
-            s.push_str(&format!(
-                "const D4: u32 = {d4}u;\nconst BR: u32 = {br}u;\nconst BC: u32 = {bc}u;\n"
-            ));
+            for (name, value) in &constants {
+                s.push_str(&format!("const {name}: u32 = {value}u;\n"));
+            }
             s.push_str(COMMON_WGSL);
             s.push_str(COMMON);
-            if matches!(kernel, Kernel::Forward | Kernel::GradQ) {
-                s.push_str(KEY_TILES);
-            }
-            s.push_str(&unroll(body, d4));
-            s
+            s.push_str(match kernel {
+                Kernel::Forward => KEY_TILES,
+                Kernel::GradQ | Kernel::GradKv => GRAD_TILES,
+            });
+            s.push_str(body);
+            expand(&s, &constants)
         };
         let raw: Vec<_> = buffers.iter().map(|t| t.buffer()).collect();
         device.dispatch(Dispatch {
@@ -303,35 +331,41 @@ impl Params {
             source: &source,
             buffers: &raw,
             params: &self.words,
-            workgroups: [grid[0] as u32, grid[1] as u32, 1],
+            workgroups: [rows.div_ceil(per_workgroup) as u32, heads as u32, 1],
         })?;
         Ok(())
     }
 }
 
-/// `template` with each block between `//@UNROLL` and `//@END` repeated `count` times, `@c` set to `0u`,
-/// `1u`, ... and `@i` to `0`, `1`, ... in each copy: the per-thread head rows are separate variables (`acc0`,
-/// `acc1`, ...), which drivers keep in registers, where arrays may land in slower local memory.
-fn unroll(template: &str, count: usize) -> String {
+/// `template` with every block between `//@FOR x N` and its `//@END` repeated `counts[N]` times, `@x` set to
+/// 0, 1, ... in each copy (blocks nest): per-thread rows and tiles become separate variables (`acc0`, `s_1_0`,
+/// ...), which drivers keep in registers, where arrays indexed in loops may land in slow local memory.
+fn expand(template: &str, counts: &[(&str, usize)]) -> String {
     let mut out = String::new();
-    let mut block: Option<Vec<&str>> = None;
-    for line in template.lines() {
-        match (line.trim(), &mut block) {
-            ("//@UNROLL", None) => block = Some(Vec::new()),
-            ("//@END", Some(lines)) => {
-                for c in 0..count {
-                    for l in lines.iter() {
-                        out.push_str(&l.replace("@c", &format!("{c}u")).replace("@i", &c.to_string()));
-                        out.push('\n');
-                    }
-                }
-                block = None;
+    let mut lines = template.lines();
+    while let Some(line) = lines.next() {
+        let Some(header) = line.trim().strip_prefix("//@FOR ") else {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        let (var, count) = header.split_once(' ').expect("//@FOR x N");
+        let count = counts.iter().find(|(name, _)| *name == count).expect("a known count").1;
+        let mut block = String::new();
+        let mut depth = 0;
+        for line in lines.by_ref() {
+            match line.trim() {
+                "//@END" if depth == 0 => break,
+                "//@END" => depth -= 1,
+                l if l.starts_with("//@FOR ") => depth += 1,
+                _ => {}
             }
-            (_, Some(lines)) => lines.push(line),
-            (_, None) => {
-                out.push_str(line);
-                out.push('\n');
-            }
+            block.push_str(line);
+            block.push('\n');
+        }
+        let block = expand(&block, counts);
+        for i in 0..count {
+            out.push_str(&block.replace(&format!("@{var}"), &i.to_string()));
         }
     }
     out
