@@ -75,21 +75,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         }
         score_tile(ty, tx, i0, j0);
         workgroupBarrier();
-        let rows = min(TILE, tile_end - i0);
-        for (var i = 0u; i < rows; i = i + 1u) {
+        // Every row of the tile: rows past the queries that see these keys are zeros with p = ds = 0.
+        //@FOR i TILE
+        {
             //@FOR m M
-            let g@m = g_s[i * RS + min(ty + 8u * @mu, D4 - 1u)];
-            let q@m = q_s[i * RS + min(ty + 8u * @mu, D4 - 1u)];
+            let g@m = g_s[@iu * RS + min(ty + 8u * @mu, D4 - 1u)];
+            let q@m = q_s[@iu * RS + min(ty + 8u * @mu, D4 - 1u)];
             //@END
             //@FOR x R
-            let p@x = vec4<f32>(p_s[i * PS + tx + 8u * @xu]);
-            let ds@x = vec4<f32>(ds_s[i * PS + tx + 8u * @xu]);
+            let p@x = vec4<f32>(p_s[@iu * PS + tx + 8u * @xu]);
+            let ds@x = vec4<f32>(ds_s[@iu * PS + tx + 8u * @xu]);
             //@FOR m M
             dv_@x_@m = fma(p@x, g@m, dv_@x_@m);
             dk_@x_@m = fma(ds@x, q@m, dk_@x_@m);
             //@END
             //@END
         }
+        //@END
     }
     //@FOR x R
     //@FOR m M

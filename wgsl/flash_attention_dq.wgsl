@@ -44,9 +44,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         var delta = 0.0;
         if (t < T) {
             let ob = ((b * T + t) * H + h) * D;
-            for (var c = 0u; c < D4; c = c + 1u) {
-                delta = delta + dot(g_s[lid * RS + c], load_out(ob, c));
-            }
+            //@FOR c D4
+            delta = delta + dot(g_s[lid * RS + @cu], load_out(ob, @cu));
+            //@END
             delta_out[(b * H + h) * T + t] = delta;
         }
         lse_s[lid] = lse[(b * H + h) * T + min(t, T - 1u)];
@@ -65,18 +65,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
         }
         score_tile(ty, tx, t0, j0);
         workgroupBarrier();
-        let keys = min(TILE, tile_end - j0);
-        for (var j = 0u; j < keys; j = j + 1u) {
+        // Every key of the tile: keys past those the queries see are zeros with ds = 0.
+        //@FOR j TILE
+        {
             //@FOR m M
-            let k@m = k_s[j * RS + min(ty + 8u * @mu, D4 - 1u)];
+            let k@m = k_s[@ju * RS + min(ty + 8u * @mu, D4 - 1u)];
             //@END
             //@FOR x R
-            let ds@x = vec4<f32>(ds_s[j * PS + tx + 8u * @xu]);
+            let ds@x = vec4<f32>(ds_s[@ju * PS + tx + 8u * @xu]);
             //@FOR m M
             dq_@x_@m = fma(ds@x, k@m, dq_@x_@m);
             //@END
             //@END
         }
+        //@END
     }
     //@FOR x R
     //@FOR m M

@@ -6,12 +6,11 @@
 // the kernel's second half multiplies them into its gradients. Rows are padded by one vec4 (and score rows by one
 // element) so that the eight threads of a row of the layout read or write distinct banks.
 //
-// The Rust side defines R (2, or 1 where those tiles do not fit the workgroup memory), M = ceil(D4 / 8), the
+// The Rust side defines R (2, or 1 where those tiles do not fit the workgroup memory), TILE = 8R, M = ceil(D4 / 8), the
 // head-row quads ty, ty + 8, ... each thread accumulates in the second half, and STAGED = ceil(TILE * D4 / 64),
 // the quads of a tile each thread stages (quads lid, lid + 64, ...); each kernel defines
 // SCORES_KEY_MAJOR, the layout its second half reads the scores in.
 
-const TILE: u32 = 8u * R;
 const RS: u32 = D4 + 1u;
 const PS: u32 = TILE + 1u;
 
@@ -77,20 +76,22 @@ fn score_tile(ty: u32, tx: u32, i0: u32, j0: u32) {
     var dp_@y_@x = 0.0;
     //@END
     //@END
-    for (var c = 0u; c < D4; c = c + 1u) {
+    //@FOR c D4
+    {
         //@FOR y R
-        let q@y = q_s[(ty + 8u * @yu) * RS + c];
-        let g@y = g_s[(ty + 8u * @yu) * RS + c];
+        let q@y = q_s[(ty + 8u * @yu) * RS + @cu];
+        let g@y = g_s[(ty + 8u * @yu) * RS + @cu];
         //@END
         //@FOR x R
-        let k@x = k_s[(tx + 8u * @xu) * RS + c];
-        let v@x = v_s[(tx + 8u * @xu) * RS + c];
+        let k@x = k_s[(tx + 8u * @xu) * RS + @cu];
+        let v@x = v_s[(tx + 8u * @xu) * RS + @cu];
         //@FOR y R
         s_@y_@x = s_@y_@x + dot(q@y, k@x);
         dp_@y_@x = dp_@y_@x + dot(g@y, v@x);
         //@END
         //@END
     }
+    //@END
     //@FOR y R
     //@FOR x R
     store_scores(ty + 8u * @yu, tx + 8u * @xu, i0, j0, s_@y_@x, dp_@y_@x);

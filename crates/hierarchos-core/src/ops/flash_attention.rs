@@ -219,7 +219,12 @@ impl Kernel {
                 let r = [2, 1].into_iter().find(|&r| bytes(r) <= budget)?;
                 Some((
                     8 * r,
-                    vec![("R", r), ("M", d4.div_ceil(8)), ("STAGED", (8 * r * d4).div_ceil(64))],
+                    vec![
+                        ("R", r),
+                        ("TILE", 8 * r),
+                        ("M", d4.div_ceil(8)),
+                        ("STAGED", (8 * r * d4).div_ceil(64)),
+                    ],
                 ))
             }
         }
