@@ -246,7 +246,8 @@ fn half_precision() {
 }
 
 /// Outputs of at least 256 tiles of 128 x 128 switch to big tiles; K stays small so that a CPU device finishes
-/// quickly. M and N are not multiples of 128, so edge tiles are partial.
+/// quickly, but one product takes three staged slices of K (the last partial). M and N are not multiples of 128, so
+/// edge tiles are partial.
 #[test]
 fn large_tiles() {
     let mut rng = Rng::new("large_tiles");
@@ -254,6 +255,7 @@ fn large_tiles() {
     let (a, va) = random(&mut rng, &[256, 128, 3], DType::F32);
     let (b, vb) = random(&mut rng, &[256, 128, 3], DType::F32);
     check("batched a @ b^T, large tiles", &a, &va, &b.t().unwrap(), &vb);
+    check_shapes(&mut rng, &[4, 1100, 37], &[37, 1050], DType::F32);
     check_shapes(&mut rng, &[2100, 5], &[5, 2000], DType::BF16);
     check_shapes(&mut rng, &[2000, 4], &[4, 2111], DType::F16);
 }
