@@ -3,13 +3,12 @@
 //! same 12 greedy tokens, and the same logits when decoding token by token through the KV cache.
 
 mod common;
+use common::fixtures::validated;
 use common::*;
 use std::path::{Path, PathBuf};
 
 use hierarchos::core::{DType, Tensor};
 use hierarchos::nn::{CausalLm, ModelConfig, Weights};
-
-const FAMILIES: [&str; 5] = ["llama", "llama3_tied", "mistral", "qwen2", "qwen3"];
 
 /// Logits tolerance of the issue: PyTorch's own f32 lands 4e-6..6e-6 from the float64 truth on these models.
 const LOGIT_ATOL: f64 = 2e-5;
@@ -79,7 +78,7 @@ fn max_abs_diff(got: &[f32], want: &[f64]) -> f64 {
 
 #[test]
 fn logits_match_transformers_float64() {
-    for name in FAMILIES {
+    for name in validated() {
         let (lm, r) = load(name);
         let (b, t) = (r.input_ids.len(), r.input_ids[0].len());
         let flat: Vec<u32> = r.input_ids.concat();
@@ -97,7 +96,7 @@ fn logits_match_transformers_float64() {
 
 #[test]
 fn greedy_decoding_with_the_kv_cache_matches_transformers() {
-    for name in FAMILIES {
+    for name in validated() {
         let (lm, r) = load(name);
         for (row, prompt) in r.input_ids.iter().enumerate() {
             let steps = r.greedy_ids[row].len();

@@ -35,7 +35,7 @@ fn max_diff(got: &Tensor, want: &[f64]) -> f64 {
 
 #[test]
 fn peft_adapters_give_peft_logits_merged_or_not() {
-    for name in FAMILIES {
+    for name in validated() {
         let dir = fixture(name);
         let ids = input_ids(&dir);
         let want = reference_tensors(&dir, "lora/logits").remove(0).1;
@@ -79,7 +79,7 @@ fn peft_adapters_give_peft_logits_merged_or_not() {
 
 #[test]
 fn two_adamw_steps_on_a_peft_adapter_match_peft_float64() {
-    for name in FAMILIES {
+    for name in validated() {
         let dir = fixture(name);
         let ids = input_ids(&dir);
         let mut lm = base(&dir);

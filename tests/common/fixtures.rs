@@ -8,8 +8,11 @@ use hierarchos::nn::optim::AdamW;
 
 use super::dev;
 
-/// The fixture families, one tiny random model each.
-pub const FAMILIES: [&str; 5] = ["llama", "llama3_tied", "mistral", "qwen2", "qwen3"];
+/// The fixtures of every validated architecture of the registry (one tiny random model each): what the parity
+/// tests run, so that no family is called validated without them.
+pub fn validated() -> Vec<&'static str> {
+    hierarchos::nn::registry::validated_fixtures()
+}
 
 /// The folder of fixture `name`.
 pub fn fixture(name: &str) -> PathBuf {

@@ -1,5 +1,6 @@
 //! The `hierarchos` command-line tool.
 
+mod archs;
 mod bench;
 mod forward;
 mod generate;
@@ -35,6 +36,9 @@ enum Command {
     Eval(train::EvalArgs),
     /// Add a LoRA adapter into its base model's weights and save the result as a plain model folder.
     Merge(merge::MergeArgs),
+    /// List the supported architectures (`model_type`s) and how far each is supported: registered, executes,
+    /// or validated against transformers.
+    Archs(archs::ArchsArgs),
 }
 
 #[derive(clap::Args)]
@@ -83,6 +87,7 @@ fn main() -> Result<()> {
         Command::Train(args) => train::train(&args),
         Command::Eval(args) => train::eval(&args),
         Command::Merge(args) => merge::run(&args),
+        Command::Archs(args) => archs::run(&args),
     }
 }
 

@@ -660,3 +660,26 @@ fn lora_trains_resumes_applies_and_merges() {
     ]);
     assert!(err.contains("adapter_config.json"), "{err}");
 }
+
+/// `hierarchos archs --json` lists every registered architecture with its status, and `--markdown` prints
+/// ARCHITECTURES.md as the repository holds it.
+#[test]
+fn archs_lists_the_registry() {
+    let out = hierarchos(&["archs", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), hierarchos_nn::ARCHITECTURES.len());
+    for (entry, arch) in list.iter().zip(&hierarchos_nn::ARCHITECTURES) {
+        assert_eq!(entry["model_type"], arch.family.model_type());
+        assert_eq!(entry["status"], arch.status.name());
+        assert_eq!(entry["fixtures"].as_array().unwrap().len(), arch.fixtures.len());
+    }
+    assert!(
+        list.iter()
+            .any(|e| e["model_type"] == "qwen3" && e["status"] == "validated")
+    );
+    let out = hierarchos(&["archs", "--markdown"]);
+    let file = std::fs::read_to_string(fixture("../../ARCHITECTURES.md")).unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), file);
+}

@@ -149,6 +149,25 @@ impl ModelConfig {
         let family = Family::from_model_type(&model_type, path)?;
         parse(&f, family)
     }
+
+    /// How many parameters a checkpoint of this configuration holds, without building the model: the figure
+    /// model cards publish (tied embeddings counted once). The registry tests check it against the published
+    /// counts of real configs and against the parameters of every fixture's built model.
+    pub fn parameter_count(&self) -> u64 {
+        let [hidden, inter, vocab] = [self.hidden_size, self.intermediate_size, self.vocab_size].map(|n| n as u64);
+        let q = (self.num_attention_heads * self.head_dim) as u64;
+        let kv = (self.num_key_value_heads * self.head_dim) as u64;
+        let bias = |on: bool, n: u64| if on { n } else { 0 };
+        let attention = hidden * (q + 2 * kv)
+            + bias(self.attention_bias, q + 2 * kv)
+            + q * hidden
+            + bias(self.o_proj_bias, hidden)
+            + if self.qk_norm { 2 * self.head_dim as u64 } else { 0 };
+        let mlp = 3 * hidden * inter + bias(self.mlp_bias, 2 * inter + hidden);
+        let layer = attention + mlp + 2 * hidden;
+        let head = if self.tie_word_embeddings { 0 } else { vocab * hidden };
+        self.num_hidden_layers as u64 * layer + vocab * hidden + hidden + head
+    }
 }
 
 /// Family defaults that differ between the transformers config classes.

@@ -1,6 +1,9 @@
-//! The model families Hierarchos runs, keyed by the `model_type` of `config.json`. Anything else fails closed, so a
-//! model that merely looks similar is never run with the wrong architecture.
+//! The model families Hierarchos runs, keyed by the `model_type` of `config.json`, each with how far it is
+//! supported. Anything else fails closed, so a model that merely looks similar is never run with the wrong
+//! architecture. `hierarchos archs` prints this table and ARCHITECTURES.md is generated from it (a test fails when
+//! the file is stale).
 
+use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::error::{Error, Result};
@@ -18,14 +21,78 @@ pub enum Family {
     Qwen3,
 }
 
-/// Every supported family, in the order errors list them.
-pub const SUPPORTED: [Family; 4] = [Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3];
+/// How far a family is supported, each level including the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Status {
+    /// `config.json` parses and every tensor of a checkpoint maps to a parameter.
+    Registered,
+    /// Forward, generation and training run.
+    Executes,
+    /// Logits, greedy generation and two AdamW steps match transformers' float64 references on a tiny model of
+    /// the family (the fixtures named in its [`Architecture`], checked by the parity tests in CI).
+    Validated,
+}
+
+impl Status {
+    /// The lower-case name `hierarchos archs` prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Registered => "registered",
+            Status::Executes => "executes",
+            Status::Validated => "validated",
+        }
+    }
+}
+
+/// One supported `model_type`: its family, status, and the evidence for it.
+#[derive(Clone, Copy, Debug)]
+pub struct Architecture {
+    /// The family (and with it the `model_type`).
+    pub family: Family,
+    /// How far it is supported.
+    pub status: Status,
+    /// The fixtures under `tests/fixtures/` (made by `scripts/make_fixtures.py`) whose parity tests validate it;
+    /// every validated family has at least one, and the parity tests run exactly these.
+    pub fixtures: &'static [&'static str],
+    /// What the family adds to the plain Llama decoder, as the options of the one generic decoder.
+    pub features: &'static str,
+}
+
+/// Every supported architecture, in the order errors and `hierarchos archs` list them.
+pub const ARCHITECTURES: [Architecture; 4] = [
+    Architecture {
+        family: Family::Llama,
+        status: Status::Validated,
+        fixtures: &["llama", "llama3_tied"],
+        features: "RMSNorm, rotary (default, linear, dynamic, llama3, yarn scaling), gated SiLU MLP, GQA, optional \
+                   attention and MLP biases, tied or separate head",
+    },
+    Architecture {
+        family: Family::Mistral,
+        status: Status::Validated,
+        fixtures: &["mistral"],
+        features: "sliding-window attention on every layer",
+    },
+    Architecture {
+        family: Family::Qwen2,
+        status: Status::Validated,
+        fixtures: &["qwen2"],
+        features: "biases on q, k and v; sliding window from max_window_layers when use_sliding_window",
+    },
+    Architecture {
+        family: Family::Qwen3,
+        status: Status::Validated,
+        fixtures: &["qwen3"],
+        features: "per-head RMSNorm on queries and keys before rotary, explicit head_dim",
+    },
+];
 
 impl Family {
     /// The family of `model_type`; `path` names the config file in the error listing the supported types.
     pub fn from_model_type(model_type: &str, path: &Path) -> Result<Family> {
-        SUPPORTED
-            .into_iter()
+        ARCHITECTURES
+            .iter()
+            .map(|a| a.family)
             .find(|family| family.model_type() == model_type)
             .ok_or_else(|| Error::UnknownModelType {
                 path: path.to_path_buf(),
@@ -43,9 +110,56 @@ impl Family {
             Family::Qwen3 => "qwen3",
         }
     }
+
+    /// The family's entry in [`ARCHITECTURES`].
+    pub fn architecture(self) -> &'static Architecture {
+        ARCHITECTURES
+            .iter()
+            .find(|a| a.family == self)
+            .expect("every family is registered")
+    }
 }
 
 /// The supported `model_type`s, for help texts and errors.
 pub fn supported_model_types() -> Vec<&'static str> {
-    SUPPORTED.into_iter().map(Family::model_type).collect()
+    ARCHITECTURES.iter().map(|a| a.family.model_type()).collect()
+}
+
+/// The fixtures of every validated architecture: what the parity tests run.
+pub fn validated_fixtures() -> Vec<&'static str> {
+    ARCHITECTURES
+        .iter()
+        .filter(|a| a.status == Status::Validated)
+        .flat_map(|a| a.fixtures.iter().copied())
+        .collect()
+}
+
+/// ARCHITECTURES.md: the registry as a Markdown table, with how each status is earned.
+pub fn markdown() -> String {
+    let mut s = String::from(
+        "# Architectures\n\n\
+         Generated from `crates/hierarchos-nn/src/registry.rs` by `hierarchos archs --markdown`; a test fails when \
+         this file is stale.\n\n\
+         - **registered**: `config.json` parses and every tensor of a checkpoint maps to a parameter.\n\
+         - **executes**: forward, generation and training run.\n\
+         - **validated**: on a tiny random model of the family (`scripts/make_fixtures.py`, references from \
+         transformers in float64), logits within 2e-5, identical greedy generations through the KV cache, and two \
+         damped AdamW steps within 2.5e-7, in CI.\n\n\
+         Any other `model_type` is refused with an error naming the supported ones.\n\n\
+         | model_type | status | fixtures | what it adds to Llama |\n|---|---|---|---|\n",
+    );
+    for a in &ARCHITECTURES {
+        let fixtures: Vec<String> = a.fixtures.iter().map(|f| format!("`{f}`")).collect();
+        let _ = writeln!(
+            s,
+            "| `{}` | {} | {} | {} |",
+            a.family.model_type(),
+            a.status.name(),
+            fixtures.join(", "),
+            a.features
+        );
+    }
+    let validated = ARCHITECTURES.iter().filter(|a| a.status == Status::Validated).count();
+    let _ = writeln!(s, "\n{validated} of {} architectures validated.", ARCHITECTURES.len());
+    s
 }

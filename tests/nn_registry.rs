@@ -1,0 +1,112 @@
+//! The registry of architectures: ARCHITECTURES.md is current, every validated family has fixtures of its own
+//! `model_type` (which the parity tests run), and each family's real-size config parses with the parameter count
+//! its model card publishes.
+
+mod common;
+use common::fixtures::fixture;
+use common::*;
+
+use std::path::Path;
+
+use hierarchos::nn::registry::{markdown, validated_fixtures};
+use hierarchos::nn::{ARCHITECTURES, CausalLm, ModelConfig, Status, Weights};
+
+#[test]
+fn architectures_md_is_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURES.md");
+    let file = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        file == markdown(),
+        "ARCHITECTURES.md is stale: run `cargo run -p hierarchos-cli -- archs --markdown > ARCHITECTURES.md`"
+    );
+}
+
+/// A validated family has at least one fixture, each of the family's own `model_type`, with the references the
+/// parity tests compare against; and the parameter count computed from the config is the built model's.
+#[test]
+fn validated_families_have_their_fixtures() {
+    for arch in ARCHITECTURES.iter().filter(|a| a.status == Status::Validated) {
+        assert!(
+            !arch.fixtures.is_empty(),
+            "{:?} is validated without fixtures",
+            arch.family
+        );
+        for name in arch.fixtures {
+            let dir = fixture(name);
+            let config = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+            assert_eq!(config.model_type, arch.family.model_type(), "fixture {name}");
+            let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            for t in ["logits", "greedy_ids", "greedy_logits", "adamw_damped_losses"] {
+                assert!(st.tensor(t).is_ok(), "fixture {name} lacks {t}");
+            }
+            let lm = CausalLm::load(&config, &Weights::open(&dir).unwrap(), &dev()).unwrap();
+            let built: usize = lm.parameters().iter().map(|(_, t)| t.numel()).sum();
+            assert_eq!(config.parameter_count(), built as u64, "fixture {name}");
+        }
+    }
+    assert!(validated_fixtures().contains(&"qwen3"));
+}
+
+/// Real-size configs as their `config.json` files on the Hub hold them (fields that matter for the shapes), with
+/// the parameter counts of the published safetensors files.
+#[test]
+fn real_configs_parse_with_published_parameter_counts() {
+    let cases: [(&str, &str, u64); 4] = [
+        (
+            "meta-llama/Llama-3.2-1B",
+            r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+                "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+                "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                 "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                "tie_word_embeddings": true, "attention_bias": false, "mlp_bias": false,
+                "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu"}"#,
+            1_235_814_400,
+        ),
+        (
+            "mistralai/Mistral-7B-v0.1",
+            r#"{"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 32000,
+                "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+                "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+                "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}"#,
+            7_241_732_096,
+        ),
+        (
+            "Qwen/Qwen2.5-0.5B",
+            r#"{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+                "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+                "max_window_layers": 24, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+                "sliding_window": 32768, "use_sliding_window": false, "tie_word_embeddings": true,
+                "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu"}"#,
+            494_032_768,
+        ),
+        (
+            "Qwen/Qwen3-0.6B",
+            r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+                "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                "max_position_embeddings": 40960, "max_window_layers": 28, "rms_norm_eps": 1e-06,
+                "rope_theta": 1000000, "sliding_window": null, "use_sliding_window": false,
+                "attention_bias": false, "tie_word_embeddings": true, "bos_token_id": 151643,
+                "eos_token_id": 151645, "hidden_act": "silu"}"#,
+            596_049_920,
+        ),
+    ];
+    for (name, json, published) in cases {
+        let config = ModelConfig::from_json(json, Path::new(name)).unwrap();
+        assert_eq!(config.parameter_count(), published, "{name}");
+    }
+    for arch in &ARCHITECTURES {
+        let model_type = arch.family.model_type();
+        assert!(
+            cases
+                .iter()
+                .any(|(_, json, _)| json.contains(&format!(r#""model_type": "{model_type}""#))),
+            "{model_type} has no real-size config here"
+        );
+    }
+}
