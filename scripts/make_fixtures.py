@@ -17,7 +17,7 @@ the Hub serves models, plus references computed in float64 on the CPU:
   `lora/adamw/<PEFT tensor name>` (the adapter after two AdamW steps with torch's defaults and weight decay 0.01,
   batch A then batch B, the base frozen) and `lora/adamw_losses`, all float64.
 
-transformers computes RMSNorm, the attention softmax, RoPE's cos/sin and the loss in float32 even when the model
+transformers computes RMSNorm (Gemma's too), the attention softmax, RoPE's cos/sin and the loss in float32 even when the model
 is float64, so the reference model replaces those four pieces with the same formulas in float64; the script
 checks they agree with transformers' own float32 output.
 
@@ -67,6 +67,9 @@ LORA = {
     "qwen2": dict(r=4, lora_alpha=8, layers_to_transform=[1],
                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     "qwen3": dict(r=2, lora_alpha=5, target_modules=r".*mlp\.(gate|up|down)_proj"),
+    "granite": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]),
+    "smollm3": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
+    "gemma": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -179,6 +182,34 @@ FIXTURES = {
         "Qwen3: per-head RMSNorm on q and k (q_norm/k_norm, weight [head_dim]) before RoPE, explicit head_dim 32 "
         "(q_proj is [128, 64], o_proj [64, 128]), no biases, eos_token_id as a list, tokenizer adds no BOS",
     ),
+    "granite": (
+        "GraniteConfig",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-6, embedding_multiplier=4.0,
+             residual_multiplier=0.5, attention_multiplier=0.125, logits_scaling=2.0,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "Granite: embeddings times embedding_multiplier 4, attention and MLP outputs times residual_multiplier "
+        "0.5 before each residual add, score scale attention_multiplier 0.125 (not 1/sqrt(16)), logits divided "
+        "by logits_scaling 2",
+    ),
+    "smollm3": (
+        "SmolLM3Config",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-6, no_rope_layers=[1, 0],
+             use_sliding_window=False, tie_word_embeddings=True, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 2000000.0}),
+        False,
+        "SmolLM3: the second layer takes no rotary embedding (no_rope_layers [1, 0]), rope_theta 2e6, tied "
+        "embeddings, tokenizer adds no BOS",
+    ),
+    "gemma": (
+        "GemmaConfig",
+        dict(COMMON, hidden_act="gelu_pytorch_tanh", head_dim=16, pad_token_id=None,
+             max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "Gemma: RMSNorm scaled by 1 + weight, embeddings times sqrt(64) = 8, gated tanh-GELU MLP, explicit "
+        "head_dim 16; untied (tied, the embeddings scaled up by 8 made every greedy continuation repeat)",
+    ),
 }
 
 
@@ -234,9 +265,13 @@ def randomize(model, seed, damped_rows):
         for name, p in sorted(model.named_parameters()):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
             if name.endswith("norm.weight"):
-                value = 1.0 + 0.2 * noise
+                # Gemma's norms scale by 1 + weight.
+                value = (0.0 if model.config.model_type == "gemma" else 1.0) + 0.2 * noise
             elif name.endswith(".bias"):
                 value = 0.3 * noise
+            elif "embed_tokens" in name and model.config.model_type == "gemma":
+                # Gemma multiplies the embeddings by sqrt(hidden_size) on the way in.
+                value = 0.25 * noise / math.sqrt(model.config.hidden_size)
             elif "embed_tokens" in name or name.startswith("lm_head"):
                 value = 0.25 * noise
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -249,6 +284,9 @@ def randomize(model, seed, damped_rows):
 
 
 def rms_norm64(self, x):
+    """Llama's RMSNorm in float64; Gemma's scales by 1 + weight and calls its epsilon `eps`."""
+    if type(self).__name__.startswith("Gemma"):
+        return (1.0 + self.weight) * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
     return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
 
@@ -591,7 +629,7 @@ Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (everything runs
 CPU may change the last bits of the float64 references (runs on the H200 machine and on a 2-core x86 box
 differed by at most 2e-13); the model, tokenizer and adapter files come out byte for byte the same.
 
-Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU), vocab 300, f32 weights
+Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's tanh GELU), vocab 300, f32 weights
 (all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
 trained on a few public-domain paragraphs.
 

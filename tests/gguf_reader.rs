@@ -552,6 +552,12 @@ fn tiny_config() -> ModelConfig {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         initializer_range: 0.02,
+        embedding_multiplier: 1.0,
+        residual_multiplier: 1.0,
+        attention_multiplier: None,
+        logits_scaling: 1.0,
+        nope_layers: Vec::new(),
+        norm_unit_offset: false,
     }
 }
 

@@ -3,8 +3,8 @@
 //! same 12 greedy tokens, and the same logits when decoding token by token through the KV cache.
 
 mod common;
-use common::fixtures::validated;
 use common::*;
+use hierarchos::nn::registry::all_fixtures;
 use std::path::{Path, PathBuf};
 
 use hierarchos::core::{DType, Tensor};
@@ -78,7 +78,7 @@ fn max_abs_diff(got: &[f32], want: &[f64]) -> f64 {
 
 #[test]
 fn logits_match_transformers_float64() {
-    for name in validated() {
+    for name in all_fixtures() {
         let (lm, r) = load(name);
         let (b, t) = (r.input_ids.len(), r.input_ids[0].len());
         let flat: Vec<u32> = r.input_ids.concat();
@@ -96,7 +96,7 @@ fn logits_match_transformers_float64() {
 
 #[test]
 fn greedy_decoding_with_the_kv_cache_matches_transformers() {
-    for name in validated() {
+    for name in all_fixtures() {
         let (lm, r) = load(name);
         for (row, prompt) in r.input_ids.iter().enumerate() {
             let steps = r.greedy_ids[row].len();

@@ -472,6 +472,12 @@ fn tiny_config(family: &str) -> ModelConfig {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         initializer_range: 0.02,
+        embedding_multiplier: 1.0,
+        residual_multiplier: 1.0,
+        attention_multiplier: None,
+        logits_scaling: 1.0,
+        nope_layers: Vec::new(),
+        norm_unit_offset: false,
     };
     match family {
         "llama" => {

@@ -7,7 +7,8 @@ use hierarchos_nn::registry::markdown;
 /// Arguments of `hierarchos archs`.
 #[derive(clap::Args)]
 pub struct ArchsArgs {
-    /// One JSON array on stdout: `model_type`, `status`, `fixtures`, `features` of each architecture.
+    /// One JSON array on stdout: `model_type`, `status`, `fixtures`, `features` and `gap` (what keeps it from
+    /// validated, or null) of each architecture.
     #[arg(long, conflicts_with = "markdown")]
     json: bool,
     /// ARCHITECTURES.md, as the repository holds it.
@@ -30,6 +31,7 @@ pub fn run(args: &ArchsArgs) -> Result<()> {
                     "status": a.status.name(),
                     "fixtures": a.fixtures,
                     "features": a.features,
+                    "gap": a.gap,
                 })
             })
             .collect();

@@ -115,6 +115,19 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Standard deviation of the normal initialization of weight matrices (for training from scratch).
     pub initializer_range: f64,
+    /// The token embeddings are multiplied by it (Granite's `embedding_multiplier`, Gemma's `sqrt(hidden_size)`;
+    /// 1 elsewhere).
+    pub embedding_multiplier: f64,
+    /// Each attention and MLP output is multiplied by it before its residual add (Granite; 1 elsewhere).
+    pub residual_multiplier: f64,
+    /// The attention score scale in place of `1 / sqrt(head_dim)` (Granite's `attention_multiplier`).
+    pub attention_multiplier: Option<f64>,
+    /// The logits are divided by it (Granite's `logits_scaling`; 1 elsewhere).
+    pub logits_scaling: f64,
+    /// Layers that take no rotary embedding (SmolLM3's `no_rope_layers` zeros), ascending.
+    pub nope_layers: Vec<usize>,
+    /// Every RMSNorm scales by `1 + weight` (Gemma).
+    pub norm_unit_offset: bool,
 }
 
 impl ModelConfig {
@@ -177,6 +190,7 @@ struct Defaults {
     max_position_embeddings: usize,
     bos_token_id: Option<u32>,
     eos_token_id: Option<u32>,
+    tie_word_embeddings: bool,
 }
 
 fn defaults(family: Family) -> Defaults {
@@ -187,6 +201,7 @@ fn defaults(family: Family) -> Defaults {
             max_position_embeddings: 2048,
             bos_token_id: Some(1),
             eos_token_id: Some(2),
+            tie_word_embeddings: false,
         },
         Family::Mistral => Defaults {
             num_key_value_heads: Some(8),
@@ -194,6 +209,7 @@ fn defaults(family: Family) -> Defaults {
             max_position_embeddings: 4096 * 32,
             bos_token_id: Some(1),
             eos_token_id: Some(2),
+            tie_word_embeddings: false,
         },
         Family::Qwen2 => Defaults {
             num_key_value_heads: Some(32),
@@ -201,6 +217,7 @@ fn defaults(family: Family) -> Defaults {
             max_position_embeddings: 32768,
             bos_token_id: None,
             eos_token_id: None,
+            tie_word_embeddings: false,
         },
         Family::Qwen3 => Defaults {
             num_key_value_heads: Some(32),
@@ -208,6 +225,31 @@ fn defaults(family: Family) -> Defaults {
             max_position_embeddings: 32768,
             bos_token_id: None,
             eos_token_id: None,
+            tie_word_embeddings: false,
+        },
+        Family::Granite => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+            tie_word_embeddings: false,
+        },
+        Family::Gemma => Defaults {
+            num_key_value_heads: Some(16),
+            head_dim: Some(256),
+            max_position_embeddings: 8192,
+            bos_token_id: Some(2),
+            eos_token_id: Some(1),
+            tie_word_embeddings: true,
+        },
+        Family::Smollm3 => Defaults {
+            num_key_value_heads: Some(4),
+            head_dim: None,
+            max_position_embeddings: 32768,
+            bos_token_id: Some(128000),
+            eos_token_id: Some(128001),
+            tie_word_embeddings: true,
         },
     }
 }
@@ -255,9 +297,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     }
     let rope = rope_config(f, max_position_embeddings)?;
     let flag = |key: &str| -> Result<bool> { Ok(f.or(key, Some(false), BOOL)?.unwrap_or(false)) };
-    let tie_word_embeddings = flag("tie_word_embeddings")?;
+    let tie_word_embeddings = f
+        .or("tie_word_embeddings", Some(d.tie_word_embeddings), BOOL)?
+        .unwrap_or(d.tie_word_embeddings);
     let (attention_bias, o_proj_bias, mlp_bias) = match family {
-        Family::Llama => {
+        Family::Llama | Family::Granite | Family::Smollm3 | Family::Gemma => {
             let b = flag("attention_bias")?;
             (b, b, flag("mlp_bias")?)
         }
@@ -269,7 +313,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Mistral => (false, false, false),
     };
     let sliding_window = sliding_window(f, family, num_hidden_layers)?;
-    let hidden_act = match f.or("hidden_act", Some("silu".to_string()), STRING)?.as_deref() {
+    // Gemma's MLP (transformers 5) takes `hidden_act`, the tanh GELU unless said otherwise.
+    let default_act = if family == Family::Gemma {
+        "gelu_pytorch_tanh"
+    } else {
+        "silu"
+    };
+    let act = f.or("hidden_act", Some(default_act.to_string()), STRING)?;
+    let hidden_act = match act.as_deref() {
         Some("silu" | "swish") => Activation::Silu,
         Some("gelu") => Activation::Gelu,
         Some("gelu_pytorch_tanh" | "gelu_new") => Activation::GeluTanh,
@@ -281,6 +332,27 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         }
     };
     let initializer_range = f.or("initializer_range", Some(0.02), F64)?.unwrap_or(0.02);
+    let multiplier = |key: &str| -> Result<f64> {
+        if family != Family::Granite {
+            return Ok(1.0);
+        }
+        let v = f.or(key, Some(1.0), F64)?.unwrap_or(1.0);
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(f.error(key, "must be positive"));
+        }
+        Ok(v)
+    };
+    let embedding_multiplier = match family {
+        // transformers multiplies by sqrt(hidden_size) as a tensor of the activations' dtype (f32).
+        Family::Gemma => (hidden_size as f64).sqrt() as f32 as f64,
+        _ => multiplier("embedding_multiplier")?,
+    };
+    let residual_multiplier = multiplier("residual_multiplier")?;
+    let attention_multiplier = (family == Family::Granite)
+        .then(|| multiplier("attention_multiplier"))
+        .transpose()?;
+    let logits_scaling = multiplier("logits_scaling")?;
+    let nope_layers = nope_layers(f, family, num_hidden_layers)?;
     if !(initializer_range >= 0.0 && initializer_range.is_finite()) {
         return Err(f.error("initializer_range", "must be a finite non-negative number"));
     }
@@ -315,17 +387,58 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         bos_token_id,
         eos_token_ids,
         initializer_range,
+        embedding_multiplier,
+        residual_multiplier,
+        attention_multiplier,
+        logits_scaling,
+        nope_layers,
+        norm_unit_offset: family == Family::Gemma,
     })
 }
 
-/// Mistral slides over every layer unless `sliding_window` is null; Qwen2/Qwen3 only with `use_sliding_window`,
+/// SmolLM3's `no_rope_layers`: one 0 (no rotary) or 1 per layer; when absent, every `no_rope_layer_interval`-th
+/// layer (default 4) goes without. Other families rotate every layer.
+fn nope_layers(f: &Fields, family: Family, layers: usize) -> Result<Vec<usize>> {
+    if family != Family::Smollm3 {
+        return Ok(Vec::new());
+    }
+    match f.map.get("no_rope_layers") {
+        Some(Value::Array(flags)) => {
+            if flags.len() != layers {
+                return Err(f.error(
+                    "no_rope_layers",
+                    &format!("has {} entries for {layers} layers", flags.len()),
+                ));
+            }
+            flags
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| match v.as_u64() {
+                    Some(0) => Some(Ok(i)),
+                    Some(1) => None,
+                    _ => Some(Err(f.error("no_rope_layers", &format!("expected 0 or 1, found {v}")))),
+                })
+                .collect()
+        }
+        None | Some(Value::Null) => {
+            let interval = f.or("no_rope_layer_interval", Some(4), USIZE)?.unwrap_or(4);
+            if interval == 0 {
+                return Err(f.error("no_rope_layer_interval", "must be positive"));
+            }
+            Ok((0..layers).filter(|i| (i + 1) % interval == 0).collect())
+        }
+        Some(other) => Err(f.error("no_rope_layers", &format!("expected a list, found {other}"))),
+    }
+}
+
+/// Mistral slides over every layer unless `sliding_window` is null; Qwen2/Qwen3/SmolLM3 only with `use_sliding_window`,
 /// and then only from layer `max_window_layers` on (or as `layer_types` lists). A mix of sliding and full layers
 /// is not supported and fails closed.
 fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<usize>> {
     let window = match family {
-        Family::Llama => return Ok(None),
+        Family::Llama | Family::Granite | Family::Gemma => return Ok(None),
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
-        Family::Qwen2 | Family::Qwen3 => {
+        Family::Qwen2 | Family::Qwen3 | Family::Smollm3 => {
             if !f.or("use_sliding_window", Some(false), BOOL)?.unwrap_or(false) {
                 return Ok(None);
             }

@@ -38,6 +38,8 @@ pub struct DecoderLayer {
     pub post_attention_layernorm: RmsNorm,
     /// Gated MLP.
     pub mlp: Mlp,
+    /// Multiplies the attention and MLP outputs before their residual adds (Granite's `residual_multiplier`).
+    pub residual_multiplier: Option<f64>,
 }
 
 impl DecoderLayer {
@@ -52,9 +54,15 @@ impl DecoderLayer {
         ctx: &AttentionContext,
         cache: Option<(&KvCache, usize)>,
     ) -> Result<(Tensor, Tensor)> {
-        let attn = self.self_attn.forward(normed, None, None, ctx, cache)?;
+        let scaled = |y: Tensor| -> Result<Tensor> {
+            Ok(match self.residual_multiplier {
+                Some(r) => y.mul_scalar(r)?,
+                None => y,
+            })
+        };
+        let attn = scaled(self.self_attn.forward(normed, None, None, ctx, cache)?)?;
         let (x, h) = self.post_attention_layernorm.add_forward(x, &attn)?;
-        Ok(next_norm.add_forward(&x, &self.mlp.forward(&h, None, None)?)?)
+        Ok(next_norm.add_forward(&x, &scaled(self.mlp.forward(&h, None, None)?)?)?)
     }
 
     /// The same block with each norm run by the projection after it and each residual add by the projection
@@ -72,9 +80,10 @@ impl DecoderLayer {
         Ok(self.mlp.forward(&x, Some(&self.post_attention_layernorm), Some(&x))?)
     }
 
-    /// Whether [`DecoderLayer::forward_fused`] is the faster way: every projection quantized, without bias.
+    /// Whether [`DecoderLayer::forward_fused`] is the faster way: every projection quantized, without bias, and
+    /// no multiplier between the projections and the residual adds they fuse.
     pub fn fuses(&self) -> bool {
-        self.self_attn.fuses() && self.mlp.fuses()
+        self.self_attn.fuses() && self.mlp.fuses() && self.residual_multiplier.is_none()
     }
 
     /// The linear layers, in the order of [`LAYER_LINEARS`].
@@ -232,14 +241,14 @@ impl CausalLm {
             let gate_up = Linear::stack(&mut [&mut gate_proj, &mut up_proj])?;
             let (q_norm, k_norm) = if c.qk_norm {
                 (
-                    Some(rms_norm(tensor, format!("{a}.q_norm.weight"), d, c.rms_norm_eps)?),
-                    Some(rms_norm(tensor, format!("{a}.k_norm.weight"), d, c.rms_norm_eps)?),
+                    Some(rms_norm(tensor, format!("{a}.q_norm.weight"), d, c)?),
+                    Some(rms_norm(tensor, format!("{a}.k_norm.weight"), d, c)?),
                 )
             } else {
                 (None, None)
             };
             layers.push(DecoderLayer {
-                input_layernorm: rms_norm(tensor, format!("{p}.input_layernorm.weight"), hidden, c.rms_norm_eps)?,
+                input_layernorm: rms_norm(tensor, format!("{p}.input_layernorm.weight"), hidden, c)?,
                 self_attn: Attention {
                     q_proj,
                     k_proj,
@@ -252,12 +261,7 @@ impl CausalLm {
                     head_dim: d,
                     qkv,
                 },
-                post_attention_layernorm: rms_norm(
-                    tensor,
-                    format!("{p}.post_attention_layernorm.weight"),
-                    hidden,
-                    c.rms_norm_eps,
-                )?,
+                post_attention_layernorm: rms_norm(tensor, format!("{p}.post_attention_layernorm.weight"), hidden, c)?,
                 mlp: Mlp {
                     gate_proj,
                     up_proj,
@@ -265,12 +269,13 @@ impl CausalLm {
                     act: c.hidden_act,
                     gate_up,
                 },
+                residual_multiplier: (c.residual_multiplier != 1.0).then_some(c.residual_multiplier),
             });
         }
         let embed_tokens = Embedding {
             weight: tensor("model.embed_tokens.weight", &[c.vocab_size, hidden])?,
         };
-        let final_norm = rms_norm(tensor, "model.norm.weight".into(), hidden, c.rms_norm_eps)?;
+        let final_norm = rms_norm(tensor, "model.norm.weight".into(), hidden, c)?;
         let lm_head = if c.tie_word_embeddings {
             // A tied head may still be held quantized (a GGUF file keeps the embedding matrix in a block format,
             // dequantized for lookups): the logits then read a quarter of the bytes.
@@ -354,7 +359,7 @@ impl CausalLm {
         let last = |h: &Tensor| -> Result<Tensor> { Ok(h.narrow(1, t - 1, 1)?.squeeze(1)?) };
         match (self.head(), normed) {
             // The final norm runs inside the head's launch.
-            (Some(head), None) => Ok(head.forward_fused(&last(&x)?, Some(&self.norm), None, None)?),
+            (Some(head), None) => self.scale_logits(head.forward_fused(&last(&x)?, Some(&self.norm), None, None)?),
             (_, Some(normed)) => self.logits(&last(&normed)?),
             (None, None) => self.logits(&last(&self.norm.forward(&x)?)?),
         }
@@ -403,13 +408,28 @@ impl CausalLm {
             _ => 0,
         };
         let (q_start, k_start) = if cache.is_some() { (start, key_start) } else { (0, 0) };
-        let scale = 1.0 / (self.config.head_dim as f64).sqrt();
+        let c = &self.config;
+        let scale = c.attention_multiplier.unwrap_or(1.0 / (c.head_dim as f64).sqrt());
         let tables = self.rotary.device_tables(start, t, scale, self.device())?;
         let ctx = AttentionContext::new(tables, q_start, k_start, window);
+        // Layers without rotary embeddings (SmolLM3) rotate by nothing.
+        let unrotated = if c.nope_layers.is_empty() {
+            None
+        } else {
+            let tables = self.rotary.identity_tables(t, scale, self.device())?;
+            Some(AttentionContext::new(tables, q_start, k_start, window))
+        };
+        let ctx_of = |i: usize| match &unrotated {
+            Some(u) if c.nope_layers.contains(&i) => u,
+            _ => &ctx,
+        };
         let mut x = self.embed_tokens.forward(ids)?;
+        if c.embedding_multiplier != 1.0 {
+            x = x.mul_scalar(c.embedding_multiplier)?;
+        }
         let normed = if !self.layers.is_empty() && self.layers.iter().all(DecoderLayer::fuses) {
             for (i, layer) in self.layers.iter().enumerate() {
-                x = layer.forward_fused(&x, &ctx, cache.as_deref().map(|c| (c, i)))?;
+                x = layer.forward_fused(&x, ctx_of(i), cache.as_deref().map(|c| (c, i)))?;
             }
             None
         } else {
@@ -417,7 +437,7 @@ impl CausalLm {
             let mut normed = first_norm.forward(&x)?;
             for (i, layer) in self.layers.iter().enumerate() {
                 let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
-                (x, normed) = layer.forward(&x, &normed, next_norm, &ctx, cache.as_deref().map(|c| (c, i)))?;
+                (x, normed) = layer.forward(&x, &normed, next_norm, ctx_of(i), cache.as_deref().map(|c| (c, i)))?;
             }
             Some(normed)
         };
@@ -427,12 +447,21 @@ impl CausalLm {
         Ok((x, normed))
     }
 
-    /// Logits `[..., vocab]` of final hidden states: `lm_head`, or the embedding matrix when tied.
+    /// Logits `[..., vocab]` of final hidden states: `lm_head`, or the embedding matrix when tied (divided by
+    /// Granite's `logits_scaling`).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(match self.head() {
+        let logits = match self.head() {
             Some(head) => head.forward(hidden)?,
             None => hidden.matmul(&self.embed_tokens.weight.t()?)?,
-        })
+        };
+        self.scale_logits(logits)
+    }
+
+    fn scale_logits(&self, logits: Tensor) -> Result<Tensor> {
+        match self.config.logits_scaling {
+            s if s != 1.0 => Ok(logits.div_scalar(s)?),
+            _ => Ok(logits),
+        }
     }
 
     /// The output projection: `lm_head`, unless it is a frozen copy of a tied embedding that now trains.
@@ -548,9 +577,10 @@ fn wrong_shape(name: &str, got: &[usize], want: &[usize]) -> Error {
 }
 
 /// The RMSNorm whose weight is `name`, over `dim` features.
-fn rms_norm(tensor: TensorSource, name: String, dim: usize, eps: f64) -> Result<RmsNorm> {
+fn rms_norm(tensor: TensorSource, name: String, dim: usize, c: &ModelConfig) -> Result<RmsNorm> {
     Ok(RmsNorm {
         weight: tensor(&name, &[dim])?,
-        eps,
+        eps: c.rms_norm_eps,
+        unit_offset: c.norm_unit_offset,
     })
 }

@@ -80,8 +80,9 @@ impl Linear {
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         if let (LinearWeight::Quantized(q), None, true) = (&self.weight, &self.bias, self.fuses()) {
+            let scale = norm.map(RmsNorm::scale).transpose()?;
             let fusion = Fusion {
-                norm: norm.map(|n| (&n.weight, n.eps)),
+                norm: norm.zip(scale.as_deref()).map(|(n, s)| (s, n.eps)),
                 gate,
                 residual,
             };

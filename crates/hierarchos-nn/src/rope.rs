@@ -164,8 +164,21 @@ impl RotaryEmbedding {
     /// `score_scale`), uploaded at once.
     pub fn device_tables(&self, start: usize, len: usize, score_scale: f64, device: &Device) -> Result<RopeTables> {
         let (cos, sin) = self.tables(start, len);
+        self.upload(cos, sin, score_scale, device)
+    }
+
+    /// Tables of `len` positions that rotate by nothing (cosines 1, sines 0; the queries' still carry the score
+    /// scale): layers without rotary embeddings (SmolLM3's) run the same kernels with these.
+    pub fn identity_tables(&self, len: usize, score_scale: f64, device: &Device) -> Result<RopeTables> {
+        let n = len * self.head_dim / 2;
+        self.upload(vec![1.0; n], vec![0.0; n], score_scale, device)
+    }
+
+    fn upload(&self, cos: Vec<f32>, sin: Vec<f32>, score_scale: f64, device: &Device) -> Result<RopeTables> {
+        let len = cos.len() / (self.head_dim / 2);
         let scaled = |v: &[f32]| v.iter().map(|&x| (x as f64 * score_scale) as f32).collect::<Vec<_>>();
-        let all: Vec<f32> = [cos.clone(), sin.clone(), scaled(&cos), scaled(&sin)].concat();
+        let (cos_q, sin_q) = (scaled(&cos), scaled(&sin));
+        let all: Vec<f32> = [cos, sin, cos_q, sin_q].concat();
         let half = self.head_dim / 2;
         let t = Tensor::from_slice(&all, &[4, len, half], device)?;
         let part = |k: usize| -> Result<Tensor> { Ok(t.narrow(0, k, 1)?.squeeze(0)?) };

@@ -78,6 +78,12 @@ pub fn architecture(gguf: &Gguf) -> Result<Family> {
 /// Reads the model configuration of a GGUF file; architectures Hierarchos does not run fail closed.
 pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
     let family = architecture(gguf)?;
+    if !matches!(family, Family::Llama | Family::Mistral | Family::Qwen2 | Family::Qwen3) {
+        return Err(Meta { gguf }.error(
+            "general.architecture",
+            &format!("GGUF files of {} are not supported yet", family.model_type()),
+        ));
+    }
     let m = Meta { gguf };
     let arch = family.model_type();
     let key = |k: &str| format!("{arch}.{k}");
@@ -188,6 +194,12 @@ pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
         bos_token_id: m.u32("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
         initializer_range: 0.02,
+        embedding_multiplier: 1.0,
+        residual_multiplier: 1.0,
+        attention_multiplier: None,
+        logits_scaling: 1.0,
+        nope_layers: Vec::new(),
+        norm_unit_offset: false,
     })
 }
 
