@@ -70,6 +70,7 @@ LORA = {
     "granite": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"]),
     "smollm3": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
     "gemma": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    "olmo2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "o_proj", "up_proj", "down_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -209,6 +210,14 @@ FIXTURES = {
         True,
         "Gemma: RMSNorm scaled by 1 + weight, embeddings times sqrt(64) = 8, gated tanh-GELU MLP, explicit "
         "head_dim 16; untied (tied, the embeddings scaled up by 8 made every greedy continuation repeat)",
+    ),
+    "olmo2": (
+        "Olmo2Config",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-6, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+        True,
+        "OLMo 2: post-norm layers (attention and MLP outputs normed before their residual adds, no input norm), "
+        "RMSNorm over the whole q and k projections (weights [64] and [32]) before the heads split, rope_theta 5e5",
     ),
 }
 

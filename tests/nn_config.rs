@@ -497,3 +497,70 @@ fn from_file() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The options of the families after the first four: Granite's multipliers, SmolLM3's layers without rotary,
+/// Gemma's norm and embedding scale, OLMo 2's post-norm layers; with transformers' defaults and bad values.
+#[test]
+fn family_options() {
+    let g = parse(&tiny(
+        "granite",
+        r#""embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.015625,
+           "logits_scaling": 8.0"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        (
+            g.embedding_multiplier,
+            g.residual_multiplier,
+            g.attention_multiplier,
+            g.logits_scaling
+        ),
+        (12.0, 0.22, Some(0.015625), 8.0)
+    );
+    // GraniteConfig's default attention multiplier is 1, not 1 / sqrt(head_dim).
+    assert_eq!(parse(&tiny("granite", "")).unwrap().attention_multiplier, Some(1.0));
+    err(
+        &tiny("granite", r#""residual_multiplier": -1.0"#),
+        &["residual_multiplier", "positive"],
+    );
+    let l = parse(&tiny("llama", r#""embedding_multiplier": 12.0"#)).unwrap();
+    assert_eq!(
+        (l.embedding_multiplier, l.attention_multiplier),
+        (1.0, None),
+        "only Granite reads them"
+    );
+
+    let s = parse(&tiny("smollm3", r#""num_hidden_layers": 8"#)).unwrap();
+    assert_eq!(s.nope_layers, [3, 7], "every fourth layer by default");
+    assert!(s.tie_word_embeddings);
+    let s = parse(&tiny("smollm3", r#""no_rope_layers": [1, 0]"#)).unwrap();
+    assert_eq!(s.nope_layers, [1]);
+    err(
+        &tiny("smollm3", r#""no_rope_layers": [1, 0, 1]"#),
+        &["no_rope_layers", "3 entries for 2 layers"],
+    );
+    err(
+        &tiny("smollm3", r#""no_rope_layers": [1, 2]"#),
+        &["no_rope_layers", "0 or 1"],
+    );
+    assert!(
+        parse(&tiny("llama", r#""no_rope_layers": [1, 0]"#))
+            .unwrap()
+            .nope_layers
+            .is_empty()
+    );
+
+    let m = parse(&tiny(
+        "gemma",
+        r#""hidden_size": 3072, "head_dim": 256, "num_key_value_heads": 1"#,
+    ))
+    .unwrap();
+    assert!(m.norm_unit_offset && m.tie_word_embeddings);
+    assert_eq!(m.hidden_act, hierarchos::nn::Activation::GeluTanh);
+    assert_eq!(m.embedding_multiplier, (3072f64).sqrt() as f32 as f64);
+
+    let o = parse(&tiny("olmo2", "")).unwrap();
+    assert!(o.post_norm && o.qk_norm && o.qk_norm_over_heads && !o.tie_word_embeddings);
+    let q = parse(&tiny("qwen3", r#""num_key_value_heads": 2"#)).unwrap();
+    assert!(!q.post_norm && q.qk_norm && !q.qk_norm_over_heads);
+}

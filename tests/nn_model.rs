@@ -467,6 +467,8 @@ fn tiny_config(family: &str) -> ModelConfig {
         o_proj_bias: false,
         mlp_bias: false,
         qk_norm: false,
+        qk_norm_over_heads: false,
+        post_norm: false,
         sliding_window: None,
         hidden_act: Activation::Silu,
         bos_token_id: Some(1),

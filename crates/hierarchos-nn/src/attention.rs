@@ -101,11 +101,17 @@ impl Attention {
     ) -> Result<Tensor> {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        // The q/k norms take each head (Qwen3: weights of D) or the whole projection (OLMo 2: of n·D).
         let heads = |y: Tensor, n: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
+            let whole = norm.as_ref().filter(|m| m.weight.numel() != d);
+            let y = match whole {
+                Some(m) => m.forward(&y)?,
+                None => y,
+            };
             let y = y.reshape(&[b, t, n, d])?;
             Ok(match norm {
-                Some(norm) => norm.forward(&y)?,
-                None => y,
+                Some(m) if whole.is_none() => m.forward(&y)?,
+                _ => y,
             })
         };
         let projections = [&self.q_proj, &self.k_proj, &self.v_proj];

@@ -103,8 +103,13 @@ pub struct ModelConfig {
     pub o_proj_bias: bool,
     /// MLP projections have biases (Llama's `mlp_bias`).
     pub mlp_bias: bool,
-    /// Per-head RMSNorm on queries and keys before rotary (Qwen3).
+    /// RMSNorm on queries and keys before rotary (Qwen3, OLMo 2).
     pub qk_norm: bool,
+    /// The q/k norms span the whole projections (OLMo 2: weights of `heads · head_dim`), not one head (Qwen3).
+    pub qk_norm_over_heads: bool,
+    /// Post-norm layers: each attention and MLP output is normed before its residual add, with no input norm
+    /// (OLMo 2's `post_attention_layernorm` and `post_feedforward_layernorm`).
+    pub post_norm: bool,
     /// Attend only to the last `n` positions (Mistral; Qwen2 when `use_sliding_window`).
     pub sliding_window: Option<usize>,
     /// MLP activation.
@@ -171,11 +176,16 @@ impl ModelConfig {
         let q = (self.num_attention_heads * self.head_dim) as u64;
         let kv = (self.num_key_value_heads * self.head_dim) as u64;
         let bias = |on: bool, n: u64| if on { n } else { 0 };
+        let qk_norm = match (self.qk_norm, self.qk_norm_over_heads) {
+            (false, _) => 0,
+            (true, false) => 2 * self.head_dim as u64,
+            (true, true) => q + kv,
+        };
         let attention = hidden * (q + 2 * kv)
             + bias(self.attention_bias, q + 2 * kv)
             + q * hidden
             + bias(self.o_proj_bias, hidden)
-            + if self.qk_norm { 2 * self.head_dim as u64 } else { 0 };
+            + qk_norm;
         let mlp = 3 * hidden * inter + bias(self.mlp_bias, 2 * inter + hidden);
         let layer = attention + mlp + 2 * hidden;
         let head = if self.tie_word_embeddings { 0 } else { vocab * hidden };
@@ -243,6 +253,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(1),
             tie_word_embeddings: true,
         },
+        Family::Olmo2 => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: None,
+            eos_token_id: Some(50279),
+            tie_word_embeddings: false,
+        },
         Family::Smollm3 => Defaults {
             num_key_value_heads: Some(4),
             head_dim: None,
@@ -305,7 +323,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             let b = flag("attention_bias")?;
             (b, b, flag("mlp_bias")?)
         }
-        Family::Qwen3 => {
+        Family::Qwen3 | Family::Olmo2 => {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
@@ -381,7 +399,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         attention_bias,
         o_proj_bias,
         mlp_bias,
-        qk_norm: family == Family::Qwen3,
+        qk_norm: matches!(family, Family::Qwen3 | Family::Olmo2),
+        qk_norm_over_heads: family == Family::Olmo2,
+        post_norm: family == Family::Olmo2,
         sliding_window,
         hidden_act,
         bos_token_id,
@@ -436,7 +456,7 @@ fn nope_layers(f: &Fields, family: Family, layers: usize) -> Result<Vec<usize>> 
 /// is not supported and fails closed.
 fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<usize>> {
     let window = match family {
-        Family::Llama | Family::Granite | Family::Gemma => return Ok(None),
+        Family::Llama | Family::Granite | Family::Gemma | Family::Olmo2 => return Ok(None),
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Qwen2 | Family::Qwen3 | Family::Smollm3 => {
             if !f.or("use_sliding_window", Some(false), BOOL)?.unwrap_or(false) {

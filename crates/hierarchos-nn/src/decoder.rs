@@ -27,30 +27,34 @@ const LAYER_LINEARS: [&str; 7] = [
     "mlp.down_proj",
 ];
 
-/// One pre-norm decoder block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+/// One decoder block: pre-norm (Llama) `x + attn(norm(x))`, then `x + mlp(norm(x))`; or post-norm (OLMo 2)
+/// `x + norm(attn(x))`, then `x + norm(mlp(x))`.
 #[derive(Clone, Debug)]
 pub struct DecoderLayer {
-    /// Norm before attention.
-    pub input_layernorm: RmsNorm,
+    /// Norm before attention; `None` in a post-norm layer.
+    pub input_layernorm: Option<RmsNorm>,
     /// Self-attention.
     pub self_attn: Attention,
-    /// Norm before the MLP.
+    /// Norm before the MLP; in a post-norm layer, the norm of the attention output.
     pub post_attention_layernorm: RmsNorm,
     /// Gated MLP.
     pub mlp: Mlp,
+    /// The norm of the MLP output in a post-norm layer (its presence makes the layer post-norm).
+    pub post_feedforward_layernorm: Option<RmsNorm>,
     /// Multiplies the attention and MLP outputs before their residual adds (Granite's `residual_multiplier`).
     pub residual_multiplier: Option<f64>,
 }
 
 impl DecoderLayer {
-    /// The block on the residual stream `x` (`[B, T, hidden]`), given `normed = input_layernorm(x)`: returns
-    /// the new stream `x + attn + mlp` and `next_norm` of it. Each residual add is fused with the norm after it
-    /// (the next layer's input norm, or the model's final norm), bit for bit the unfused result.
+    /// The block on the residual stream `x` (`[B, T, hidden]`), given `normed = input_layernorm(x)` (`x` itself
+    /// in a post-norm layer): returns the new stream and `next_norm` of it (the stream itself when `None`: a
+    /// post-norm layer follows). In a pre-norm layer each residual add is fused with the norm after it (the
+    /// MLP's, then the next layer's input norm or the model's final norm), bit for bit the unfused result.
     pub fn forward(
         &self,
         x: &Tensor,
         normed: &Tensor,
-        next_norm: &RmsNorm,
+        next_norm: Option<&RmsNorm>,
         ctx: &AttentionContext,
         cache: Option<(&KvCache, usize)>,
     ) -> Result<(Tensor, Tensor)> {
@@ -60,9 +64,29 @@ impl DecoderLayer {
                 None => y,
             })
         };
-        let attn = scaled(self.self_attn.forward(normed, None, None, ctx, cache)?)?;
-        let (x, h) = self.post_attention_layernorm.add_forward(x, &attn)?;
-        Ok(next_norm.add_forward(&x, &scaled(self.mlp.forward(&h, None, None)?)?)?)
+        let attn = self.self_attn.forward(normed, None, None, ctx, cache)?;
+        let x = match &self.post_feedforward_layernorm {
+            None => {
+                let (x, h) = self.post_attention_layernorm.add_forward(x, &scaled(attn)?)?;
+                let mlp = scaled(self.mlp.forward(&h, None, None)?)?;
+                return match next_norm {
+                    Some(n) => Ok(n.add_forward(&x, &mlp)?),
+                    None => {
+                        let x = x.add(&mlp)?;
+                        Ok((x.clone(), x))
+                    }
+                };
+            }
+            Some(post_mlp) => {
+                let x = x.add(&scaled(self.post_attention_layernorm.forward(&attn)?)?)?;
+                x.add(&scaled(post_mlp.forward(&self.mlp.forward(&x, None, None)?)?)?)?
+            }
+        };
+        let normed = match next_norm {
+            Some(n) => n.forward(&x)?,
+            None => x.clone(),
+        };
+        Ok((x, normed))
     }
 
     /// The same block with each norm run by the projection after it and each residual add by the projection
@@ -76,14 +100,18 @@ impl DecoderLayer {
     ) -> Result<Tensor> {
         let x = self
             .self_attn
-            .forward(x, Some(&self.input_layernorm), Some(x), ctx, cache)?;
+            .forward(x, self.input_layernorm.as_ref(), Some(x), ctx, cache)?;
         Ok(self.mlp.forward(&x, Some(&self.post_attention_layernorm), Some(&x))?)
     }
 
-    /// Whether [`DecoderLayer::forward_fused`] is the faster way: every projection quantized, without bias, and
-    /// no multiplier between the projections and the residual adds they fuse.
+    /// Whether [`DecoderLayer::forward_fused`] is the faster way: a pre-norm layer, every projection quantized,
+    /// without bias, and no multiplier between the projections and the residual adds they fuse.
     pub fn fuses(&self) -> bool {
-        self.self_attn.fuses() && self.mlp.fuses() && self.residual_multiplier.is_none()
+        self.self_attn.fuses()
+            && self.mlp.fuses()
+            && self.residual_multiplier.is_none()
+            && self.input_layernorm.is_some()
+            && self.post_feedforward_layernorm.is_none()
     }
 
     /// The linear layers, in the order of [`LAYER_LINEARS`].
@@ -116,11 +144,15 @@ impl DecoderLayer {
 
     /// The parameters with their Hugging Face names relative to the layer.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        let optional = |name: &str, norm: &Option<RmsNorm>| {
+            norm.as_ref().map_or_else(Vec::new, |n| prefixed(name, n.parameters()))
+        };
         [
-            prefixed("input_layernorm", self.input_layernorm.parameters()),
+            optional("input_layernorm", &self.input_layernorm),
             prefixed("self_attn", self.self_attn.parameters()),
             prefixed("post_attention_layernorm", self.post_attention_layernorm.parameters()),
             prefixed("mlp", self.mlp.parameters()),
+            optional("post_feedforward_layernorm", &self.post_feedforward_layernorm),
         ]
         .concat()
     }
@@ -240,15 +272,19 @@ impl CausalLm {
             let (mut gate_proj, mut up_proj) = (gate_proj, up_proj);
             let gate_up = Linear::stack(&mut [&mut gate_proj, &mut up_proj])?;
             let (q_norm, k_norm) = if c.qk_norm {
+                // Per head (Qwen3) or over the whole projection (OLMo 2).
+                let (q, k) = if c.qk_norm_over_heads { (h * d, kvh * d) } else { (d, d) };
                 (
-                    Some(rms_norm(tensor, format!("{a}.q_norm.weight"), d, c)?),
-                    Some(rms_norm(tensor, format!("{a}.k_norm.weight"), d, c)?),
+                    Some(rms_norm(tensor, format!("{a}.q_norm.weight"), q, c)?),
+                    Some(rms_norm(tensor, format!("{a}.k_norm.weight"), k, c)?),
                 )
             } else {
                 (None, None)
             };
             layers.push(DecoderLayer {
-                input_layernorm: rms_norm(tensor, format!("{p}.input_layernorm.weight"), hidden, c)?,
+                input_layernorm: (!c.post_norm)
+                    .then(|| rms_norm(tensor, format!("{p}.input_layernorm.weight"), hidden, c))
+                    .transpose()?,
                 self_attn: Attention {
                     q_proj,
                     k_proj,
@@ -269,6 +305,10 @@ impl CausalLm {
                     act: c.hidden_act,
                     gate_up,
                 },
+                post_feedforward_layernorm: c
+                    .post_norm
+                    .then(|| rms_norm(tensor, format!("{p}.post_feedforward_layernorm.weight"), hidden, c))
+                    .transpose()?,
                 residual_multiplier: (c.residual_multiplier != 1.0).then_some(c.residual_multiplier),
             });
         }
@@ -433,10 +473,18 @@ impl CausalLm {
             }
             None
         } else {
-            let first_norm = self.layers.first().map_or(&self.norm, |l| &l.input_layernorm);
-            let mut normed = first_norm.forward(&x)?;
+            // The norm before layer i: its input norm (none in a post-norm layer), the final norm after the last.
+            let norm_before = |i: usize| {
+                self.layers
+                    .get(i)
+                    .map_or(Some(&self.norm), |l| l.input_layernorm.as_ref())
+            };
+            let mut normed = match norm_before(0) {
+                Some(n) => n.forward(&x)?,
+                None => x.clone(),
+            };
             for (i, layer) in self.layers.iter().enumerate() {
-                let next_norm = self.layers.get(i + 1).map_or(&self.norm, |l| &l.input_layernorm);
+                let next_norm = norm_before(i + 1);
                 (x, normed) = layer.forward(&x, &normed, next_norm, ctx_of(i), cache.as_deref().map(|c| (c, i)))?;
             }
             Some(normed)

@@ -719,7 +719,12 @@ impl CausalLm {
         self.embed_tokens.weight = self.embed_tokens.weight.detach();
         self.norm.weight = self.norm.weight.detach();
         for layer in &mut self.layers {
-            for norm in [&mut layer.input_layernorm, &mut layer.post_attention_layernorm] {
+            let optional = [&mut layer.input_layernorm, &mut layer.post_feedforward_layernorm];
+            for norm in optional
+                .into_iter()
+                .flatten()
+                .chain([&mut layer.post_attention_layernorm])
+            {
                 norm.weight = norm.weight.detach();
             }
             for norm in [&mut layer.self_attn.q_norm, &mut layer.self_attn.k_norm]

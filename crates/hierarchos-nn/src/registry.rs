@@ -25,6 +25,8 @@ pub enum Family {
     Smollm3,
     /// Gemma (RMSNorm scaled by `1 + weight`, embeddings times `sqrt(hidden_size)`, GeGLU MLP).
     Gemma,
+    /// OLMo 2 (post-norm layers, RMSNorm over the whole q and k projections).
+    Olmo2,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -67,7 +69,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 7] = [
+pub const ARCHITECTURES: [Architecture; 8] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -123,6 +125,14 @@ pub const ARCHITECTURES: [Architecture; 7] = [
              on one embedding row (bound 2.5e-7; PyTorch's own f32 1.57e-7)",
         ),
     },
+    Architecture {
+        family: Family::Olmo2,
+        status: Status::Validated,
+        fixtures: &["olmo2"],
+        features: "post-norm layers (each attention and MLP output normed before its residual add, no input \
+                   norm), RMSNorm over the whole q and k projections before the heads split",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -149,6 +159,7 @@ impl Family {
             Family::Granite => "granite",
             Family::Smollm3 => "smollm3",
             Family::Gemma => "gemma",
+            Family::Olmo2 => "olmo2",
         }
     }
 

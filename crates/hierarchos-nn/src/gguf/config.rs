@@ -189,6 +189,8 @@ pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
         o_proj_bias,
         mlp_bias,
         qk_norm: family == Family::Qwen3,
+        qk_norm_over_heads: false,
+        post_norm: false,
         sliding_window: None,
         hidden_act: Activation::Silu,
         bos_token_id: m.u32("tokenizer.ggml.bos_token_id")?,
