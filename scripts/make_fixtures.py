@@ -71,6 +71,7 @@ LORA = {
     "smollm3": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
     "gemma": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
     "olmo2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "o_proj", "up_proj", "down_proj"]),
+    "exaone4": dict(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj", "gate_proj", "down_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -218,6 +219,15 @@ FIXTURES = {
         True,
         "OLMo 2: post-norm layers (attention and MLP outputs normed before their residual adds, no input norm), "
         "RMSNorm over the whole q and k projections (weights [64] and [32]) before the heads split, rope_theta 5e5",
+    ),
+    "exaone4": (
+        "Exaone4Config",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-5, head_dim=16, sliding_window=None,
+             layer_types=["full_attention", "full_attention"], pad_token_id=None, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        True,
+        "EXAONE 4: post-norm layers (as OLMo 2) with per-head RMSNorm on q and k (as Qwen3), every layer full "
+        "attention (sliding_window null), rope_theta 1e6",
     ),
 }
 

@@ -563,4 +563,22 @@ fn family_options() {
     assert!(o.post_norm && o.qk_norm && o.qk_norm_over_heads && !o.tie_word_embeddings);
     let q = parse(&tiny("qwen3", r#""num_key_value_heads": 2"#)).unwrap();
     assert!(!q.post_norm && q.qk_norm && !q.qk_norm_over_heads);
+
+    let e = parse(&tiny(
+        "exaone4",
+        r#""num_key_value_heads": 2, "head_dim": 16, "sliding_window": null"#,
+    ))
+    .unwrap();
+    assert!(e.post_norm && e.qk_norm && !e.qk_norm_over_heads && e.sliding_window.is_none());
+    let all_sliding = r#""num_key_value_heads": 2, "sliding_window": 64,
+                         "layer_types": ["sliding_attention", "sliding_attention"]"#;
+    assert_eq!(parse(&tiny("exaone4", all_sliding)).unwrap().sliding_window, Some(64));
+    // The default pattern (every fourth layer global, without rotary) mixes layer kinds: refused.
+    err(
+        &tiny(
+            "exaone4",
+            r#""num_key_value_heads": 2, "num_hidden_layers": 8, "sliding_window": 64"#,
+        ),
+        &["some layers"],
+    );
 }

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 8] = [
+    let cases: [(&str, &str, u64); 9] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -144,6 +144,18 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "tie_word_embeddings": false, "bos_token_id": null, "eos_token_id": 100257,
                 "pad_token_id": 100277, "hidden_act": "silu"}"#,
             7_300_000_000,
+        ),
+        (
+            "LGAI-EXAONE/EXAONE-4.0-1.2B",
+            r#"{"architectures": ["Exaone4ForCausalLM"], "model_type": "exaone4", "vocab_size": 102400,
+                "hidden_size": 2048, "intermediate_size": 4096, "num_hidden_layers": 30,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                "max_position_embeddings": 65536, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+                "rope_scaling": {"factor": 16.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                 "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                "sliding_window": null, "tie_word_embeddings": true, "bos_token_id": 1,
+                "eos_token_id": 361, "hidden_act": "silu"}"#,
+            1_280_000_000,
         ),
     ];
     for (name, json, published) in cases {

@@ -261,6 +261,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(50279),
             tie_word_embeddings: false,
         },
+        Family::Exaone4 => Defaults {
+            num_key_value_heads: Some(32),
+            head_dim: Some(128),
+            max_position_embeddings: 2048,
+            bos_token_id: Some(0),
+            eos_token_id: Some(2),
+            tie_word_embeddings: false,
+        },
         Family::Smollm3 => Defaults {
             num_key_value_heads: Some(4),
             head_dim: None,
@@ -323,7 +331,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             let b = flag("attention_bias")?;
             (b, b, flag("mlp_bias")?)
         }
-        Family::Qwen3 | Family::Olmo2 => {
+        Family::Qwen3 | Family::Olmo2 | Family::Exaone4 => {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
@@ -399,9 +407,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         attention_bias,
         o_proj_bias,
         mlp_bias,
-        qk_norm: matches!(family, Family::Qwen3 | Family::Olmo2),
+        qk_norm: matches!(family, Family::Qwen3 | Family::Olmo2 | Family::Exaone4),
         qk_norm_over_heads: family == Family::Olmo2,
-        post_norm: family == Family::Olmo2,
+        post_norm: matches!(family, Family::Olmo2 | Family::Exaone4),
         sliding_window,
         hidden_act,
         bos_token_id,
@@ -451,13 +459,16 @@ fn nope_layers(f: &Fields, family: Family, layers: usize) -> Result<Vec<usize>> 
     }
 }
 
-/// Mistral slides over every layer unless `sliding_window` is null; Qwen2/Qwen3/SmolLM3 only with `use_sliding_window`,
+/// Mistral slides over every layer unless `sliding_window` is null; EXAONE 4 over the layers `layer_types` (or its
+/// pattern) marks; Qwen2/Qwen3/SmolLM3 only with `use_sliding_window`,
 /// and then only from layer `max_window_layers` on (or as `layer_types` lists). A mix of sliding and full layers
 /// is not supported and fails closed.
 fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<usize>> {
     let window = match family {
         Family::Llama | Family::Granite | Family::Gemma | Family::Olmo2 => return Ok(None),
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
+        // A window applies to the layers layer_types marks sliding (all of them, or it fails closed below).
+        Family::Exaone4 => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Qwen2 | Family::Qwen3 | Family::Smollm3 => {
             if !f.or("use_sliding_window", Some(false), BOOL)?.unwrap_or(false) {
                 return Ok(None);
@@ -481,6 +492,11 @@ fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<us
                 _ => Err(f.error("layer_types", &format!("unsupported layer type {t}"))),
             })
             .collect::<Result<_>>()?,
+        // EXAONE 4 slides on all but every `sliding_window_pattern`-th layer (default 4).
+        Some(Value::Null) | None if family == Family::Exaone4 => {
+            let pattern = f.or("sliding_window_pattern", Some(4), USIZE)?.unwrap_or(4).max(1);
+            (0..layers).map(|i| (i + 1) % pattern != 0).collect()
+        }
         Some(Value::Null) | None => {
             let first = f.or("max_window_layers", Some(28), USIZE)?.unwrap_or(28);
             (0..layers).map(|i| i >= first).collect()

@@ -27,6 +27,8 @@ pub enum Family {
     Gemma,
     /// OLMo 2 (post-norm layers, RMSNorm over the whole q and k projections).
     Olmo2,
+    /// EXAONE 4 (post-norm layers, per-head RMSNorm on queries and keys).
+    Exaone4,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -69,7 +71,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 8] = [
+pub const ARCHITECTURES: [Architecture; 9] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -133,6 +135,14 @@ pub const ARCHITECTURES: [Architecture; 8] = [
                    norm), RMSNorm over the whole q and k projections before the heads split",
         gap: None,
     },
+    Architecture {
+        family: Family::Exaone4,
+        status: Status::Validated,
+        fixtures: &["exaone4"],
+        features: "post-norm layers (as OLMo 2) with per-head RMSNorm on queries and keys (as Qwen3); hybrid \
+                   sliding-window layers (whose global layers skip rotary) fail closed",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -160,6 +170,7 @@ impl Family {
             Family::Smollm3 => "smollm3",
             Family::Gemma => "gemma",
             Family::Olmo2 => "olmo2",
+            Family::Exaone4 => "exaone4",
         }
     }
 
