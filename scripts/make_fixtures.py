@@ -17,7 +17,7 @@ the Hub serves models, plus references computed in float64 on the CPU:
   `lora/adamw/<PEFT tensor name>` (the adapter after two AdamW steps with torch's defaults and weight decay 0.01,
   batch A then batch B, the base frozen) and `lora/adamw_losses`, all float64.
 
-transformers computes RMSNorm (Gemma's too), the attention softmax, RoPE's cos/sin and the loss in float32 even when the model
+transformers computes RMSNorm (Gemma's too), OLMo's LayerNorm, the attention softmax, RoPE's cos/sin and the loss in float32 even when the model
 is float64, so the reference model replaces those four pieces with the same formulas in float64; the script
 checks they agree with transformers' own float32 output.
 
@@ -72,6 +72,7 @@ LORA = {
     "gemma": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
     "olmo2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "o_proj", "up_proj", "down_proj"]),
     "exaone4": dict(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj", "gate_proj", "down_proj"]),
+    "olmo": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -229,6 +230,14 @@ FIXTURES = {
         "EXAONE 4: post-norm layers (as OLMo 2) with per-head RMSNorm on q and k (as Qwen3), every layer full "
         "attention (sliding_window null), rope_theta 1e6",
     ),
+    "olmo": (
+        "OlmoConfig",
+        dict(COMMON, max_position_embeddings=256, clip_qkv=0.8, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "OLMo (1): LayerNorm without weight or bias (eps 1e-5, in float64 here) in place of RMSNorm, q, k and v "
+        "clamped to [-0.8, 0.8] after their projections (clip_qkv; some entries of each are clamped)",
+    ),
 }
 
 
@@ -309,6 +318,11 @@ def rms_norm64(self, x):
     return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
 
+def layer_norm64(self, x):
+    """OLMo's LayerNorm (no parameters; transformers runs it in float32) in float64."""
+    return F.layer_norm(x, self.normalized_shape, None, None, eps=1e-5)
+
+
 def eager_attention64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     groups = module.num_key_value_groups
     key = key.repeat_interleave(groups, dim=1)
@@ -374,6 +388,8 @@ def float64_model(model32):
             module.float64_reference = True
         elif kind.endswith("RMSNorm"):
             module.forward = types.MethodType(rms_norm64, module)
+        elif kind == "OlmoLayerNorm":
+            module.forward = types.MethodType(layer_norm64, module)
         elif kind.endswith("RotaryEmbedding"):
             inv = inv_freq64(model.config)
             hf = module.inv_freq.to(torch.float64)
@@ -686,7 +702,7 @@ Files in each folder:
   f32 training lands from the AdamW references (`transformers_f32_adamw`: largest parameter error, largest
   relative loss error).
 
-The references are true float64: transformers' Llama-family code computes RMSNorm, the attention softmax, RoPE's
+The references are true float64: transformers' Llama-family code computes RMSNorm (and OLMo's LayerNorm), the attention softmax, RoPE's
 cos/sin and the loss in float32 even for a float64 model, so the script swaps in the same formulas in float64
 (and checks them against transformers' f32 output, within 1e-4, and the RoPE frequencies within 1e-6).
 Seeds are fixed; a seed is skipped when a greedy step's top-2 logit gap is under {MIN_MARGIN}, when a greedy

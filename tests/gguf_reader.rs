@@ -560,6 +560,10 @@ fn tiny_config() -> ModelConfig {
         logits_scaling: 1.0,
         nope_layers: Vec::new(),
         norm_unit_offset: false,
+        norm_kind: hierarchos::nn::NormKind::Rms,
+        norm_weight: true,
+        norm_bias: false,
+        clip_qkv: None,
     }
 }
 

@@ -561,6 +561,17 @@ fn family_options() {
 
     let o = parse(&tiny("olmo2", "")).unwrap();
     assert!(o.post_norm && o.qk_norm && o.qk_norm_over_heads && !o.tie_word_embeddings);
+    let o = parse(&tiny("olmo", r#""clip_qkv": 8.0, "rms_norm_eps": 0.1"#)).unwrap();
+    assert_eq!(
+        (o.norm_kind, o.norm_weight, o.norm_bias),
+        (hierarchos::nn::NormKind::Layer, false, false)
+    );
+    assert_eq!(
+        (o.clip_qkv, o.rms_norm_eps),
+        (Some(8.0), 1e-5),
+        "OLMo's LayerNorm epsilon is fixed"
+    );
+    err(&tiny("olmo", r#""clip_qkv": -1.0"#), &["clip_qkv", "positive"]);
     let q = parse(&tiny("qwen3", r#""num_key_value_heads": 2"#)).unwrap();
     assert!(!q.post_norm && q.qk_norm && !q.qk_norm_over_heads);
 

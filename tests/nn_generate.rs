@@ -380,8 +380,8 @@ fn generation_stops_on_eos_and_stop_strings() {
 
     // NaN logits are an error on the greedy (GPU) path as on the sampling (host) path, not a token.
     let mut broken = Model::from_dir(&fixture("llama"), &dev).unwrap();
-    let width = broken.lm.norm.weight.shape().to_vec();
-    broken.lm.norm.weight = Tensor::full(&width, f64::NAN, DType::F32, &dev).unwrap();
+    let width = broken.lm.norm.width().unwrap();
+    broken.lm.norm.weight = Some(Tensor::full(&[width], f64::NAN, DType::F32, &dev).unwrap());
     let hot = SamplingConfig {
         temperature: 0.7,
         ..SamplingConfig::default()

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 9] = [
+    let cases: [(&str, &str, u64); 10] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -156,6 +156,15 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "sliding_window": null, "tie_word_embeddings": true, "bos_token_id": 1,
                 "eos_token_id": 361, "hidden_act": "silu"}"#,
             1_280_000_000,
+        ),
+        (
+            "allenai/OLMo-1B-hf",
+            r#"{"architectures": ["OlmoForCausalLM"], "model_type": "olmo", "vocab_size": 50304,
+                "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 2048,
+                "rope_theta": 10000.0, "attention_bias": false, "clip_qkv": null, "tie_word_embeddings": true,
+                "bos_token_id": null, "eos_token_id": 50279, "pad_token_id": 1, "hidden_act": "silu"}"#,
+            1_180_000_000,
         ),
     ];
     for (name, json, published) in cases {

@@ -10,7 +10,7 @@ use hierarchos_core::{Device, Tensor, grad_enabled};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, prefixed};
-use crate::norm::RmsNorm;
+use crate::norm::Norm;
 use crate::rope::RopeTables;
 
 /// One attention block. Query head `h` reads key/value head `h / (num_heads / num_kv_heads)`, as transformers'
@@ -25,10 +25,12 @@ pub struct Attention {
     pub v_proj: Linear,
     /// `[hidden, heads * head_dim]`.
     pub o_proj: Linear,
-    /// Per-head RMSNorm of the queries before rotary (Qwen3).
-    pub q_norm: Option<RmsNorm>,
-    /// Per-head RMSNorm of the keys before rotary (Qwen3).
-    pub k_norm: Option<RmsNorm>,
+    /// RMSNorm of the queries before rotary, per head (Qwen3) or over the whole projection (OLMo 2).
+    pub q_norm: Option<Norm>,
+    /// RMSNorm of the keys before rotary, as `q_norm`.
+    pub k_norm: Option<Norm>,
+    /// q, k and v are clamped to `[-c, c]` after their projections (OLMo's `clip_qkv`).
+    pub clip_qkv: Option<f64>,
     /// Query heads.
     pub num_heads: usize,
     /// Key/value heads (divides `num_heads`).
@@ -94,7 +96,7 @@ impl Attention {
     pub fn forward(
         &self,
         x: &Tensor,
-        norm: Option<&RmsNorm>,
+        norm: Option<&Norm>,
         residual: Option<&Tensor>,
         ctx: &AttentionContext,
         cache: Option<(&KvCache, usize)>,
@@ -102,8 +104,8 @@ impl Attention {
         let (b, t) = (x.shape()[0], x.shape()[1]);
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         // The q/k norms take each head (Qwen3: weights of D) or the whole projection (OLMo 2: of n·D).
-        let heads = |y: Tensor, n: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
-            let whole = norm.as_ref().filter(|m| m.weight.numel() != d);
+        let heads = |y: Tensor, n: usize, norm: &Option<Norm>| -> Result<Tensor> {
+            let whole = norm.as_ref().filter(|m| m.width() != Some(d));
             let y = match whole {
                 Some(m) => m.forward(&y)?,
                 None => y,
@@ -135,9 +137,15 @@ impl Attention {
                 )
             }
         };
-        let q = heads(q, h, &self.q_norm)?;
-        let k = heads(k, kvh, &self.k_norm)?;
-        let v = heads(v, kvh, &None)?;
+        let clip = |y: Tensor| -> Result<Tensor> {
+            match self.clip_qkv {
+                Some(c) => Ok(y.clamp(-c, c)?),
+                None => Ok(y),
+            }
+        };
+        let q = heads(clip(q)?, h, &self.q_norm)?;
+        let k = heads(clip(k)?, kvh, &self.k_norm)?;
+        let v = heads(clip(v)?, kvh, &None)?;
         let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
         let y = match cache {
             // The fused kernels take heads of up to MAX_HEAD_DIM; larger ones run the batched matmuls below.

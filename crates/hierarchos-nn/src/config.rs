@@ -5,6 +5,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::norm::NormKind;
 use crate::registry::Family;
 
 /// Activation of the MLP.
@@ -91,8 +92,16 @@ pub struct ModelConfig {
     pub head_dim: usize,
     /// Longest context the model supports.
     pub max_position_embeddings: usize,
-    /// RMSNorm epsilon.
+    /// Epsilon of the norms (RMSNorm's, or LayerNorm's where `norm_kind` says so).
     pub rms_norm_eps: f64,
+    /// RMSNorm (Llama and most) or LayerNorm (OLMo) in the blocks and at the end; q/k norms are RMSNorms.
+    pub norm_kind: NormKind,
+    /// The block and final norms have a weight (all but OLMo's).
+    pub norm_weight: bool,
+    /// The block and final norms have a bias.
+    pub norm_bias: bool,
+    /// q, k and v are clamped to `[-clip_qkv, clip_qkv]` after their projections (OLMo).
+    pub clip_qkv: Option<f64>,
     /// Rotary embedding.
     pub rope: RopeConfig,
     /// The output projection shares the embedding matrix.
@@ -187,9 +196,10 @@ impl ModelConfig {
             + bias(self.o_proj_bias, hidden)
             + qk_norm;
         let mlp = 3 * hidden * inter + bias(self.mlp_bias, 2 * inter + hidden);
-        let layer = attention + mlp + 2 * hidden;
+        let norm = hidden * (self.norm_weight as u64 + self.norm_bias as u64);
+        let layer = attention + mlp + 2 * norm;
         let head = if self.tie_word_embeddings { 0 } else { vocab * hidden };
-        self.num_hidden_layers as u64 * layer + vocab * hidden + hidden + head
+        self.num_hidden_layers as u64 * layer + vocab * hidden + norm + head
     }
 }
 
@@ -261,6 +271,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(50279),
             tie_word_embeddings: false,
         },
+        Family::Olmo => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: None,
+            eos_token_id: Some(50279),
+            tie_word_embeddings: false,
+        },
         Family::Exaone4 => Defaults {
             num_key_value_heads: Some(32),
             head_dim: Some(128),
@@ -317,7 +335,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let max_position_embeddings = f
         .or("max_position_embeddings", Some(d.max_position_embeddings), USIZE)?
         .unwrap_or(d.max_position_embeddings);
-    let rms_norm_eps = f.or("rms_norm_eps", Some(1e-6), F64)?.unwrap_or(1e-6);
+    // OLMo's LayerNorm has its epsilon fixed at 1e-5.
+    let rms_norm_eps = match family {
+        Family::Olmo => 1e-5,
+        _ => f.or("rms_norm_eps", Some(1e-6), F64)?.unwrap_or(1e-6),
+    };
     if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
         return Err(f.error("rms_norm_eps", "must be positive"));
     }
@@ -327,7 +349,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         .or("tie_word_embeddings", Some(d.tie_word_embeddings), BOOL)?
         .unwrap_or(d.tie_word_embeddings);
     let (attention_bias, o_proj_bias, mlp_bias) = match family {
-        Family::Llama | Family::Granite | Family::Smollm3 | Family::Gemma => {
+        Family::Llama | Family::Granite | Family::Smollm3 | Family::Gemma | Family::Olmo => {
             let b = flag("attention_bias")?;
             (b, b, flag("mlp_bias")?)
         }
@@ -379,6 +401,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         .transpose()?;
     let logits_scaling = multiplier("logits_scaling")?;
     let nope_layers = nope_layers(f, family, num_hidden_layers)?;
+    let clip_qkv = match family {
+        Family::Olmo => f.or("clip_qkv", None, F64)?,
+        _ => None,
+    };
+    if clip_qkv.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
+        return Err(f.error("clip_qkv", "must be positive"));
+    }
     if !(initializer_range >= 0.0 && initializer_range.is_finite()) {
         return Err(f.error("initializer_range", "must be a finite non-negative number"));
     }
@@ -421,6 +450,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         logits_scaling,
         nope_layers,
         norm_unit_offset: family == Family::Gemma,
+        norm_kind: if family == Family::Olmo {
+            NormKind::Layer
+        } else {
+            NormKind::Rms
+        },
+        norm_weight: family != Family::Olmo,
+        norm_bias: false,
+        clip_qkv,
     })
 }
 
@@ -465,7 +502,7 @@ fn nope_layers(f: &Fields, family: Family, layers: usize) -> Result<Vec<usize>> 
 /// is not supported and fails closed.
 fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<usize>> {
     let window = match family {
-        Family::Llama | Family::Granite | Family::Gemma | Family::Olmo2 => return Ok(None),
+        Family::Llama | Family::Granite | Family::Gemma | Family::Olmo2 | Family::Olmo => return Ok(None),
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
         // A window applies to the layers layer_types marks sliding (all of them, or it fails closed below).
         Family::Exaone4 => f.or("sliding_window", Some(4096), USIZE)?,

@@ -12,7 +12,7 @@ use crate::kv_cache::KvCache;
 use crate::linear::{Linear, LinearWeight, prefixed};
 use crate::lora::LoraConfig;
 use crate::mlp::Mlp;
-use crate::norm::RmsNorm;
+use crate::norm::{Norm, NormKind};
 use crate::rope::RotaryEmbedding;
 use crate::weights::Weights;
 
@@ -32,15 +32,15 @@ const LAYER_LINEARS: [&str; 7] = [
 #[derive(Clone, Debug)]
 pub struct DecoderLayer {
     /// Norm before attention; `None` in a post-norm layer.
-    pub input_layernorm: Option<RmsNorm>,
+    pub input_layernorm: Option<Norm>,
     /// Self-attention.
     pub self_attn: Attention,
     /// Norm before the MLP; in a post-norm layer, the norm of the attention output.
-    pub post_attention_layernorm: RmsNorm,
+    pub post_attention_layernorm: Norm,
     /// Gated MLP.
     pub mlp: Mlp,
     /// The norm of the MLP output in a post-norm layer (its presence makes the layer post-norm).
-    pub post_feedforward_layernorm: Option<RmsNorm>,
+    pub post_feedforward_layernorm: Option<Norm>,
     /// Multiplies the attention and MLP outputs before their residual adds (Granite's `residual_multiplier`).
     pub residual_multiplier: Option<f64>,
 }
@@ -54,7 +54,7 @@ impl DecoderLayer {
         &self,
         x: &Tensor,
         normed: &Tensor,
-        next_norm: Option<&RmsNorm>,
+        next_norm: Option<&Norm>,
         ctx: &AttentionContext,
         cache: Option<(&KvCache, usize)>,
     ) -> Result<(Tensor, Tensor)> {
@@ -144,9 +144,8 @@ impl DecoderLayer {
 
     /// The parameters with their Hugging Face names relative to the layer.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        let optional = |name: &str, norm: &Option<RmsNorm>| {
-            norm.as_ref().map_or_else(Vec::new, |n| prefixed(name, n.parameters()))
-        };
+        let optional =
+            |name: &str, norm: &Option<Norm>| norm.as_ref().map_or_else(Vec::new, |n| prefixed(name, n.parameters()));
         [
             optional("input_layernorm", &self.input_layernorm),
             prefixed("self_attn", self.self_attn.parameters()),
@@ -167,7 +166,7 @@ pub struct CausalLm {
     /// `model.layers.N`.
     pub layers: Vec<DecoderLayer>,
     /// `model.norm`, the final norm.
-    pub norm: RmsNorm,
+    pub norm: Norm,
     /// `lm_head`; `None` when the embedding matrix is reused (tied embeddings), or for a tied model whose
     /// embedding is in a block format (GGUF) a frozen quantized copy of it, which reads a quarter of the bytes.
     /// While the embedding requires grad the tied matrix itself is used, so that training sees one matrix.
@@ -275,15 +274,15 @@ impl CausalLm {
                 // Per head (Qwen3) or over the whole projection (OLMo 2).
                 let (q, k) = if c.qk_norm_over_heads { (h * d, kvh * d) } else { (d, d) };
                 (
-                    Some(rms_norm(tensor, format!("{a}.q_norm.weight"), q, c)?),
-                    Some(rms_norm(tensor, format!("{a}.k_norm.weight"), k, c)?),
+                    Some(qk_norm(tensor, format!("{a}.q_norm"), q, c)?),
+                    Some(qk_norm(tensor, format!("{a}.k_norm"), k, c)?),
                 )
             } else {
                 (None, None)
             };
             layers.push(DecoderLayer {
                 input_layernorm: (!c.post_norm)
-                    .then(|| rms_norm(tensor, format!("{p}.input_layernorm.weight"), hidden, c))
+                    .then(|| block_norm(tensor, format!("{p}.input_layernorm"), hidden, c))
                     .transpose()?,
                 self_attn: Attention {
                     q_proj,
@@ -292,12 +291,13 @@ impl CausalLm {
                     o_proj,
                     q_norm,
                     k_norm,
+                    clip_qkv: c.clip_qkv,
                     num_heads: h,
                     num_kv_heads: kvh,
                     head_dim: d,
                     qkv,
                 },
-                post_attention_layernorm: rms_norm(tensor, format!("{p}.post_attention_layernorm.weight"), hidden, c)?,
+                post_attention_layernorm: block_norm(tensor, format!("{p}.post_attention_layernorm"), hidden, c)?,
                 mlp: Mlp {
                     gate_proj,
                     up_proj,
@@ -307,7 +307,7 @@ impl CausalLm {
                 },
                 post_feedforward_layernorm: c
                     .post_norm
-                    .then(|| rms_norm(tensor, format!("{p}.post_feedforward_layernorm.weight"), hidden, c))
+                    .then(|| block_norm(tensor, format!("{p}.post_feedforward_layernorm"), hidden, c))
                     .transpose()?,
                 residual_multiplier: (c.residual_multiplier != 1.0).then_some(c.residual_multiplier),
             });
@@ -315,7 +315,7 @@ impl CausalLm {
         let embed_tokens = Embedding {
             weight: tensor("model.embed_tokens.weight", &[c.vocab_size, hidden])?,
         };
-        let final_norm = rms_norm(tensor, "model.norm.weight".into(), hidden, c)?;
+        let final_norm = block_norm(tensor, "model.norm".into(), hidden, c)?;
         let lm_head = if c.tie_word_embeddings {
             // A tied head may still be held quantized (a GGUF file keeps the embedding matrix in a block format,
             // dequantized for lookups): the logits then read a quarter of the bytes.
@@ -625,9 +625,24 @@ fn wrong_shape(name: &str, got: &[usize], want: &[usize]) -> Error {
 }
 
 /// The RMSNorm whose weight is `name`, over `dim` features.
-fn rms_norm(tensor: TensorSource, name: String, dim: usize, c: &ModelConfig) -> Result<RmsNorm> {
-    Ok(RmsNorm {
-        weight: tensor(&name, &[dim])?,
+/// The norm `name` of a block or the model's final norm (`name.weight`, `name.bias` as the config says).
+fn block_norm(tensor: TensorSource, name: String, dim: usize, c: &ModelConfig) -> Result<Norm> {
+    let mut param = |on: bool, part: &str| on.then(|| tensor(&format!("{name}.{part}"), &[dim])).transpose();
+    Ok(Norm {
+        kind: c.norm_kind,
+        weight: param(c.norm_weight, "weight")?,
+        bias: param(c.norm_bias, "bias")?,
+        eps: c.rms_norm_eps,
+        unit_offset: c.norm_unit_offset,
+    })
+}
+
+/// The RMSNorm `name` of queries or keys (always with a weight).
+fn qk_norm(tensor: TensorSource, name: String, dim: usize, c: &ModelConfig) -> Result<Norm> {
+    Ok(Norm {
+        kind: NormKind::Rms,
+        weight: Some(tensor(&format!("{name}.weight"), &[dim])?),
+        bias: None,
         eps: c.rms_norm_eps,
         unit_offset: c.norm_unit_offset,
     })

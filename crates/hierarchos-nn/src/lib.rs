@@ -41,7 +41,7 @@ pub use linear::{Linear, LinearWeight};
 pub use mlp::Mlp;
 pub use model::Model;
 pub use model_files::ModelFiles;
-pub use norm::RmsNorm;
+pub use norm::{Norm, NormKind};
 pub use registry::{ARCHITECTURES, Architecture, Family, Status, supported_model_types};
 pub use sampling::{Sampler, SamplingConfig};
 pub use tokenizer::{ChatMessage, DecodeStream, Tokenizer, render_chat_template};

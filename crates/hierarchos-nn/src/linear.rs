@@ -5,7 +5,7 @@ use hierarchos_core::{DType, Device, Result, Tensor, UnaryOp, no_grad};
 
 use crate::init::ParamRng;
 use crate::lora::Lora;
-use crate::norm::RmsNorm;
+use crate::norm::{Norm, NormKind};
 
 /// The weight matrix of a layer: dense (trainable), or ggml blocks kept quantized on the GPU (frozen, read by
 /// the dequantizing matmul).
@@ -75,12 +75,14 @@ impl Linear {
     pub fn forward_fused(
         &self,
         x: &Tensor,
-        norm: Option<&RmsNorm>,
+        norm: Option<&Norm>,
         gate: Option<UnaryOp>,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
-        if let (LinearWeight::Quantized(q), None, true) = (&self.weight, &self.bias, self.fuses()) {
-            let scale = norm.map(RmsNorm::scale).transpose()?;
+        // The fused launch takes an RMSNorm with a weight; any other norm runs as its own op.
+        let fusable = norm.is_none_or(|n| n.kind == NormKind::Rms && n.weight.is_some());
+        if let (LinearWeight::Quantized(q), None, true, true) = (&self.weight, &self.bias, self.fuses(), fusable) {
+            let scale = norm.map(Norm::scale).transpose()?.flatten();
             let fusion = Fusion {
                 norm: norm.zip(scale.as_deref()).map(|(n, s)| (s, n.eps)),
                 gate,

@@ -717,21 +717,20 @@ impl CausalLm {
     /// Freezes the model's own parameters: they collect no gradients and get no optimizer state.
     pub fn freeze_base(&mut self) {
         self.embed_tokens.weight = self.embed_tokens.weight.detach();
-        self.norm.weight = self.norm.weight.detach();
+        self.norm.detach();
         for layer in &mut self.layers {
-            let optional = [&mut layer.input_layernorm, &mut layer.post_feedforward_layernorm];
+            let optional = [
+                &mut layer.input_layernorm,
+                &mut layer.post_feedforward_layernorm,
+                &mut layer.self_attn.q_norm,
+                &mut layer.self_attn.k_norm,
+            ];
             for norm in optional
                 .into_iter()
                 .flatten()
                 .chain([&mut layer.post_attention_layernorm])
             {
-                norm.weight = norm.weight.detach();
-            }
-            for norm in [&mut layer.self_attn.q_norm, &mut layer.self_attn.k_norm]
-                .into_iter()
-                .flatten()
-            {
-                norm.weight = norm.weight.detach();
+                norm.detach();
             }
         }
         for (_, layer) in self.linears_mut() {

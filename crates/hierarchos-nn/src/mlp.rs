@@ -4,7 +4,7 @@ use hierarchos_core::{Result, Tensor, UnaryOp, grad_enabled};
 
 use crate::config::Activation;
 use crate::linear::{Linear, prefixed};
-use crate::norm::RmsNorm;
+use crate::norm::Norm;
 
 /// A gated feed-forward block.
 #[derive(Clone, Debug)]
@@ -26,7 +26,7 @@ pub struct Mlp {
 impl Mlp {
     /// `residual + down(act(gate(norm(x))) * up(norm(x)))`, the norm and the residual optional (with quantized
     /// projections at decode they run inside the projections' launches, as does the activation).
-    pub fn forward(&self, x: &Tensor, norm: Option<&RmsNorm>, residual: Option<&Tensor>) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, norm: Option<&Norm>, residual: Option<&Tensor>) -> Result<Tensor> {
         let act = match self.act {
             Activation::Silu => UnaryOp::Silu,
             Activation::Gelu => UnaryOp::Gelu,

@@ -1,46 +1,82 @@
-//! RMSNorm as Llama, Mistral and Qwen use it (statistics in f32, weight applied after normalizing), and as Gemma
-//! does (scaled by `1 + weight`, so that a zero weight is the identity).
+//! The normalization layers of the decoder families: RMSNorm as Llama, Mistral and Qwen use it (statistics in f32,
+//! weight applied after normalizing), as Gemma does (scaled by `1 + weight`, so that a zero weight is the
+//! identity), and LayerNorm with or without its weight and bias (OLMo's has neither).
 
 use std::borrow::Cow;
 
 use hierarchos_core::{Result, Tensor};
 
-/// `x / sqrt(mean(x²) + eps) * weight` over the last dimension, in one fused kernel (`* (1 + weight)` with
-/// `unit_offset`).
+/// Which statistic a [`Norm`] divides by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `x / sqrt(mean(x²) + eps)`.
+    Rms,
+    /// `(x - mean) / sqrt(var + eps)`, the biased variance (`torch.nn.LayerNorm`).
+    Layer,
+}
+
+/// A normalization over the last dimension, then `* weight + bias` where they exist, in one fused kernel.
 #[derive(Clone, Debug)]
-pub struct RmsNorm {
-    /// `[dim]`.
-    pub weight: Tensor,
-    /// Added to the mean square before the square root.
+pub struct Norm {
+    /// RMSNorm or LayerNorm.
+    pub kind: NormKind,
+    /// `[dim]`; `None` for a norm without parameters.
+    pub weight: Option<Tensor>,
+    /// `[dim]` (LayerNorm only).
+    pub bias: Option<Tensor>,
+    /// Added to the mean square (or variance) before the square root.
     pub eps: f64,
     /// Gemma's form: the normalized values are scaled by `1 + weight` (formed in f32, as transformers does).
     pub unit_offset: bool,
 }
 
-impl RmsNorm {
+impl Norm {
     /// Normalizes the last dimension of `x`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.rms_norm(Some(&*self.scale()?), self.eps)
+        let scale = self.scale()?;
+        match self.kind {
+            NormKind::Rms => x.rms_norm(scale.as_deref(), self.eps),
+            NormKind::Layer => x.layer_norm(scale.as_deref(), self.bias.as_ref(), self.eps),
+        }
     }
 
     /// `(x + residual, norm(x + residual))` in one kernel: a residual add and the norm after it, bit for bit
     /// what the two ops give.
     pub fn add_forward(&self, x: &Tensor, residual: &Tensor) -> Result<(Tensor, Tensor)> {
-        x.add_rms_norm(residual, Some(&*self.scale()?), self.eps)
+        let scale = self.scale()?;
+        match self.kind {
+            NormKind::Rms => x.add_rms_norm(residual, scale.as_deref(), self.eps),
+            NormKind::Layer => x.add_layer_norm(residual, scale.as_deref(), self.bias.as_ref(), self.eps),
+        }
     }
 
-    /// What the normalized values are multiplied by: the weight, or `1 + weight` (a new tensor, through which
-    /// gradients reach the weight).
-    pub fn scale(&self) -> Result<Cow<'_, Tensor>> {
-        Ok(if self.unit_offset {
-            Cow::Owned(self.weight.add_scalar(1.0)?)
-        } else {
-            Cow::Borrowed(&self.weight)
+    /// What the normalized values are multiplied by: the weight, `1 + weight` (a new tensor, through which
+    /// gradients reach the weight), or nothing.
+    pub fn scale(&self) -> Result<Option<Cow<'_, Tensor>>> {
+        Ok(match &self.weight {
+            Some(w) if self.unit_offset => Some(Cow::Owned(w.add_scalar(1.0)?)),
+            Some(w) => Some(Cow::Borrowed(w)),
+            None => None,
         })
+    }
+
+    /// The width of the weight, if the norm has one.
+    pub fn width(&self) -> Option<usize> {
+        self.weight.as_ref().map(Tensor::numel)
     }
 
     /// The parameters with their Hugging Face names.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        vec![("weight".to_string(), self.weight.clone())]
+        [("weight", &self.weight), ("bias", &self.bias)]
+            .into_iter()
+            .filter_map(|(name, t)| t.as_ref().map(|t| (name.to_string(), t.clone())))
+            .collect()
+    }
+
+    /// Stops gradients into the parameters (a frozen base under an adapter).
+    pub fn detach(&mut self) {
+        for t in [&mut self.weight, &mut self.bias].into_iter().flatten() {
+            *t = t.detach();
+        }
     }
 }

@@ -29,6 +29,8 @@ pub enum Family {
     Olmo2,
     /// EXAONE 4 (post-norm layers, per-head RMSNorm on queries and keys).
     Exaone4,
+    /// OLMo (1): LayerNorm without parameters, optional clipping of q, k and v.
+    Olmo,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -71,7 +73,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 9] = [
+pub const ARCHITECTURES: [Architecture; 10] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -143,6 +145,14 @@ pub const ARCHITECTURES: [Architecture; 9] = [
                    sliding-window layers (whose global layers skip rotary) fail closed",
         gap: None,
     },
+    Architecture {
+        family: Family::Olmo,
+        status: Status::Validated,
+        fixtures: &["olmo"],
+        features: "LayerNorm without weight or bias (eps 1e-5) in place of RMSNorm, q, k and v clamped to \
+                   [-clip_qkv, clip_qkv] when set",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -171,6 +181,7 @@ impl Family {
             Family::Gemma => "gemma",
             Family::Olmo2 => "olmo2",
             Family::Exaone4 => "exaone4",
+            Family::Olmo => "olmo",
         }
     }
 

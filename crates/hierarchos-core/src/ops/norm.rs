@@ -315,6 +315,17 @@ impl Tensor {
         self.add_norm(Norm::Rms, residual, weight, None, eps)
     }
 
+    /// [`Tensor::add_rms_norm`] with a LayerNorm: `(self + residual, (self + residual).layer_norm(..))` in one launch.
+    pub fn add_layer_norm(
+        &self,
+        residual: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        self.add_norm(Norm::Layer, residual, weight, bias, eps)
+    }
+
     fn norm(&self, kind: Norm, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
         let affine = Affine::checked(kind.name(), self, weight, bias, eps)?;
         let stats = new_stats(kind.name(), self, numel(&self.shape()[..self.rank() - 1]))?;

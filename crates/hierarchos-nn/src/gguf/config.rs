@@ -4,6 +4,7 @@
 use crate::config::{Activation, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::{Error, Result};
 use crate::gguf::reader::{Gguf, Value};
+use crate::norm::NormKind;
 use crate::registry::Family;
 
 /// Typed reads of metadata keys, with errors naming the key.
@@ -202,6 +203,10 @@ pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
         logits_scaling: 1.0,
         nope_layers: Vec::new(),
         norm_unit_offset: false,
+        norm_kind: NormKind::Rms,
+        norm_weight: true,
+        norm_bias: false,
+        clip_qkv: None,
     })
 }
 
