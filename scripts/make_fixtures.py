@@ -73,6 +73,7 @@ LORA = {
     "olmo2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "o_proj", "up_proj", "down_proj"]),
     "exaone4": dict(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj", "gate_proj", "down_proj"]),
     "olmo": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"]),
+    "starcoder2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "c_fc", "c_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -237,6 +238,15 @@ FIXTURES = {
         True,
         "OLMo (1): LayerNorm without weight or bias (eps 1e-5, in float64 here) in place of RMSNorm, q, k and v "
         "clamped to [-0.8, 0.8] after their projections (clip_qkv; some entries of each are clamped)",
+    ),
+    "starcoder2": (
+        "Starcoder2Config",
+        dict(COMMON, hidden_act="gelu_pytorch_tanh", max_position_embeddings=256, norm_epsilon=1e-5, use_bias=True,
+             sliding_window=8, tie_word_embeddings=True, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "StarCoder2: LayerNorm with weight and bias, plain MLP c_fc -> tanh GELU -> c_proj, biases on every "
+        "projection, sliding_window 8 on every layer, tied embeddings",
     ),
 }
 
@@ -664,7 +674,7 @@ Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (everything runs
 CPU may change the last bits of the float64 references (runs on the H200 machine and on a 2-core x86 box
 differed by at most 2e-13); the model, tokenizer and adapter files come out byte for byte the same.
 
-Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's tanh GELU), vocab 300, f32 weights
+Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's and StarCoder2's tanh GELU), vocab 300, f32 weights
 (all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
 trained on a few public-domain paragraphs.
 

@@ -564,6 +564,8 @@ fn tiny_config() -> ModelConfig {
         norm_weight: true,
         norm_bias: false,
         clip_qkv: None,
+        mlp_gated: true,
+        mlp_names: ["up_proj", "down_proj"],
     }
 }
 

@@ -572,6 +572,16 @@ fn family_options() {
         "OLMo's LayerNorm epsilon is fixed"
     );
     err(&tiny("olmo", r#""clip_qkv": -1.0"#), &["clip_qkv", "positive"]);
+    let c = parse(&tiny("starcoder2", r#""norm_epsilon": 1e-4, "sliding_window": 16"#)).unwrap();
+    assert_eq!(
+        (c.norm_kind, c.norm_weight, c.norm_bias),
+        (hierarchos::nn::NormKind::Layer, true, true)
+    );
+    assert_eq!((c.rms_norm_eps, c.sliding_window, c.mlp_gated), (1e-4, Some(16), false));
+    assert_eq!(c.mlp_names, ["c_fc", "c_proj"]);
+    assert!(c.attention_bias && c.o_proj_bias && c.mlp_bias && c.tie_word_embeddings);
+    let c = parse(&tiny("starcoder2", r#""use_bias": false"#)).unwrap();
+    assert!(!c.attention_bias && !c.mlp_bias && c.sliding_window.is_none());
     let q = parse(&tiny("qwen3", r#""num_key_value_heads": 2"#)).unwrap();
     assert!(!q.post_norm && q.qk_norm && !q.qk_norm_over_heads);
 

@@ -484,6 +484,8 @@ fn tiny_config(family: &str) -> ModelConfig {
         norm_weight: true,
         norm_bias: false,
         clip_qkv: None,
+        mlp_gated: true,
+        mlp_names: ["up_proj", "down_proj"],
     };
     match family {
         "llama" => {

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 10] = [
+    let cases: [(&str, &str, u64); 11] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -165,6 +165,15 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "rope_theta": 10000.0, "attention_bias": false, "clip_qkv": null, "tie_word_embeddings": true,
                 "bos_token_id": null, "eos_token_id": 50279, "pad_token_id": 1, "hidden_act": "silu"}"#,
             1_180_000_000,
+        ),
+        (
+            "bigcode/starcoder2-3b",
+            r#"{"architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "vocab_size": 49152,
+                "hidden_size": 3072, "intermediate_size": 12288, "num_hidden_layers": 30,
+                "num_attention_heads": 24, "num_key_value_heads": 2, "max_position_embeddings": 16384,
+                "norm_epsilon": 1e-05, "rope_theta": 999999.4420358813, "sliding_window": 4096,
+                "use_bias": true, "hidden_act": "gelu_pytorch_tanh", "bos_token_id": 0, "eos_token_id": 0}"#,
+            3_030_000_000,
         ),
     ];
     for (name, json, published) in cases {

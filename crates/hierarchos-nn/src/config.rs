@@ -102,6 +102,10 @@ pub struct ModelConfig {
     pub norm_bias: bool,
     /// q, k and v are clamped to `[-clip_qkv, clip_qkv]` after their projections (OLMo).
     pub clip_qkv: Option<f64>,
+    /// A gated MLP (`down(act(gate(x)) * up(x))`, Llama and most); plain (`down(act(up(x)))`) when false.
+    pub mlp_gated: bool,
+    /// The Hugging Face module names of the MLP's up and down projections (`c_fc` and `c_proj` in StarCoder2).
+    pub mlp_names: [&'static str; 2],
     /// Rotary embedding.
     pub rope: RopeConfig,
     /// The output projection shares the embedding matrix.
@@ -195,7 +199,8 @@ impl ModelConfig {
             + q * hidden
             + bias(self.o_proj_bias, hidden)
             + qk_norm;
-        let mlp = 3 * hidden * inter + bias(self.mlp_bias, 2 * inter + hidden);
+        let branches = if self.mlp_gated { 2 } else { 1 };
+        let mlp = (branches + 1) * hidden * inter + bias(self.mlp_bias, branches * inter + hidden);
         let norm = hidden * (self.norm_weight as u64 + self.norm_bias as u64);
         let layer = attention + mlp + 2 * norm;
         let head = if self.tie_word_embeddings { 0 } else { vocab * hidden };
@@ -271,6 +276,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(50279),
             tie_word_embeddings: false,
         },
+        Family::Starcoder2 => Defaults {
+            num_key_value_heads: Some(2),
+            head_dim: None,
+            max_position_embeddings: 4096,
+            bos_token_id: Some(50256),
+            eos_token_id: Some(50256),
+            tie_word_embeddings: true,
+        },
         Family::Olmo => Defaults {
             num_key_value_heads: None,
             head_dim: None,
@@ -338,6 +351,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // OLMo's LayerNorm has its epsilon fixed at 1e-5.
     let rms_norm_eps = match family {
         Family::Olmo => 1e-5,
+        Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         _ => f.or("rms_norm_eps", Some(1e-6), F64)?.unwrap_or(1e-6),
     };
     if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
@@ -358,11 +372,15 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (b, b, false)
         }
         Family::Qwen2 => (true, false, false),
+        Family::Starcoder2 => {
+            let b = f.or("use_bias", Some(true), BOOL)?.unwrap_or(true);
+            (b, b, b)
+        }
         Family::Mistral => (false, false, false),
     };
     let sliding_window = sliding_window(f, family, num_hidden_layers)?;
     // Gemma's MLP (transformers 5) takes `hidden_act`, the tanh GELU unless said otherwise.
-    let default_act = if family == Family::Gemma {
+    let default_act = if matches!(family, Family::Gemma | Family::Starcoder2) {
         "gelu_pytorch_tanh"
     } else {
         "silu"
@@ -450,13 +468,17 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         logits_scaling,
         nope_layers,
         norm_unit_offset: family == Family::Gemma,
-        norm_kind: if family == Family::Olmo {
-            NormKind::Layer
-        } else {
-            NormKind::Rms
+        norm_kind: match family {
+            Family::Olmo | Family::Starcoder2 => NormKind::Layer,
+            _ => NormKind::Rms,
         },
         norm_weight: family != Family::Olmo,
-        norm_bias: false,
+        norm_bias: family == Family::Starcoder2,
+        mlp_gated: family != Family::Starcoder2,
+        mlp_names: match family {
+            Family::Starcoder2 => ["c_fc", "c_proj"],
+            _ => ["up_proj", "down_proj"],
+        },
         clip_qkv,
     })
 }
@@ -504,6 +526,7 @@ fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<us
     let window = match family {
         Family::Llama | Family::Granite | Family::Gemma | Family::Olmo2 | Family::Olmo => return Ok(None),
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
+        Family::Starcoder2 => return Ok(f.or("sliding_window", None, USIZE)?.filter(|&w| w > 0)),
         // A window applies to the layers layer_types marks sliding (all of them, or it fails closed below).
         Family::Exaone4 => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Qwen2 | Family::Qwen3 | Family::Smollm3 => {

@@ -16,17 +16,6 @@ use crate::norm::{Norm, NormKind};
 use crate::rope::RotaryEmbedding;
 use crate::weights::Weights;
 
-/// The paths of a decoder layer's linear layers inside it, in module order.
-const LAYER_LINEARS: [&str; 7] = [
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-];
-
 /// One decoder block: pre-norm (Llama) `x + attn(norm(x))`, then `x + mlp(norm(x))`; or post-norm (OLMo 2)
 /// `x + norm(attn(x))`, then `x + norm(mlp(x))`.
 #[derive(Clone, Debug)]
@@ -114,32 +103,35 @@ impl DecoderLayer {
             && self.post_feedforward_layernorm.is_none()
     }
 
-    /// The linear layers, in the order of [`LAYER_LINEARS`].
-    fn linears(&self) -> [&Linear; 7] {
-        let (a, m) = (&self.self_attn, &self.mlp);
-        [
-            &a.q_proj,
-            &a.k_proj,
-            &a.v_proj,
-            &a.o_proj,
-            &m.gate_proj,
-            &m.up_proj,
-            &m.down_proj,
-        ]
+    /// The linear layers with their paths inside the layer (`self_attn.q_proj`, ..., `mlp.down_proj`), in
+    /// module order.
+    fn linears(&self) -> Vec<(String, &Linear)> {
+        let a = &self.self_attn;
+        let attention = [
+            ("q_proj", &a.q_proj),
+            ("k_proj", &a.k_proj),
+            ("v_proj", &a.v_proj),
+            ("o_proj", &a.o_proj),
+        ];
+        let attention = attention.into_iter().map(|(n, l)| (format!("self_attn.{n}"), l));
+        attention
+            .chain(self.mlp.linears().into_iter().map(|(n, l)| (format!("mlp.{n}"), l)))
+            .collect()
     }
 
     /// [`DecoderLayer::linears`], mutable.
-    fn linears_mut(&mut self) -> [&mut Linear; 7] {
-        let (a, m) = (&mut self.self_attn, &mut self.mlp);
-        [
-            &mut a.q_proj,
-            &mut a.k_proj,
-            &mut a.v_proj,
-            &mut a.o_proj,
-            &mut m.gate_proj,
-            &mut m.up_proj,
-            &mut m.down_proj,
-        ]
+    fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let a = &mut self.self_attn;
+        let attention = [
+            ("q_proj", &mut a.q_proj),
+            ("k_proj", &mut a.k_proj),
+            ("v_proj", &mut a.v_proj),
+            ("o_proj", &mut a.o_proj),
+        ];
+        let attention = attention.into_iter().map(|(n, l)| (format!("self_attn.{n}"), l));
+        attention
+            .chain(self.mlp.linears_mut().into_iter().map(|(n, l)| (format!("mlp.{n}"), l)))
+            .collect()
     }
 
     /// The parameters with their Hugging Face names relative to the layer.
@@ -242,18 +234,24 @@ impl CausalLm {
                 c.attention_bias,
             )?;
             let o_proj = linear(tensor, quantized, &format!("{a}.o_proj"), hidden, h * d, c.o_proj_bias)?;
-            let gate_proj = linear(
-                tensor,
-                quantized,
-                &format!("{m}.gate_proj"),
-                c.intermediate_size,
-                hidden,
-                c.mlp_bias,
-            )?;
+            let [up_name, down_name] = c.mlp_names;
+            let gate_proj = c
+                .mlp_gated
+                .then(|| {
+                    linear(
+                        tensor,
+                        quantized,
+                        &format!("{m}.gate_proj"),
+                        c.intermediate_size,
+                        hidden,
+                        c.mlp_bias,
+                    )
+                })
+                .transpose()?;
             let up_proj = linear(
                 tensor,
                 quantized,
-                &format!("{m}.up_proj"),
+                &format!("{m}.{up_name}"),
                 c.intermediate_size,
                 hidden,
                 c.mlp_bias,
@@ -261,7 +259,7 @@ impl CausalLm {
             let down_proj = linear(
                 tensor,
                 quantized,
-                &format!("{m}.down_proj"),
+                &format!("{m}.{down_name}"),
                 hidden,
                 c.intermediate_size,
                 c.mlp_bias,
@@ -269,7 +267,10 @@ impl CausalLm {
             let (mut q_proj, mut k_proj, mut v_proj) = (q_proj, k_proj, v_proj);
             let qkv = Linear::stack(&mut [&mut q_proj, &mut k_proj, &mut v_proj])?;
             let (mut gate_proj, mut up_proj) = (gate_proj, up_proj);
-            let gate_up = Linear::stack(&mut [&mut gate_proj, &mut up_proj])?;
+            let gate_up = match &mut gate_proj {
+                Some(g) => Linear::stack(&mut [g, &mut up_proj])?,
+                None => None,
+            };
             let (q_norm, k_norm) = if c.qk_norm {
                 // Per head (Qwen3) or over the whole projection (OLMo 2).
                 let (q, k) = if c.qk_norm_over_heads { (h * d, kvh * d) } else { (d, d) };
@@ -304,6 +305,7 @@ impl CausalLm {
                     down_proj,
                     act: c.hidden_act,
                     gate_up,
+                    names: c.mlp_names,
                 },
                 post_feedforward_layernorm: c
                     .post_norm
@@ -525,7 +527,7 @@ impl CausalLm {
     pub fn linears(&self) -> Vec<(String, &Linear)> {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
-            for (name, l) in LAYER_LINEARS.iter().zip(layer.linears()) {
+            for (name, l) in layer.linears() {
                 v.push((format!("model.layers.{i}.{name}"), l));
             }
         }
@@ -539,7 +541,7 @@ impl CausalLm {
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter_mut().enumerate() {
-            for (name, l) in LAYER_LINEARS.iter().zip(layer.linears_mut()) {
+            for (name, l) in layer.linears_mut() {
                 v.push((format!("model.layers.{i}.{name}"), l));
             }
         }
@@ -556,7 +558,10 @@ impl CausalLm {
             let a = &mut layer.self_attn;
             a.qkv = Linear::stack(&mut [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
             let m = &mut layer.mlp;
-            m.gate_up = Linear::stack(&mut [&mut m.gate_proj, &mut m.up_proj])?;
+            m.gate_up = match &mut m.gate_proj {
+                Some(gate_proj) => Linear::stack(&mut [gate_proj, &mut m.up_proj])?,
+                None => None,
+            };
         }
         Ok(())
     }

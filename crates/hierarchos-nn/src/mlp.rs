@@ -1,4 +1,5 @@
-//! The gated MLP of Llama-style decoders: `down(act(gate(x)) * up(x))`.
+//! The MLP of the decoder families: gated as Llama's, `down(act(gate(x)) * up(x))`, or plain as StarCoder2's,
+//! `down(act(up(x)))`.
 
 use hierarchos_core::{Result, Tensor, UnaryOp, grad_enabled};
 
@@ -6,12 +7,12 @@ use crate::config::Activation;
 use crate::linear::{Linear, prefixed};
 use crate::norm::Norm;
 
-/// A gated feed-forward block.
+/// A feed-forward block.
 #[derive(Clone, Debug)]
 pub struct Mlp {
-    /// `[intermediate, hidden]`: the gated branch.
-    pub gate_proj: Linear,
-    /// `[intermediate, hidden]`: the linear branch.
+    /// `[intermediate, hidden]`: the gated branch; `None` in a plain MLP.
+    pub gate_proj: Option<Linear>,
+    /// `[intermediate, hidden]`: the linear branch (the only one of a plain MLP).
     pub up_proj: Linear,
     /// `[hidden, intermediate]`: back to the model width.
     pub down_proj: Linear,
@@ -19,8 +20,10 @@ pub struct Mlp {
     pub act: Activation,
     /// `gate_proj` and `up_proj` stacked (their weights are views of it): one matmul when nothing needs
     /// gradients and the projections still hold views of it ([`Linear::holds`]). `None` when they cannot be
-    /// stacked (see [`Linear::stack`]).
+    /// stacked (see [`Linear::stack`]) or there is no gate.
     pub gate_up: Option<Linear>,
+    /// The Hugging Face module names of `up_proj` and `down_proj` (`c_fc` and `c_proj` in StarCoder2).
+    pub names: [&'static str; 2],
 }
 
 impl Mlp {
@@ -32,34 +35,54 @@ impl Mlp {
             Activation::Gelu => UnaryOp::Gelu,
             Activation::GeluTanh => UnaryOp::GeluTanh,
         };
+        let Some(gate_proj) = &self.gate_proj else {
+            let normed = norm.map(|n| n.forward(x)).transpose()?;
+            let hidden = self.up_proj.forward(normed.as_ref().unwrap_or(x))?.unary(act)?;
+            return self.down_proj.forward_fused(&hidden, None, None, residual);
+        };
         let differentiable =
-            grad_enabled() && (x.requires_grad() || self.gate_proj.requires_grad() || self.up_proj.requires_grad());
+            grad_enabled() && (x.requires_grad() || gate_proj.requires_grad() || self.up_proj.requires_grad());
         let hidden = match &self.gate_up {
-            Some(gate_up) if !differentiable && gate_up.holds(&[&self.gate_proj, &self.up_proj]) => {
+            Some(gate_up) if !differentiable && gate_up.holds(&[gate_proj, &self.up_proj]) => {
                 gate_up.forward_fused(x, norm, Some(act), None)?
             }
             _ => {
                 let normed = norm.map(|n| n.forward(x)).transpose()?;
                 let x = normed.as_ref().unwrap_or(x);
-                self.gate_proj.forward(x)?.gated(&self.up_proj.forward(x)?, act)?
+                gate_proj.forward(x)?.gated(&self.up_proj.forward(x)?, act)?
             }
         };
         self.down_proj.forward_fused(&hidden, None, None, residual)
     }
 
-    /// Whether every projection runs fused at decode (see [`Linear::fuses`]).
+    /// Whether every projection runs fused at decode (see [`Linear::fuses`]): a gated MLP only.
     pub fn fuses(&self) -> bool {
-        let parts = [&self.gate_proj, &self.up_proj];
+        let Some(gate_proj) = &self.gate_proj else { return false };
+        let parts = [gate_proj, &self.up_proj];
         self.gate_up.as_ref().is_some_and(|s| s.fuses() && s.holds(&parts)) && self.down_proj.fuses()
+    }
+
+    /// The projections with their Hugging Face module names, in module order.
+    pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let gate = self.gate_proj.as_ref().map(|g| ("gate_proj", g));
+        gate.into_iter()
+            .chain([(self.names[0], &self.up_proj), (self.names[1], &self.down_proj)])
+            .collect()
+    }
+
+    /// [`Mlp::linears`], mutable.
+    pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let gate = self.gate_proj.as_mut().map(|g| ("gate_proj", g));
+        gate.into_iter()
+            .chain([(self.names[0], &mut self.up_proj), (self.names[1], &mut self.down_proj)])
+            .collect()
     }
 
     /// The parameters with their Hugging Face names (`gate_proj.weight`, ...).
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        [
-            prefixed("gate_proj", self.gate_proj.parameters()),
-            prefixed("up_proj", self.up_proj.parameters()),
-            prefixed("down_proj", self.down_proj.parameters()),
-        ]
-        .concat()
+        self.linears()
+            .into_iter()
+            .flat_map(|(name, l)| prefixed(name, l.parameters()))
+            .collect()
     }
 }

@@ -31,6 +31,8 @@ pub enum Family {
     Exaone4,
     /// OLMo (1): LayerNorm without parameters, optional clipping of q, k and v.
     Olmo,
+    /// StarCoder2 (LayerNorm with bias, plain GELU MLP, biases everywhere).
+    Starcoder2,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -73,7 +75,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 10] = [
+pub const ARCHITECTURES: [Architecture; 11] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -153,6 +155,14 @@ pub const ARCHITECTURES: [Architecture; 10] = [
                    [-clip_qkv, clip_qkv] when set",
         gap: None,
     },
+    Architecture {
+        family: Family::Starcoder2,
+        status: Status::Validated,
+        fixtures: &["starcoder2"],
+        features: "LayerNorm with weight and bias (norm_epsilon), a plain MLP c_fc -> tanh GELU -> c_proj, biases \
+                   on every projection (use_bias), sliding window on every layer when set",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -182,6 +192,7 @@ impl Family {
             Family::Olmo2 => "olmo2",
             Family::Exaone4 => "exaone4",
             Family::Olmo => "olmo",
+            Family::Starcoder2 => "starcoder2",
         }
     }
 

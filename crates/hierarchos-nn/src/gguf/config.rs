@@ -207,6 +207,8 @@ pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
         norm_weight: true,
         norm_bias: false,
         clip_qkv: None,
+        mlp_gated: true,
+        mlp_names: ["up_proj", "down_proj"],
     })
 }
 
