@@ -74,6 +74,7 @@ LORA = {
     "exaone4": dict(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj", "gate_proj", "down_proj"]),
     "olmo": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"]),
     "starcoder2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "c_fc", "c_proj"]),
+    "arcee": dict(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj", "down_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -247,6 +248,13 @@ FIXTURES = {
         True,
         "StarCoder2: LayerNorm with weight and bias, plain MLP c_fc -> tanh GELU -> c_proj, biases on every "
         "projection, sliding_window 8 on every layer, tied embeddings",
+    ),
+    "arcee": (
+        "ArceeConfig",
+        dict(COMMON, hidden_act="relu2", max_position_embeddings=256, rms_norm_eps=1e-5, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "Arcee AFM: a plain MLP up_proj -> ReLU squared -> down_proj (no gate)",
     ),
 }
 
@@ -674,7 +682,7 @@ Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (everything runs
 CPU may change the last bits of the float64 references (runs on the H200 machine and on a 2-core x86 box
 differed by at most 2e-13); the model, tokenizer and adapter files come out byte for byte the same.
 
-Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's and StarCoder2's tanh GELU), vocab 300, f32 weights
+Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's and StarCoder2's tanh GELU, Arcee's ReLU²), vocab 300, f32 weights
 (all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
 trained on a few public-domain paragraphs.
 

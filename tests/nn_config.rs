@@ -582,6 +582,9 @@ fn family_options() {
     assert!(c.attention_bias && c.o_proj_bias && c.mlp_bias && c.tie_word_embeddings);
     let c = parse(&tiny("starcoder2", r#""use_bias": false"#)).unwrap();
     assert!(!c.attention_bias && !c.mlp_bias && c.sliding_window.is_none());
+    let a = parse(&tiny("arcee", "")).unwrap();
+    assert_eq!((a.hidden_act, a.mlp_gated), (hierarchos::nn::Activation::Relu2, false));
+    assert_eq!(a.mlp_names, ["up_proj", "down_proj"]);
     let q = parse(&tiny("qwen3", r#""num_key_value_heads": 2"#)).unwrap();
     assert!(!q.post_norm && q.qk_norm && !q.qk_norm_over_heads);
 

@@ -649,7 +649,7 @@ fn reference_forward(c: &ModelConfig, w: &HashMap<String, Vec<f32>>, ids: &[u32]
             Activation::GeluTanh => {
                 0.5 * z * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (z + 0.044715 * z * z * z)).tanh())
             }
-            Activation::Gelu => unreachable!("not in these tests"),
+            Activation::Gelu | Activation::Relu2 => unreachable!("not in these tests"),
         };
         let gu: Vec<f64> = g.iter().zip(&u).map(|(&a, &b)| act(a) * b).collect();
         let dn = linear(&gu, &format!("{p}.mlp.down_proj"), c.intermediate_size, c.mlp_bias);

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 11] = [
+    let cases: [(&str, &str, u64); 12] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -174,6 +174,18 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "norm_epsilon": 1e-05, "rope_theta": 999999.4420358813, "sliding_window": 4096,
                 "use_bias": true, "hidden_act": "gelu_pytorch_tanh", "bos_token_id": 0, "eos_token_id": 0}"#,
             3_030_000_000,
+        ),
+        (
+            "arcee-ai/AFM-4.5B",
+            r#"{"architectures": ["ArceeForCausalLM"], "model_type": "arcee", "vocab_size": 128004,
+                "hidden_size": 2560, "intermediate_size": 18432, "num_hidden_layers": 36,
+                "num_attention_heads": 20, "num_key_value_heads": 4, "head_dim": 128,
+                "max_position_embeddings": 65536, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+                "rope_scaling": {"rope_type": "yarn", "factor": 20.0, "original_max_position_embeddings": 4096,
+                                 "beta_fast": 32.0, "beta_slow": 1.0},
+                "hidden_act": "relu2", "tie_word_embeddings": false, "attention_bias": false,
+                "mlp_bias": false, "bos_token_id": 128000, "eos_token_id": 128001}"#,
+            4_620_000_000,
         ),
     ];
     for (name, json, published) in cases {

@@ -4,7 +4,7 @@ mod common;
 use common::*;
 use hierarchos::core::{BinaryOp, CmpOp, DType, Tensor, UnaryOp};
 
-const UNARY: [UnaryOp; 16] = [
+const UNARY: [UnaryOp; 17] = [
     UnaryOp::Neg,
     UnaryOp::Abs,
     UnaryOp::Sign,
@@ -21,6 +21,7 @@ const UNARY: [UnaryOp; 16] = [
     UnaryOp::Silu,
     UnaryOp::Gelu,
     UnaryOp::GeluTanh,
+    UnaryOp::Relu2,
 ];
 
 fn erf(x: f64) -> f64 {
@@ -72,6 +73,7 @@ fn unary_ref(op: UnaryOp, x: f64) -> f64 {
         UnaryOp::GeluTanh => {
             0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
         }
+        UnaryOp::Relu2 => x.max(0.0).powi(2),
     }
 }
 
@@ -461,7 +463,13 @@ fn bad_input_is_an_error() {
 fn gated_activation_is_act_times_up_in_one_kernel() {
     let d = dev();
     let mut rng = Rng::new("gated");
-    for op in [UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::GeluTanh, UnaryOp::Sigmoid] {
+    for op in [
+        UnaryOp::Silu,
+        UnaryOp::Gelu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu2,
+    ] {
         let (x, u) = (rng.vec(34, -4.0, 4.0), rng.vec(17, -2.0, 2.0));
         let tx = Tensor::from_slice(&x, &[2, 17], &d).unwrap();
         let tu = Tensor::from_slice(&u, &[17], &d).unwrap();

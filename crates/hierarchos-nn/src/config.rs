@@ -17,6 +17,8 @@ pub enum Activation {
     Gelu,
     /// `gelu_pytorch_tanh` / `gelu_new`.
     GeluTanh,
+    /// `relu2`: ReLU squared (Arcee).
+    Relu2,
 }
 
 /// How rotary position frequencies are scaled for long contexts.
@@ -276,6 +278,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(50279),
             tie_word_embeddings: false,
         },
+        Family::Arcee => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 4096,
+            bos_token_id: Some(128000),
+            eos_token_id: Some(128001),
+            tie_word_embeddings: false,
+        },
         Family::Starcoder2 => Defaults {
             num_key_value_heads: Some(2),
             head_dim: None,
@@ -363,7 +373,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         .or("tie_word_embeddings", Some(d.tie_word_embeddings), BOOL)?
         .unwrap_or(d.tie_word_embeddings);
     let (attention_bias, o_proj_bias, mlp_bias) = match family {
-        Family::Llama | Family::Granite | Family::Smollm3 | Family::Gemma | Family::Olmo => {
+        Family::Llama | Family::Granite | Family::Smollm3 | Family::Gemma | Family::Olmo | Family::Arcee => {
             let b = flag("attention_bias")?;
             (b, b, flag("mlp_bias")?)
         }
@@ -380,20 +390,21 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     };
     let sliding_window = sliding_window(f, family, num_hidden_layers)?;
     // Gemma's MLP (transformers 5) takes `hidden_act`, the tanh GELU unless said otherwise.
-    let default_act = if matches!(family, Family::Gemma | Family::Starcoder2) {
-        "gelu_pytorch_tanh"
-    } else {
-        "silu"
+    let default_act = match family {
+        Family::Gemma | Family::Starcoder2 => "gelu_pytorch_tanh",
+        Family::Arcee => "relu2",
+        _ => "silu",
     };
     let act = f.or("hidden_act", Some(default_act.to_string()), STRING)?;
     let hidden_act = match act.as_deref() {
         Some("silu" | "swish") => Activation::Silu,
         Some("gelu") => Activation::Gelu,
         Some("gelu_pytorch_tanh" | "gelu_new") => Activation::GeluTanh,
+        Some("relu2") => Activation::Relu2,
         other => {
             return Err(f.error(
                 "hidden_act",
-                &format!("unsupported activation {other:?}; supported: silu, gelu, gelu_pytorch_tanh, gelu_new"),
+                &format!("unsupported activation {other:?}; supported: silu, gelu, gelu_pytorch_tanh, gelu_new, relu2"),
             ));
         }
     };
@@ -474,7 +485,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         },
         norm_weight: family != Family::Olmo,
         norm_bias: family == Family::Starcoder2,
-        mlp_gated: family != Family::Starcoder2,
+        mlp_gated: !matches!(family, Family::Starcoder2 | Family::Arcee),
         mlp_names: match family {
             Family::Starcoder2 => ["c_fc", "c_proj"],
             _ => ["up_proj", "down_proj"],
@@ -524,7 +535,9 @@ fn nope_layers(f: &Fields, family: Family, layers: usize) -> Result<Vec<usize>> 
 /// is not supported and fails closed.
 fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<usize>> {
     let window = match family {
-        Family::Llama | Family::Granite | Family::Gemma | Family::Olmo2 | Family::Olmo => return Ok(None),
+        Family::Llama | Family::Granite | Family::Gemma | Family::Olmo2 | Family::Olmo | Family::Arcee => {
+            return Ok(None);
+        }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Starcoder2 => return Ok(f.or("sliding_window", None, USIZE)?.filter(|&w| w > 0)),
         // A window applies to the layers layer_types marks sliding (all of them, or it fails closed below).

@@ -34,6 +34,7 @@ impl Mlp {
             Activation::Silu => UnaryOp::Silu,
             Activation::Gelu => UnaryOp::Gelu,
             Activation::GeluTanh => UnaryOp::GeluTanh,
+            Activation::Relu2 => UnaryOp::Relu2,
         };
         let Some(gate_proj) = &self.gate_proj else {
             let normed = norm.map(|n| n.forward(x)).transpose()?;

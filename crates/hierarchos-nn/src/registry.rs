@@ -33,6 +33,8 @@ pub enum Family {
     Olmo,
     /// StarCoder2 (LayerNorm with bias, plain GELU MLP, biases everywhere).
     Starcoder2,
+    /// Arcee AFM (plain ReLU² MLP).
+    Arcee,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -75,7 +77,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 11] = [
+pub const ARCHITECTURES: [Architecture; 12] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -163,6 +165,13 @@ pub const ARCHITECTURES: [Architecture; 11] = [
                    on every projection (use_bias), sliding window on every layer when set",
         gap: None,
     },
+    Architecture {
+        family: Family::Arcee,
+        status: Status::Validated,
+        fixtures: &["arcee"],
+        features: "a plain MLP up_proj -> ReLU² (relu2) -> down_proj",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -193,6 +202,7 @@ impl Family {
             Family::Exaone4 => "exaone4",
             Family::Olmo => "olmo",
             Family::Starcoder2 => "starcoder2",
+            Family::Arcee => "arcee",
         }
     }
 

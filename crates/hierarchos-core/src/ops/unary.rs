@@ -41,6 +41,8 @@ pub enum UnaryOp {
     Gelu,
     /// GELU with the tanh approximation
     GeluTanh,
+    /// ReLU squared, `max(x, 0)²` (the plain MLP of Arcee and Nemotron)
+    Relu2,
 }
 
 impl UnaryOp {
@@ -62,6 +64,7 @@ impl UnaryOp {
             UnaryOp::Silu => "silu",
             UnaryOp::Gelu => "gelu",
             UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Relu2 => "relu2",
         }
     }
 
@@ -84,6 +87,7 @@ impl UnaryOp {
             UnaryOp::Silu => "x * sigmoid_acc(x)",
             UnaryOp::Gelu => "gelu_erf(x)",
             UnaryOp::GeluTanh => "gelu_tanh(x)",
+            UnaryOp::Relu2 => "select(x, 0.0, x < 0.0) * select(x, 0.0, x < 0.0)",
         }
     }
 
@@ -106,6 +110,7 @@ impl UnaryOp {
             UnaryOp::Silu => "g * sigmoid_acc(x) * (1.0 + x * (1.0 - sigmoid_acc(x)))",
             UnaryOp::Gelu => "g * gelu_erf_grad(x)",
             UnaryOp::GeluTanh => "g * gelu_tanh_grad(x)",
+            UnaryOp::Relu2 => "2.0 * g * select(x, 0.0, x < 0.0)",
         }
     }
 
