@@ -75,6 +75,7 @@ LORA = {
     "olmo": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "gate_proj"]),
     "starcoder2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "c_fc", "c_proj"]),
     "arcee": dict(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj", "down_proj"]),
+    "exaone4_hybrid": dict(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -255,6 +256,15 @@ FIXTURES = {
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         True,
         "Arcee AFM: a plain MLP up_proj -> ReLU squared -> down_proj (no gate)",
+    ),
+    "exaone4_hybrid": (
+        "Exaone4Config",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-5, head_dim=16, sliding_window=8,
+             layer_types=["sliding_attention", "full_attention"], pad_token_id=None, tie_word_embeddings=False,
+             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        True,
+        "EXAONE 4, hybrid as the 32B: layer 0 slides over 8 positions with RoPE, layer 1 attends to everything "
+        "without RoPE",
     ),
 }
 

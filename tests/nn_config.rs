@@ -418,13 +418,13 @@ fn qwen_sliding_window() {
     ))
     .unwrap();
     assert_eq!(listed.sliding_window, Some(8));
-    err(
-        &tiny(
-            "qwen2",
-            &format!(r#"{kv}, "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1"#),
-        ),
-        &["use_sliding_window", "some layers"],
-    );
+    // Layers below max_window_layers attend to everything, the others slide.
+    let mixed = parse(&tiny(
+        "qwen2",
+        &format!(r#"{kv}, "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 1"#),
+    ))
+    .unwrap();
+    assert_eq!((mixed.sliding_window, mixed.full_attention_layers), (Some(8), vec![0]));
 }
 
 #[test]
@@ -597,12 +597,25 @@ fn family_options() {
     let all_sliding = r#""num_key_value_heads": 2, "sliding_window": 64,
                          "layer_types": ["sliding_attention", "sliding_attention"]"#;
     assert_eq!(parse(&tiny("exaone4", all_sliding)).unwrap().sliding_window, Some(64));
-    // The default pattern (every fourth layer global, without rotary) mixes layer kinds: refused.
+    // The default pattern: every fourth layer global, and without rotary.
+    let h = parse(&tiny(
+        "exaone4",
+        r#""num_key_value_heads": 2, "num_hidden_layers": 8, "sliding_window": 64"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        (h.sliding_window, &h.full_attention_layers, &h.nope_layers),
+        (Some(64), &vec![3, 7], &vec![3, 7])
+    );
+    // A window in the config with every layer full: none slides and none rotates, as transformers runs it.
+    let full = r#""num_key_value_heads": 2, "sliding_window": 64, "layer_types": ["full_attention", "full_attention"]"#;
+    let f = parse(&tiny("exaone4", full)).unwrap();
+    assert_eq!((f.sliding_window, &f.nope_layers), (None, &vec![0, 1]));
     err(
         &tiny(
             "exaone4",
-            r#""num_key_value_heads": 2, "num_hidden_layers": 8, "sliding_window": 64"#,
+            r#""num_key_value_heads": 2, "layer_types": ["full_attention"]"#,
         ),
-        &["some layers"],
+        &["layer_types", "1 entries for 2 layers"],
     );
 }

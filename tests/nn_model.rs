@@ -470,6 +470,7 @@ fn tiny_config(family: &str) -> ModelConfig {
         qk_norm_over_heads: false,
         post_norm: false,
         sliding_window: None,
+        full_attention_layers: Vec::new(),
         hidden_act: Activation::Silu,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],

@@ -125,8 +125,12 @@ pub struct ModelConfig {
     /// Post-norm layers: each attention and MLP output is normed before its residual add, with no input norm
     /// (OLMo 2's `post_attention_layernorm` and `post_feedforward_layernorm`).
     pub post_norm: bool,
-    /// Attend only to the last `n` positions (Mistral; Qwen2 when `use_sliding_window`).
+    /// Attend only to the last `n` positions (Mistral; Qwen2 when `use_sliding_window`), on every layer but
+    /// `full_attention_layers`.
     pub sliding_window: Option<usize>,
+    /// In a hybrid model, the layers that attend to every position despite `sliding_window` (OLMo 3, EXAONE 4,
+    /// Qwen2 below `max_window_layers`).
+    pub full_attention_layers: Vec<usize>,
     /// MLP activation.
     pub hidden_act: Activation,
     /// Beginning-of-sequence token.
@@ -388,7 +392,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         }
         Family::Mistral => (false, false, false),
     };
-    let sliding_window = sliding_window(f, family, num_hidden_layers)?;
+    let (sliding_window, full_attention_layers) = sliding_window(f, family, num_hidden_layers)?;
     // Gemma's MLP (transformers 5) takes `hidden_act`, the tanh GELU unless said otherwise.
     let default_act = match family {
         Family::Gemma | Family::Starcoder2 => "gelu_pytorch_tanh",
@@ -429,7 +433,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         .then(|| multiplier("attention_multiplier"))
         .transpose()?;
     let logits_scaling = multiplier("logits_scaling")?;
-    let nope_layers = nope_layers(f, family, num_hidden_layers)?;
+    // EXAONE 4's layers rotate only when they slide or when the config sets no window at all (transformers
+    // checks the config's `sliding_window`, not the layer's): with a window and no sliding layer, none rotates.
+    let nope_layers = match family {
+        Family::Exaone4 if sliding_window.is_some() => full_attention_layers.clone(),
+        Family::Exaone4 if f.or("sliding_window", Some(4096), USIZE)?.is_some() => (0..num_hidden_layers).collect(),
+        _ => nope_layers(f, family, num_hidden_layers)?,
+    };
     let clip_qkv = match family {
         Family::Olmo => f.or("clip_qkv", None, F64)?,
         _ => None,
@@ -466,9 +476,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         o_proj_bias,
         mlp_bias,
         qk_norm: matches!(family, Family::Qwen3 | Family::Olmo2 | Family::Exaone4),
-        qk_norm_over_heads: family == Family::Olmo2,
+        qk_norm_over_heads: matches!(family, Family::Olmo2),
         post_norm: matches!(family, Family::Olmo2 | Family::Exaone4),
         sliding_window,
+        full_attention_layers: full_attention_layers.clone(),
         hidden_act,
         bos_token_id,
         eos_token_ids,
@@ -529,43 +540,50 @@ fn nope_layers(f: &Fields, family: Family, layers: usize) -> Result<Vec<usize>> 
     }
 }
 
-/// Mistral slides over every layer unless `sliding_window` is null; EXAONE 4 over the layers `layer_types` (or its
-/// pattern) marks; Qwen2/Qwen3/SmolLM3 only with `use_sliding_window`,
-/// and then only from layer `max_window_layers` on (or as `layer_types` lists). A mix of sliding and full layers
-/// is not supported and fails closed.
-fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<usize>> {
+/// The window and the layers that do not slide: Mistral and StarCoder2 slide over every layer unless
+/// `sliding_window` is null; EXAONE 4 over the layers `layer_types` (or the pattern of every fourth layer full)
+/// marks; Qwen2/Qwen3/SmolLM3 only with `use_sliding_window`, and then from layer `max_window_layers`
+/// on (or as `layer_types` lists).
+fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<(Option<usize>, Vec<usize>)> {
+    let none = Ok((None, Vec::new()));
     let window = match family {
         Family::Llama | Family::Granite | Family::Gemma | Family::Olmo2 | Family::Olmo | Family::Arcee => {
-            return Ok(None);
+            return none;
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
-        Family::Starcoder2 => return Ok(f.or("sliding_window", None, USIZE)?.filter(|&w| w > 0)),
-        // A window applies to the layers layer_types marks sliding (all of them, or it fails closed below).
+        Family::Starcoder2 => f.or("sliding_window", None, USIZE)?,
         Family::Exaone4 => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Qwen2 | Family::Qwen3 | Family::Smollm3 => {
             if !f.or("use_sliding_window", Some(false), BOOL)?.unwrap_or(false) {
-                return Ok(None);
+                return none;
             }
             f.or("sliding_window", Some(4096), USIZE)?
         }
     };
-    let Some(window) = window else { return Ok(None) };
+    let Some(window) = window else { return none };
     if window == 0 {
         return Err(f.error("sliding_window", "must be positive"));
     }
-    if family == Family::Mistral {
-        return Ok(Some(window));
+    if matches!(family, Family::Mistral | Family::Starcoder2) {
+        return Ok((Some(window), Vec::new()));
     }
     let sliding: Vec<bool> = match f.map.get("layer_types") {
-        Some(Value::Array(types)) => types
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("sliding_attention") => Ok(true),
-                Some("full_attention") => Ok(false),
-                _ => Err(f.error("layer_types", &format!("unsupported layer type {t}"))),
-            })
-            .collect::<Result<_>>()?,
-        // EXAONE 4 slides on all but every `sliding_window_pattern`-th layer (default 4).
+        Some(Value::Array(types)) => {
+            if types.len() != layers {
+                return Err(f.error(
+                    "layer_types",
+                    &format!("has {} entries for {layers} layers", types.len()),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(f.error("layer_types", &format!("unsupported layer type {t}"))),
+                })
+                .collect::<Result<_>>()?
+        }
         Some(Value::Null) | None if family == Family::Exaone4 => {
             let pattern = f.or("sliding_window_pattern", Some(4), USIZE)?.unwrap_or(4).max(1);
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
@@ -576,16 +594,10 @@ fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<Option<us
         }
         Some(other) => return Err(f.error("layer_types", &format!("expected a list, found {other}"))),
     };
-    if sliding.iter().all(|&s| s) {
-        Ok(Some(window))
-    } else if sliding.iter().all(|&s| !s) {
-        Ok(None)
-    } else {
-        Err(f.error(
-            "use_sliding_window",
-            "sliding-window attention on only some layers (max_window_layers / layer_types) is not supported",
-        ))
+    if !sliding.contains(&true) {
+        return none;
     }
+    Ok((Some(window), (0..layers).filter(|&i| !sliding[i]).collect()))
 }
 
 /// `rope_parameters` (transformers 5, may carry `rope_theta`) wins over the classic `rope_theta` + `rope_scaling`.

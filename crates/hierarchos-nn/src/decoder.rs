@@ -443,28 +443,46 @@ impl CausalLm {
                 )));
             }
         }
-        let window = self.config.sliding_window;
-        // With a cache, keys no query of this step can see are left out of the product entirely.
-        let key_start = match (&cache, window) {
-            (Some(_), Some(w)) => (start + 1).saturating_sub(w),
-            _ => 0,
-        };
-        let (q_start, k_start) = if cache.is_some() { (start, key_start) } else { (0, 0) };
         let c = &self.config;
         let scale = c.attention_multiplier.unwrap_or(1.0 / (c.head_dim as f64).sqrt());
-        let tables = self.rotary.device_tables(start, t, scale, self.device())?;
-        let ctx = AttentionContext::new(tables, q_start, k_start, window);
-        // Layers without rotary embeddings (SmolLM3) rotate by nothing.
-        let unrotated = if c.nope_layers.is_empty() {
-            None
-        } else {
-            let tables = self.rotary.identity_tables(t, scale, self.device())?;
-            Some(AttentionContext::new(tables, q_start, k_start, window))
+        // Each layer attends with or without the sliding window (hybrid models mix them) and rotates its
+        // queries and keys or not (SmolLM3's and EXAONE 4's layers without rotary): one context per kind present.
+        let kind_of = |i: usize| {
+            let window = c.sliding_window.filter(|_| !c.full_attention_layers.contains(&i));
+            (window, !c.nope_layers.contains(&i))
         };
-        let ctx_of = |i: usize| match &unrotated {
-            Some(u) if c.nope_layers.contains(&i) => u,
-            _ => &ctx,
+        let mut kinds: Vec<(Option<usize>, bool)> = Vec::new();
+        let layer_kinds: Vec<usize> = (0..self.layers.len())
+            .map(|i| {
+                let kind = kind_of(i);
+                kinds.iter().position(|&k| k == kind).unwrap_or_else(|| {
+                    kinds.push(kind);
+                    kinds.len() - 1
+                })
+            })
+            .collect();
+        let rotated = self.rotary.device_tables(start, t, scale, self.device())?;
+        let unrotated = match kinds.iter().any(|&(_, rotary)| !rotary) {
+            true => Some(self.rotary.identity_tables(t, scale, self.device())?),
+            false => None,
         };
+        let contexts: Vec<AttentionContext> = kinds
+            .iter()
+            .map(|&(window, rotary)| {
+                // With a cache, keys no query of this step can see are left out of the product entirely.
+                let key_start = match (&cache, window) {
+                    (Some(_), Some(w)) => (start + 1).saturating_sub(w),
+                    _ => 0,
+                };
+                let (q_start, k_start) = if cache.is_some() { (start, key_start) } else { (0, 0) };
+                let tables = match (rotary, &unrotated) {
+                    (false, Some(u)) => u.clone(),
+                    _ => rotated.clone(),
+                };
+                AttentionContext::new(tables, q_start, k_start, window)
+            })
+            .collect();
+        let ctx_of = |i: usize| &contexts[layer_kinds[i]];
         let mut x = self.embed_tokens.forward(ids)?;
         if c.embedding_multiplier != 1.0 {
             x = x.mul_scalar(c.embedding_multiplier)?;

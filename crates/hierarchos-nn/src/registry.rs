@@ -97,7 +97,7 @@ pub const ARCHITECTURES: [Architecture; 12] = [
         family: Family::Qwen2,
         status: Status::Validated,
         fixtures: &["qwen2"],
-        features: "biases on q, k and v; sliding window from max_window_layers when use_sliding_window",
+        features: "biases on q, k and v; with use_sliding_window, a sliding window from layer max_window_layers on",
         gap: None,
     },
     Architecture {
@@ -144,9 +144,9 @@ pub const ARCHITECTURES: [Architecture; 12] = [
     Architecture {
         family: Family::Exaone4,
         status: Status::Validated,
-        fixtures: &["exaone4"],
+        fixtures: &["exaone4", "exaone4_hybrid"],
         features: "post-norm layers (as OLMo 2) with per-head RMSNorm on queries and keys (as Qwen3); hybrid \
-                   sliding-window layers (whose global layers skip rotary) fail closed",
+                   models slide on the layers layer_types marks, their global layers without rotary",
         gap: None,
     },
     Architecture {

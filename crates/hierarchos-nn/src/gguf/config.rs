@@ -193,6 +193,7 @@ pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
         qk_norm_over_heads: false,
         post_norm: false,
         sliding_window: None,
+        full_attention_layers: Vec::new(),
         hidden_act: Activation::Silu,
         bos_token_id: m.u32("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
