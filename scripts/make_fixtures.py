@@ -76,6 +76,7 @@ LORA = {
     "starcoder2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "c_fc", "c_proj"]),
     "arcee": dict(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj", "down_proj"]),
     "exaone4_hybrid": dict(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj"]),
+    "seed_oss": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "up_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -265,6 +266,14 @@ FIXTURES = {
         True,
         "EXAONE 4, hybrid as the 32B: layer 0 slides over 8 positions with RoPE, layer 1 attends to everything "
         "without RoPE",
+    ),
+    "seed_oss": (
+        "SeedOssConfig",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-6, head_dim=16, attention_bias=True,
+             attention_out_bias=False, mlp_bias=False, attention_dropout=0.0, residual_dropout=0.0,
+             pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 10000000.0}),
+        True,
+        "Seed-OSS: biases on q, k and v, none on the output projection (attention_out_bias false), rope_theta 1e7",
     ),
 }
 

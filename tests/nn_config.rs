@@ -585,6 +585,14 @@ fn family_options() {
     let a = parse(&tiny("arcee", "")).unwrap();
     assert_eq!((a.hidden_act, a.mlp_gated), (hierarchos::nn::Activation::Relu2, false));
     assert_eq!(a.mlp_names, ["up_proj", "down_proj"]);
+    let so = parse(&tiny(
+        "seed_oss",
+        r#""num_key_value_heads": 2, "attention_out_bias": true"#,
+    ))
+    .unwrap();
+    assert!(so.attention_bias && so.o_proj_bias && !so.mlp_bias);
+    let so = parse(&tiny("seed_oss", r#""num_key_value_heads": 2"#)).unwrap();
+    assert!(so.attention_bias && !so.o_proj_bias);
     let q = parse(&tiny("qwen3", r#""num_key_value_heads": 2"#)).unwrap();
     assert!(!q.post_norm && q.qk_norm && !q.qk_norm_over_heads);
 

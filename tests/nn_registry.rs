@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 12] = [
+    let cases: [(&str, &str, u64); 13] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -186,6 +186,16 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "hidden_act": "relu2", "tie_word_embeddings": false, "attention_bias": false,
                 "mlp_bias": false, "bos_token_id": 128000, "eos_token_id": 128001}"#,
             4_620_000_000,
+        ),
+        (
+            "ByteDance-Seed/Seed-OSS-36B-Base",
+            r#"{"architectures": ["SeedOssForCausalLM"], "model_type": "seed_oss", "vocab_size": 155136,
+                "hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 64,
+                "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128,
+                "max_position_embeddings": 524288, "rms_norm_eps": 1e-06, "rope_theta": 10000000.0,
+                "attention_bias": true, "attention_out_bias": false, "mlp_bias": false,
+                "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "silu"}"#,
+            36_000_000_000,
         ),
     ];
     for (name, json, published) in cases {

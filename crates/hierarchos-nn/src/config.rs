@@ -282,6 +282,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(50279),
             tie_word_embeddings: false,
         },
+        Family::SeedOss => Defaults {
+            num_key_value_heads: Some(8),
+            head_dim: Some(128),
+            max_position_embeddings: 524288,
+            bos_token_id: Some(0),
+            eos_token_id: Some(2),
+            tie_word_embeddings: false,
+        },
         Family::Arcee => Defaults {
             num_key_value_heads: None,
             head_dim: None,
@@ -386,6 +394,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (b, b, false)
         }
         Family::Qwen2 => (true, false, false),
+        Family::SeedOss => (
+            f.or("attention_bias", Some(true), BOOL)?.unwrap_or(true),
+            flag("attention_out_bias")?,
+            flag("mlp_bias")?,
+        ),
         Family::Starcoder2 => {
             let b = f.or("use_bias", Some(true), BOOL)?.unwrap_or(true);
             (b, b, b)
@@ -547,7 +560,13 @@ fn nope_layers(f: &Fields, family: Family, layers: usize) -> Result<Vec<usize>> 
 fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<(Option<usize>, Vec<usize>)> {
     let none = Ok((None, Vec::new()));
     let window = match family {
-        Family::Llama | Family::Granite | Family::Gemma | Family::Olmo2 | Family::Olmo | Family::Arcee => {
+        Family::Llama
+        | Family::Granite
+        | Family::Gemma
+        | Family::Olmo2
+        | Family::Olmo
+        | Family::Arcee
+        | Family::SeedOss => {
             return none;
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,

@@ -35,6 +35,8 @@ pub enum Family {
     Starcoder2,
     /// Arcee AFM (plain ReLU² MLP).
     Arcee,
+    /// ByteDance Seed-OSS (biases on q, k and v, the output projection's own bias flag).
+    SeedOss,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -77,7 +79,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 12] = [
+pub const ARCHITECTURES: [Architecture; 13] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -172,6 +174,14 @@ pub const ARCHITECTURES: [Architecture; 12] = [
         features: "a plain MLP up_proj -> ReLU² (relu2) -> down_proj",
         gap: None,
     },
+    Architecture {
+        family: Family::SeedOss,
+        status: Status::Validated,
+        fixtures: &["seed_oss"],
+        features: "biases on q, k and v (attention_bias), on the output projection only with attention_out_bias; \
+                   the residual and attention dropout of training are not applied",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -203,6 +213,7 @@ impl Family {
             Family::Olmo => "olmo",
             Family::Starcoder2 => "starcoder2",
             Family::Arcee => "arcee",
+            Family::SeedOss => "seed_oss",
         }
     }
 
