@@ -524,32 +524,42 @@ fn nope_layers(f: &Fields, family: Family, layers: usize) -> Result<Vec<usize>> 
     if family != Family::Smollm3 {
         return Ok(Vec::new());
     }
-    match f.map.get("no_rope_layers") {
-        Some(Value::Array(flags)) => {
-            if flags.len() != layers {
-                return Err(f.error(
-                    "no_rope_layers",
-                    &format!("has {} entries for {layers} layers", flags.len()),
-                ));
-            }
-            flags
-                .iter()
-                .enumerate()
-                .filter_map(|(i, v)| match v.as_u64() {
-                    Some(0) => Some(Ok(i)),
-                    Some(1) => None,
-                    _ => Some(Err(f.error("no_rope_layers", &format!("expected 0 or 1, found {v}")))),
-                })
-                .collect()
-        }
-        None | Some(Value::Null) => {
+    let rotates = match per_layer(f, "no_rope_layers", layers, "0 or 1", |v| match v.as_u64() {
+        Some(flag @ (0 | 1)) => Some(flag == 1),
+        _ => None,
+    })? {
+        Some(rotates) => rotates,
+        None => {
             let interval = f.or("no_rope_layer_interval", Some(4), USIZE)?.unwrap_or(4);
             if interval == 0 {
                 return Err(f.error("no_rope_layer_interval", "must be positive"));
             }
-            Ok((0..layers).filter(|i| (i + 1) % interval == 0).collect())
+            (0..layers).map(|i| (i + 1) % interval != 0).collect()
         }
-        Some(other) => Err(f.error("no_rope_layers", &format!("expected a list, found {other}"))),
+    };
+    Ok((0..layers).filter(|&i| !rotates[i]).collect())
+}
+
+/// A list of one entry per layer (`no_rope_layers`, `layer_types`), each read by `read` (`None`: not one of
+/// `expected`); `None` when the key is absent or null.
+fn per_layer(
+    f: &Fields,
+    key: &str,
+    layers: usize,
+    expected: &str,
+    read: impl Fn(&Value) -> Option<bool>,
+) -> Result<Option<Vec<bool>>> {
+    match f.map.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) if items.len() != layers => {
+            Err(f.error(key, &format!("has {} entries for {layers} layers", items.len())))
+        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| read(v).ok_or_else(|| f.error(key, &format!("expected {expected}, found {v}"))))
+            .collect::<Result<_>>()
+            .map(Some),
+        Some(other) => Err(f.error(key, &format!("expected a list, found {other}"))),
     }
 }
 
@@ -586,32 +596,27 @@ fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<(Option<u
     if matches!(family, Family::Mistral | Family::Starcoder2) {
         return Ok((Some(window), Vec::new()));
     }
-    let sliding: Vec<bool> = match f.map.get("layer_types") {
-        Some(Value::Array(types)) => {
-            if types.len() != layers {
-                return Err(f.error(
-                    "layer_types",
-                    &format!("has {} entries for {layers} layers", types.len()),
-                ));
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    Some("sliding_attention") => Ok(true),
-                    Some("full_attention") => Ok(false),
-                    _ => Err(f.error("layer_types", &format!("unsupported layer type {t}"))),
-                })
-                .collect::<Result<_>>()?
-        }
-        Some(Value::Null) | None if family == Family::Exaone4 => {
+    let listed = per_layer(
+        f,
+        "layer_types",
+        layers,
+        "sliding_attention or full_attention",
+        |v| match v.as_str() {
+            Some("sliding_attention") => Some(true),
+            Some("full_attention") => Some(false),
+            _ => None,
+        },
+    )?;
+    let sliding: Vec<bool> = match listed {
+        Some(sliding) => sliding,
+        None if family == Family::Exaone4 => {
             let pattern = f.or("sliding_window_pattern", Some(4), USIZE)?.unwrap_or(4).max(1);
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
-        Some(Value::Null) | None => {
+        None => {
             let first = f.or("max_window_layers", Some(28), USIZE)?.unwrap_or(28);
             (0..layers).map(|i| i >= first).collect()
         }
-        Some(other) => return Err(f.error("layer_types", &format!("expected a list, found {other}"))),
     };
     if !sliding.contains(&true) {
         return none;
