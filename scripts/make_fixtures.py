@@ -77,6 +77,7 @@ LORA = {
     "arcee": dict(r=4, lora_alpha=8, target_modules=["q_proj", "up_proj", "down_proj"]),
     "exaone4_hybrid": dict(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj"]),
     "seed_oss": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "up_proj"]),
+    "stablelm": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -275,6 +276,15 @@ FIXTURES = {
         True,
         "Seed-OSS: biases on q, k and v, none on the output projection (attention_out_bias false), rope_theta 1e7",
     ),
+    "stablelm": (
+        "StableLmConfig",
+        dict(COMMON, max_position_embeddings=256, layer_norm_eps=1e-5, use_qkv_bias=True, partial_rotary_factor=0.5,
+             qk_layernorm=False, use_parallel_residual=False, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+        True,
+        "StableLM: LayerNorm with weight and bias, rotary on the first half of each head (partial_rotary_factor "
+        "0.5: 8 of 16 dimensions), biases on q, k and v (use_qkv_bias)",
+    ),
 }
 
 
@@ -379,6 +389,8 @@ def eager_attention64(module, query, key, value, attention_mask, scaling, dropou
 def inv_freq64(config):
     rope = config.rope_parameters
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    partial = rope.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0
+    dim = int(dim * partial)
     inv = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if rope["rope_type"] == "default":
         return inv

@@ -536,6 +536,7 @@ fn tiny_config() -> ModelConfig {
         num_attention_heads: 2,
         num_key_value_heads: 1,
         head_dim: 4,
+        rotary_dim: 4,
         max_position_embeddings: 64,
         rms_norm_eps: 1e-5,
         rope: RopeConfig {

@@ -593,6 +593,28 @@ fn family_options() {
     assert!(so.attention_bias && so.o_proj_bias && !so.mlp_bias);
     let so = parse(&tiny("seed_oss", r#""num_key_value_heads": 2"#)).unwrap();
     assert!(so.attention_bias && !so.o_proj_bias);
+    let st = parse(&tiny("stablelm", r#""num_key_value_heads": 4, "use_qkv_bias": true"#)).unwrap();
+    assert_eq!(
+        (st.rotary_dim, st.head_dim),
+        (4, 16),
+        "a quarter of each head rotates by default"
+    );
+    assert!(st.attention_bias && !st.o_proj_bias && st.norm_bias);
+    let nested =
+        r#""num_key_value_heads": 4, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}"#;
+    assert_eq!(parse(&tiny("stablelm", nested)).unwrap().rotary_dim, 8);
+    err(
+        &tiny("stablelm", r#""num_key_value_heads": 4, "qk_layernorm": true"#),
+        &["qk_layernorm", "not supported"],
+    );
+    err(
+        &tiny("stablelm", r#""num_key_value_heads": 4, "partial_rotary_factor": 0.1"#),
+        &["partial_rotary_factor", "even"],
+    );
+    err(
+        &tiny("llama", r#""partial_rotary_factor": 0.5"#),
+        &["partial_rotary_factor", "not supported"],
+    );
     let q = parse(&tiny("qwen3", r#""num_key_value_heads": 2"#)).unwrap();
     assert!(!q.post_norm && q.qk_norm && !q.qk_norm_over_heads);
 

@@ -456,6 +456,7 @@ fn tiny_config(family: &str) -> ModelConfig {
         num_attention_heads: 4,
         num_key_value_heads: 2,
         head_dim: 8,
+        rotary_dim: 8,
         max_position_embeddings: 64,
         rms_norm_eps: 1e-6,
         rope: RopeConfig {
@@ -523,6 +524,7 @@ fn tiny_config(family: &str) -> ModelConfig {
         "qwen3" => {
             c.qk_norm = true;
             c.head_dim = 16;
+            c.rotary_dim = 16;
             c.tie_word_embeddings = true;
         }
         _ => {}
@@ -966,6 +968,7 @@ fn cached_decoding_of_heads_larger_than_the_fused_kernels_take() {
     c.num_attention_heads = 2;
     c.num_key_value_heads = 1;
     c.head_dim = 260;
+    c.rotary_dim = 260;
     let (lm, _) = random_model(&c, &mut rng);
     let ids: Vec<u32> = (0..6).map(|_| rng.below(c.vocab_size) as u32).collect();
     let full = lm

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 13] = [
+    let cases: [(&str, &str, u64); 14] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -196,6 +196,17 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "attention_bias": true, "attention_out_bias": false, "mlp_bias": false,
                 "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "silu"}"#,
             36_000_000_000,
+        ),
+        (
+            "stabilityai/stablelm-2-1_6b",
+            r#"{"architectures": ["StableLmForCausalLM"], "model_type": "stablelm", "vocab_size": 100352,
+                "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+                "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+                "layer_norm_eps": 1e-05, "rope_theta": 10000, "partial_rotary_factor": 0.25,
+                "use_qkv_bias": true, "qk_layernorm": false, "use_parallel_residual": false,
+                "tie_word_embeddings": false, "bos_token_id": 100257, "eos_token_id": 100257,
+                "hidden_act": "silu"}"#,
+            1_640_000_000,
         ),
     ];
     for (name, json, published) in cases {

@@ -31,6 +31,9 @@ pub struct Attention {
     pub k_norm: Option<Norm>,
     /// q, k and v are clamped to `[-c, c]` after their projections (OLMo's `clip_qkv`).
     pub clip_qkv: Option<f64>,
+    /// The leading dimensions of each head that rotate (all of them, or StableLM's partial rotary); the rest
+    /// pass through.
+    pub rotary_dim: usize,
     /// Query heads.
     pub num_heads: usize,
     /// Key/value heads (divides `num_heads`).
@@ -59,17 +62,28 @@ pub struct AttentionContext {
     pub key_start: usize,
     /// Mistral's sliding window, if any.
     pub window: Option<usize>,
+    /// The attention score scale the query tables carry (what the dimensions past a partial rotary are
+    /// multiplied by).
+    pub score_scale: f64,
     mask: OnceCell<Option<Tensor>>,
 }
 
 impl AttentionContext {
-    /// The context of queries from `query_start` over keys from `key_start`.
-    pub fn new(tables: RopeTables, query_start: usize, key_start: usize, window: Option<usize>) -> Self {
+    /// The context of queries from `query_start` over keys from `key_start`, with the score scale the query
+    /// tables carry.
+    pub fn new(
+        tables: RopeTables,
+        query_start: usize,
+        key_start: usize,
+        window: Option<usize>,
+        score_scale: f64,
+    ) -> Self {
         AttentionContext {
             tables,
             query_start,
             key_start,
             window,
+            score_scale,
             mask: OnceCell::new(),
         }
     }
@@ -147,9 +161,23 @@ impl Attention {
         let k = heads(clip(k)?, kvh, &self.k_norm)?;
         let v = heads(clip(v)?, kvh, &None)?;
         let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
+        // The fused kernels rotate whole heads; a partial rotary takes the composed path.
+        let partial = self.rotary_dim < d;
+        let rotate = |x: Tensor, cos: &Tensor, sin: &Tensor, pass_scale: f64| -> Result<Tensor> {
+            if !partial {
+                return Ok(x.rope(cos, sin)?);
+            }
+            let r = self.rotary_dim;
+            let rotated = x.narrow(-1, 0, r)?.rope(cos, sin)?;
+            let passed = match x.narrow(-1, r, d - r)? {
+                p if pass_scale != 1.0 => p.mul_scalar(pass_scale)?,
+                p => p,
+            };
+            Ok(Tensor::cat(&[rotated, passed], -1)?)
+        };
         let y = match cache {
             // The fused kernels take heads of up to MAX_HEAD_DIM; larger ones run the batched matmuls below.
-            Some((cache, layer)) if !differentiable && t <= STEP_MAX_QUERIES && d <= MAX_HEAD_DIM => {
+            Some((cache, layer)) if !differentiable && !partial && t <= STEP_MAX_QUERIES && d <= MAX_HEAD_DIM => {
                 let (k_cache, v_cache) = cache.buffers(layer);
                 let new = NewKeys {
                     k: &k,
@@ -158,7 +186,7 @@ impl Attention {
                 };
                 q.attention_step(new, k_cache, v_cache, cache.len(), ctx.window)?
             }
-            Some((cache, layer)) if !differentiable && Tensor::rope_into_cache_fits(x.device()) => {
+            Some((cache, layer)) if !differentiable && !partial && Tensor::rope_into_cache_fits(x.device()) => {
                 let (k_new, v_new) = cache.new_positions(layer, t)?;
                 let q = q.rope_into_cache(&k, &v, ctx.tables.step(), &k_new, &v_new)?;
                 let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;
@@ -170,8 +198,13 @@ impl Attention {
                 }
             }
             _ => {
-                let q = q.permute(&[0, 2, 1, 3])?.rope(&ctx.tables.cos_q, &ctx.tables.sin_q)?;
-                let k = k.permute(&[0, 2, 1, 3])?.rope(&ctx.tables.cos_k, &ctx.tables.sin_k)?;
+                let q = rotate(
+                    q.permute(&[0, 2, 1, 3])?,
+                    &ctx.tables.cos_q,
+                    &ctx.tables.sin_q,
+                    ctx.score_scale,
+                )?;
+                let k = rotate(k.permute(&[0, 2, 1, 3])?, &ctx.tables.cos_k, &ctx.tables.sin_k, 1.0)?;
                 let v = v.permute(&[0, 2, 1, 3])?;
                 let (k, v) = match cache {
                     Some((cache, layer)) => cache.append(layer, &k, &v, ctx.key_start)?,

@@ -110,6 +110,8 @@ pub struct ModelConfig {
     pub mlp_names: [&'static str; 2],
     /// Rotary embedding.
     pub rope: RopeConfig,
+    /// The leading dimensions of each head that rotate (`head_dim`, or StableLM's `partial_rotary_factor` of it).
+    pub rotary_dim: usize,
     /// The output projection shares the embedding matrix.
     pub tie_word_embeddings: bool,
     /// q/k/v projections have biases (Qwen2; Llama's `attention_bias`).
@@ -282,6 +284,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(50279),
             tie_word_embeddings: false,
         },
+        Family::Stablelm => Defaults {
+            num_key_value_heads: Some(32),
+            head_dim: None,
+            max_position_embeddings: 4096,
+            bos_token_id: Some(0),
+            eos_token_id: Some(0),
+            tie_word_embeddings: false,
+        },
         Family::SeedOss => Defaults {
             num_key_value_heads: Some(8),
             head_dim: Some(128),
@@ -374,12 +384,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let rms_norm_eps = match family {
         Family::Olmo => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Stablelm => f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         _ => f.or("rms_norm_eps", Some(1e-6), F64)?.unwrap_or(1e-6),
     };
     if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
         return Err(f.error("rms_norm_eps", "must be positive"));
     }
     let rope = rope_config(f, max_position_embeddings)?;
+    let rotary_dim = rotary_dim(f, family, head_dim)?;
     let flag = |key: &str| -> Result<bool> { Ok(f.or(key, Some(false), BOOL)?.unwrap_or(false)) };
     let tie_word_embeddings = f
         .or("tie_word_embeddings", Some(d.tie_word_embeddings), BOOL)?
@@ -394,6 +406,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (b, b, false)
         }
         Family::Qwen2 => (true, false, false),
+        Family::Stablelm => (flag("use_qkv_bias")?, false, false),
         Family::SeedOss => (
             f.or("attention_bias", Some(true), BOOL)?.unwrap_or(true),
             flag("attention_out_bias")?,
@@ -453,6 +466,12 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Exaone4 if f.or("sliding_window", Some(4096), USIZE)?.is_some() => (0..num_hidden_layers).collect(),
         _ => nope_layers(f, family, num_hidden_layers)?,
     };
+    // StableLM's per-head q/k LayerNorm and parallel residual (StableLM 2 12B) are not built yet.
+    for key in ["qk_layernorm", "use_parallel_residual"] {
+        if family == Family::Stablelm && f.or(key, Some(false), BOOL)? == Some(true) {
+            return Err(f.error(key, "is not supported yet"));
+        }
+    }
     let clip_qkv = match family {
         Family::Olmo => f.or("clip_qkv", None, F64)?,
         _ => None,
@@ -484,6 +503,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         max_position_embeddings,
         rms_norm_eps,
         rope,
+        rotary_dim,
         tie_word_embeddings,
         attention_bias,
         o_proj_bias,
@@ -504,11 +524,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         nope_layers,
         norm_unit_offset: family == Family::Gemma,
         norm_kind: match family {
-            Family::Olmo | Family::Starcoder2 => NormKind::Layer,
+            Family::Olmo | Family::Starcoder2 | Family::Stablelm => NormKind::Layer,
             _ => NormKind::Rms,
         },
         norm_weight: family != Family::Olmo,
-        norm_bias: family == Family::Starcoder2,
+        norm_bias: matches!(family, Family::Starcoder2 | Family::Stablelm),
         mlp_gated: !matches!(family, Family::Starcoder2 | Family::Arcee),
         mlp_names: match family {
             Family::Starcoder2 => ["c_fc", "c_proj"],
@@ -576,7 +596,8 @@ fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<(Option<u
         | Family::Olmo2
         | Family::Olmo
         | Family::Arcee
-        | Family::SeedOss => {
+        | Family::SeedOss
+        | Family::Stablelm => {
             return none;
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
@@ -624,6 +645,42 @@ fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<(Option<u
     Ok((Some(window), (0..layers).filter(|&i| !sliding[i]).collect()))
 }
 
+/// The leading dimensions of a head that rotate: `partial_rotary_factor` of them (in `rope_parameters` or at the
+/// top level) for StableLM, whose attention splits the heads; every other family rotates whole heads and refuses
+/// a partial factor.
+fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
+    let block = match f.object("rope_parameters")? {
+        Some(b) => Some(b),
+        None => f.object("rope_scaling")?,
+    };
+    let nested = match &block {
+        Some(b) => b.or("partial_rotary_factor", None, F64)?,
+        None => None,
+    };
+    let default = if family == Family::Stablelm { 0.25 } else { 1.0 };
+    let factor = match nested {
+        Some(p) => p,
+        None => f.or("partial_rotary_factor", Some(default), F64)?.unwrap_or(default),
+    };
+    if factor == 1.0 {
+        return Ok(head_dim);
+    }
+    let dim = (head_dim as f64 * factor) as usize;
+    if family != Family::Stablelm {
+        return Err(f.error(
+            "partial_rotary_factor",
+            "partial rotary embeddings are not supported for this family",
+        ));
+    }
+    if !(factor > 0.0 && factor < 1.0) || dim < 2 || !dim.is_multiple_of(2) {
+        return Err(f.error(
+            "partial_rotary_factor",
+            &format!("{factor} of heads of {head_dim} is not an even number of rotated dimensions"),
+        ));
+    }
+    Ok(dim)
+}
+
 /// `rope_parameters` (transformers 5, may carry `rope_theta`) wins over the classic `rope_theta` + `rope_scaling`.
 fn rope_config(f: &Fields, max_position_embeddings: usize) -> Result<RopeConfig> {
     let top_theta = f.or("rope_theta", None, F64)?;
@@ -653,9 +710,6 @@ fn rope_scaling(b: &Fields, max_position_embeddings: usize) -> Result<RopeScalin
         Some(kind) => kind,
         None => b.or("type", Some("default".to_string()), STRING)?.unwrap_or_default(),
     };
-    if b.or("partial_rotary_factor", None, F64)?.is_some_and(|p| p != 1.0) {
-        return Err(b.error("partial_rotary_factor", "partial rotary embeddings are not supported"));
-    }
     let factor = |key: &str| -> Result<f64> {
         let v = b.required(key, F64)?;
         if !(v > 0.0 && v.is_finite()) {

@@ -293,6 +293,7 @@ impl CausalLm {
                     q_norm,
                     k_norm,
                     clip_qkv: c.clip_qkv,
+                    rotary_dim: c.rotary_dim,
                     num_heads: h,
                     num_kv_heads: kvh,
                     head_dim: d,
@@ -335,7 +336,7 @@ impl CausalLm {
             layers,
             norm: final_norm,
             lm_head,
-            rotary: RotaryEmbedding::new(d, &c.rope)?,
+            rotary: RotaryEmbedding::new(c.rotary_dim, &c.rope)?,
             adapter: None,
         })
     }
@@ -479,7 +480,7 @@ impl CausalLm {
                     (false, Some(u)) => u.clone(),
                     _ => rotated.clone(),
                 };
-                AttentionContext::new(tables, q_start, k_start, window)
+                AttentionContext::new(tables, q_start, k_start, window, scale)
             })
             .collect();
         let ctx_of = |i: usize| &contexts[layer_kinds[i]];

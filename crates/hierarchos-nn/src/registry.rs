@@ -37,6 +37,8 @@ pub enum Family {
     Arcee,
     /// ByteDance Seed-OSS (biases on q, k and v, the output projection's own bias flag).
     SeedOss,
+    /// StableLM (LayerNorm with bias, partial rotary embeddings, optional q/k/v biases).
+    Stablelm,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -79,7 +81,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 13] = [
+pub const ARCHITECTURES: [Architecture; 14] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -182,6 +184,15 @@ pub const ARCHITECTURES: [Architecture; 13] = [
                    the residual and attention dropout of training are not applied",
         gap: None,
     },
+    Architecture {
+        family: Family::Stablelm,
+        status: Status::Validated,
+        fixtures: &["stablelm"],
+        features: "LayerNorm with weight and bias (layer_norm_eps), rotary on the first partial_rotary_factor of \
+                   each head (default 0.25), q/k/v biases with use_qkv_bias; qk_layernorm and the parallel \
+                   residual (StableLM 2 12B) fail closed",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -214,6 +225,7 @@ impl Family {
             Family::Starcoder2 => "starcoder2",
             Family::Arcee => "arcee",
             Family::SeedOss => "seed_oss",
+            Family::Stablelm => "stablelm",
         }
     }
 

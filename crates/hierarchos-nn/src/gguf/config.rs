@@ -185,6 +185,7 @@ pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
             theta,
             scaling: rope_scaling(&m, arch, max_position_embeddings)?,
         },
+        rotary_dim: head_dim,
         tie_word_embeddings: !has("output.weight"),
         attention_bias,
         o_proj_bias,
