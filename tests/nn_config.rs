@@ -615,6 +615,36 @@ fn family_options() {
         &tiny("llama", r#""partial_rotary_factor": 0.5"#),
         &["partial_rotary_factor", "not supported"],
     );
+    // SmolLM3 slides on its layers without rotary, and has no window unless the config sets one.
+    let sw = r#""use_sliding_window": true, "sliding_window": 16, "no_rope_layers": [1, 0]"#;
+    let sm = parse(&tiny("smollm3", sw)).unwrap();
+    assert_eq!(
+        (sm.sliding_window, &sm.full_attention_layers, &sm.nope_layers),
+        (Some(16), &vec![0], &vec![1])
+    );
+    assert!(
+        parse(&tiny("smollm3", r#""use_sliding_window": true"#))
+            .unwrap()
+            .sliding_window
+            .is_none()
+    );
+    err(
+        &tiny(
+            "gemma",
+            r#""num_key_value_heads": 1, "use_bidirectional_attention": true"#,
+        ),
+        &["causal"],
+    );
+    // Families whose projections never have biases, and the config classes' epsilon defaults.
+    let e = parse(&tiny(
+        "exaone4",
+        r#""num_key_value_heads": 2, "attention_bias": true, "sliding_window": null"#,
+    ))
+    .unwrap();
+    assert!(!e.attention_bias && !e.o_proj_bias && e.head_dim == 16);
+    assert!(!parse(&tiny("olmo", r#""mlp_bias": true"#)).unwrap().mlp_bias);
+    assert_eq!(parse(&tiny("olmo2", "")).unwrap().rms_norm_eps, 1e-5);
+    assert_eq!(parse(&tiny("llama", "")).unwrap().rms_norm_eps, 1e-6);
     let q = parse(&tiny("qwen3", r#""num_key_value_heads": 2"#)).unwrap();
     assert!(!q.post_norm && q.qk_norm && !q.qk_norm_over_heads);
 

@@ -2,13 +2,13 @@
 //
 // Parameters (u32 words): [B, H, T, S, group (H / KVH), q_start, k_start, window (0: none), D,
 // q offset, q strides (b, h, t, d), k offset, k strides (b, kvh, s, d), v offset, v strides (b, kvh, s, d)].
-// The Rust side defines D4 (quads per head row, D rounded up to 4) and the tile constants of each kernel (BR and
-// BC for the forward, R and M for the backward ones; see their files), and repeats every block between
-// `//@FOR x N` and its `//@END` N times (N one of those constants; blocks nest), with `@x` set to 0, 1, ... in
-// each copy: per-thread rows and tiles are separate variables (`acc@i`), which drivers keep in registers where
-// arrays indexed in loops land in slow local memory. It also defines load_NAME(base, c) for every head-row
-// binding read (quad c of the row at element offset `base`: through the view's stride along d for q, k and v,
-// dense otherwise; zeros past D) and store_NAME(base, c, x) for every one written.
+// The Rust side defines D4 (quads per head row, D rounded up to 4) and the tile constants of each kernel (BR
+// and BC for the forward; R, TILE, M and STAGED for the backward ones; see their files), and repeats every block
+// between `//@FOR x N` and its `//@END` N times (N one of those constants; blocks nest), with `@x` set to 0, 1,
+// ... in each copy: per-thread rows and tiles are separate variables (`acc@i`), which drivers keep in registers
+// where arrays indexed in loops land in slow local memory. It also defines load_NAME(base, c) for every
+// head-row binding read (quad c of the row at element offset `base`: through the view's stride along d for q,
+// k and v, dense otherwise; zeros past D) and store_NAME(base, c, x) for every one written.
 //
 // Visibility, as in attention_decode.wgsl: key j (position k_start + j) is seen by query t (position q_start + t)
 // iff kpos <= qpos and, with a window w > 0, kpos + w > qpos. The Rust side guarantees every query sees a key.

@@ -1,4 +1,4 @@
-// The key/value tiles of the forward and query-gradient kernels (ops/flash_attention.rs): BC keys of key/value
+// The key/value tiles of the forward kernel (ops/flash_attention.rs): BC keys of key/value
 // head kh staged in workgroup memory, zeros past the keys any row of the workgroup sees.
 
 var<workgroup> ks: array<vec4<f32>, BC * D4>;

@@ -60,7 +60,7 @@ pub struct AttentionContext {
     pub query_start: usize,
     /// Position of the first key attended to (later than 0 when a sliding window lets older keys go).
     pub key_start: usize,
-    /// Mistral's sliding window, if any.
+    /// The sliding window of the layers this context serves, if they slide.
     pub window: Option<usize>,
     /// The attention score scale the query tables carry (what the dimensions past a partial rotary are
     /// multiplied by).

@@ -120,12 +120,12 @@ pub struct ModelConfig {
     pub o_proj_bias: bool,
     /// MLP projections have biases (Llama's `mlp_bias`).
     pub mlp_bias: bool,
-    /// RMSNorm on queries and keys before rotary (Qwen3, OLMo 2).
+    /// RMSNorm on queries and keys before rotary (Qwen3, OLMo 2, EXAONE 4).
     pub qk_norm: bool,
     /// The q/k norms span the whole projections (OLMo 2: weights of `heads · head_dim`), not one head (Qwen3).
     pub qk_norm_over_heads: bool,
     /// Post-norm layers: each attention and MLP output is normed before its residual add, with no input norm
-    /// (OLMo 2's `post_attention_layernorm` and `post_feedforward_layernorm`).
+    /// (OLMo 2's and EXAONE 4's `post_attention_layernorm` and `post_feedforward_layernorm`).
     pub post_norm: bool,
     /// Attend only to the last `n` positions (Mistral; Qwen2 when `use_sliding_window`), on every layer but
     /// `full_attention_layers`.
@@ -326,7 +326,7 @@ fn defaults(family: Family) -> Defaults {
         },
         Family::Exaone4 => Defaults {
             num_key_value_heads: Some(32),
-            head_dim: Some(128),
+            head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: Some(0),
             eos_token_id: Some(2),
@@ -385,6 +385,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Olmo => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Stablelm => f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
+        // The config classes' defaults: 1e-5 for these, 1e-6 for the others.
+        Family::Olmo2 | Family::Exaone4 | Family::Arcee => f.or("rms_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         _ => f.or("rms_norm_eps", Some(1e-6), F64)?.unwrap_or(1e-6),
     };
     if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
@@ -397,15 +399,18 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         .or("tie_word_embeddings", Some(d.tie_word_embeddings), BOOL)?
         .unwrap_or(d.tie_word_embeddings);
     let (attention_bias, o_proj_bias, mlp_bias) = match family {
-        Family::Llama | Family::Granite | Family::Smollm3 | Family::Gemma | Family::Olmo | Family::Arcee => {
+        Family::Llama | Family::Granite | Family::Smollm3 | Family::Arcee => {
             let b = flag("attention_bias")?;
             (b, b, flag("mlp_bias")?)
         }
-        Family::Qwen3 | Family::Olmo2 | Family::Exaone4 => {
+        // Their MLPs never have biases, whatever mlp_bias says.
+        Family::Qwen3 | Family::Olmo2 | Family::Gemma | Family::Olmo => {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
         Family::Qwen2 => (true, false, false),
+        // EXAONE 4's projections never have biases.
+        Family::Exaone4 => (false, false, false),
         Family::Stablelm => (flag("use_qkv_bias")?, false, false),
         Family::SeedOss => (
             f.or("attention_bias", Some(true), BOOL)?.unwrap_or(true),
@@ -418,7 +423,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         }
         Family::Mistral => (false, false, false),
     };
-    let (sliding_window, full_attention_layers) = sliding_window(f, family, num_hidden_layers)?;
+    let smollm3_nope = nope_layers(f, family, num_hidden_layers)?;
+    let windows = sliding_window(f, family, num_hidden_layers, &smollm3_nope)?;
     // Gemma's MLP (transformers 5) takes `hidden_act`, the tanh GELU unless said otherwise.
     let default_act = match family {
         Family::Gemma | Family::Starcoder2 => "gelu_pytorch_tanh",
@@ -438,7 +444,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             ));
         }
     };
-    let initializer_range = f.or("initializer_range", Some(0.02), F64)?.unwrap_or(0.02);
+    let default_range = if family == Family::Starcoder2 { 0.018042 } else { 0.02 };
+    let initializer_range = f
+        .or("initializer_range", Some(default_range), F64)?
+        .unwrap_or(default_range);
     let multiplier = |key: &str| -> Result<f64> {
         if family != Family::Granite {
             return Ok(1.0);
@@ -462,10 +471,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // EXAONE 4's layers rotate only when they slide or when the config sets no window at all (transformers
     // checks the config's `sliding_window`, not the layer's): with a window and no sliding layer, none rotates.
     let nope_layers = match family {
-        Family::Exaone4 if sliding_window.is_some() => full_attention_layers.clone(),
-        Family::Exaone4 if f.or("sliding_window", Some(4096), USIZE)?.is_some() => (0..num_hidden_layers).collect(),
-        _ => nope_layers(f, family, num_hidden_layers)?,
+        Family::Exaone4 if windows.window.is_some() => windows.full_layers.clone(),
+        Family::Exaone4 if windows.configured => (0..num_hidden_layers).collect(),
+        _ => smollm3_nope,
     };
+    // Gemma's bidirectional attention (an encoder-style option) is not causal: refused.
+    if family == Family::Gemma && f.or("use_bidirectional_attention", Some(false), BOOL)? == Some(true) {
+        return Err(f.error("use_bidirectional_attention", "only causal attention is supported"));
+    }
     // StableLM's per-head q/k LayerNorm and parallel residual (StableLM 2 12B) are not built yet.
     for key in ["qk_layernorm", "use_parallel_residual"] {
         if family == Family::Stablelm && f.or(key, Some(false), BOOL)? == Some(true) {
@@ -511,8 +524,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         qk_norm: matches!(family, Family::Qwen3 | Family::Olmo2 | Family::Exaone4),
         qk_norm_over_heads: matches!(family, Family::Olmo2),
         post_norm: matches!(family, Family::Olmo2 | Family::Exaone4),
-        sliding_window,
-        full_attention_layers: full_attention_layers.clone(),
+        sliding_window: windows.window,
+        full_attention_layers: windows.full_layers,
         hidden_act,
         bos_token_id,
         eos_token_ids,
@@ -583,12 +596,28 @@ fn per_layer(
     }
 }
 
+/// Where a model slides its attention window.
+struct Windows {
+    /// The window of the sliding layers; `None` when no layer slides.
+    window: Option<usize>,
+    /// The layers that attend to everything while others slide.
+    full_layers: Vec<usize>,
+    /// The config sets a window (even if no layer uses it).
+    configured: bool,
+}
+
 /// The window and the layers that do not slide: Mistral and StarCoder2 slide over every layer unless
 /// `sliding_window` is null; EXAONE 4 over the layers `layer_types` (or the pattern of every fourth layer full)
-/// marks; Qwen2/Qwen3/SmolLM3 only with `use_sliding_window`, and then from layer `max_window_layers`
-/// on (or as `layer_types` lists).
-fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<(Option<usize>, Vec<usize>)> {
-    let none = Ok((None, Vec::new()));
+/// marks; Qwen2/Qwen3/SmolLM3 only with `use_sliding_window`, and then as `layer_types` lists, or else Qwen from
+/// layer `max_window_layers` on and SmolLM3 on its layers without rotary (`nope`).
+fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> Result<Windows> {
+    let none = |configured| {
+        Ok(Windows {
+            window: None,
+            full_layers: Vec::new(),
+            configured,
+        })
+    };
     let window = match family {
         Family::Llama
         | Family::Granite
@@ -598,24 +627,29 @@ fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<(Option<u
         | Family::Arcee
         | Family::SeedOss
         | Family::Stablelm => {
-            return none;
+            return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Starcoder2 => f.or("sliding_window", None, USIZE)?,
         Family::Exaone4 => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Qwen2 | Family::Qwen3 | Family::Smollm3 => {
             if !f.or("use_sliding_window", Some(false), BOOL)?.unwrap_or(false) {
-                return none;
+                return none(false);
             }
-            f.or("sliding_window", Some(4096), USIZE)?
+            let default = if family == Family::Smollm3 { None } else { Some(4096) };
+            f.or("sliding_window", default, USIZE)?
         }
     };
-    let Some(window) = window else { return none };
+    let Some(window) = window else { return none(false) };
     if window == 0 {
         return Err(f.error("sliding_window", "must be positive"));
     }
     if matches!(family, Family::Mistral | Family::Starcoder2) {
-        return Ok((Some(window), Vec::new()));
+        return Ok(Windows {
+            window: Some(window),
+            full_layers: Vec::new(),
+            configured: true,
+        });
     }
     let listed = per_layer(
         f,
@@ -634,15 +668,20 @@ fn sliding_window(f: &Fields, family: Family, layers: usize) -> Result<(Option<u
             let pattern = f.or("sliding_window_pattern", Some(4), USIZE)?.unwrap_or(4).max(1);
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
+        None if family == Family::Smollm3 => (0..layers).map(|i| nope.contains(&i)).collect(),
         None => {
             let first = f.or("max_window_layers", Some(28), USIZE)?.unwrap_or(28);
             (0..layers).map(|i| i >= first).collect()
         }
     };
     if !sliding.contains(&true) {
-        return none;
+        return none(true);
     }
-    Ok((Some(window), (0..layers).filter(|&i| !sliding[i]).collect()))
+    Ok(Windows {
+        window: Some(window),
+        full_layers: (0..layers).filter(|&i| !sliding[i]).collect(),
+        configured: true,
+    })
 }
 
 /// The leading dimensions of a head that rotate: `partial_rotary_factor` of them (in `rope_parameters` or at the

@@ -26,7 +26,7 @@ pub struct DecoderLayer {
     pub self_attn: Attention,
     /// Norm before the MLP; in a post-norm layer, the norm of the attention output.
     pub post_attention_layernorm: Norm,
-    /// Gated MLP.
+    /// The MLP (gated or plain).
     pub mlp: Mlp,
     /// The norm of the MLP output in a post-norm layer (its presence makes the layer post-norm).
     pub post_feedforward_layernorm: Option<Norm>,
@@ -648,7 +648,6 @@ fn wrong_shape(name: &str, got: &[usize], want: &[usize]) -> Error {
     Error::Invalid(format!("{name}: shape {got:?}, but the config implies {want:?}"))
 }
 
-/// The RMSNorm whose weight is `name`, over `dim` features.
 /// The norm `name` of a block or the model's final norm (`name.weight`, `name.bias` as the config says).
 fn block_norm(tensor: TensorSource, name: String, dim: usize, c: &ModelConfig) -> Result<Norm> {
     let mut param = |on: bool, part: &str| on.then(|| tensor(&format!("{name}.{part}"), &[dim])).transpose();

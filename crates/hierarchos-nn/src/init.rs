@@ -35,7 +35,8 @@ impl ParamRng {
 
 impl CausalLm {
     /// A new model of `config` with every parameter trainable, initialized as transformers initializes one
-    /// (weight matrices and embeddings from N(0, `initializer_range`), norm weights 1, biases 0), drawn from
+    /// (weight matrices and embeddings from N(0, `initializer_range`), norm weights 1 (0 for Gemma's norms, which
+    /// scale by `1 + weight`), biases 0), drawn from
     /// `seed`: training from scratch. The draws use the device's `log` and `cos`, so another GPU may differ in
     /// the last bits.
     pub fn init_random(config: &ModelConfig, seed: u64, device: &Device) -> crate::Result<CausalLm> {
@@ -44,7 +45,8 @@ impl CausalLm {
             let t = if name.ends_with(".bias") {
                 Tensor::zeros(shape, DType::F32, device)?
             } else if shape.len() == 1 {
-                Tensor::full(shape, 1.0, DType::F32, device)?
+                let one = if config.norm_unit_offset { 0.0 } else { 1.0 };
+                Tensor::full(shape, one, DType::F32, device)?
             } else {
                 rng.normal(shape, config.initializer_range, device)?
             };

@@ -48,9 +48,8 @@ impl Tensor {
                 message: format!("{b} sequences of {h} heads exceed the launch grid"),
             });
         }
-        let with_grads = grad_enabled() && [q, k, v].iter().any(|x| x.requires_grad());
-        let kernels: &[Kernel] = if with_grads { &Kernel::ALL } else { &[Kernel::Forward] };
-        if !tiles_fit(q, kernels) {
+        let with_grads = records_grads([q, k, v]);
+        if !tiles_fit(q, with_grads) {
             return Err(Error::Invalid {
                 op: OP,
                 message: format!(
@@ -79,20 +78,27 @@ impl Tensor {
 }
 
 /// Whether [`Tensor::flash_attention`] takes queries `q` `[B, H, T, D]` with keys and values `k`, `v`: f32
-/// throughout, heads of at most [`MAX_HEAD_DIM`] whose tiles fit the device's workgroup memory, and sequences
-/// times heads within one dimension of the launch grid. Shapes that do not fit each other are errors of the op,
-/// not refusals here.
+/// throughout, heads of at most [`MAX_HEAD_DIM`] whose tiles fit the device's workgroup memory (the backward's
+/// too when gradients will be recorded), and sequences times heads within one dimension of the launch grid.
+/// Shapes that do not fit each other are errors of the op, not refusals here.
 pub fn flash_attention_fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     [q, k, v].iter().all(|x| x.dtype() == DType::F32)
         && q.rank() == 4
         && q.shape()[3] <= MAX_HEAD_DIM
         && within_grid(q)
-        && tiles_fit(q, &Kernel::ALL)
+        && tiles_fit(q, records_grads([q, k, v]))
 }
 
-/// Whether `kernels` have tiles for heads of `q`'s size within the device's workgroup memory.
-fn tiles_fit(q: &Tensor, kernels: &[Kernel]) -> bool {
+/// Whether the op records a backward rule for these inputs.
+fn records_grads(inputs: [&Tensor; 3]) -> bool {
+    grad_enabled() && inputs.iter().any(|x| x.requires_grad())
+}
+
+/// Whether the forward kernel, and with `with_grads` the backward ones, have tiles for heads of `q`'s size
+/// within the device's workgroup memory.
+fn tiles_fit(q: &Tensor, with_grads: bool) -> bool {
     let (d4, budget) = (q.shape()[3].div_ceil(4), workgroup_memory(q.device()));
+    let kernels: &[Kernel] = if with_grads { &Kernel::ALL } else { &[Kernel::Forward] };
     kernels.iter().all(|k| k.tiling(d4, budget).is_some())
 }
 
@@ -358,9 +364,13 @@ fn expand(template: &str, counts: &[(&str, usize)]) -> String {
         let count = counts.iter().find(|(name, _)| *name == count).expect("a known count").1;
         let mut block = String::new();
         let mut depth = 0;
+        let mut closed = false;
         for line in lines.by_ref() {
             match line.trim() {
-                "//@END" if depth == 0 => break,
+                "//@END" if depth == 0 => {
+                    closed = true;
+                    break;
+                }
                 "//@END" => depth -= 1,
                 l if l.starts_with("//@FOR ") => depth += 1,
                 _ => {}
@@ -368,10 +378,35 @@ fn expand(template: &str, counts: &[(&str, usize)]) -> String {
             block.push_str(line);
             block.push('\n');
         }
+        assert!(closed, "//@FOR {var} without its //@END");
         let block = expand(&block, counts);
         for i in 0..count {
-            out.push_str(&block.replace(&format!("@{var}"), &i.to_string()));
+            out.push_str(&substitute(&block, var, i));
         }
     }
+    out
+}
+
+/// `text` with each `@var` that is a whole name (followed by a character that cannot continue one, or by `u` and
+/// then such a character: `@xu` is the u32 literal) replaced by `value`: `@builtin` stays when `var` is `b`.
+fn substitute(text: &str, var: &str, value: usize) -> String {
+    let pattern = format!("@{var}");
+    let continues = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(&pattern) {
+        let after = &rest[at + pattern.len()..];
+        let mut chars = after.chars();
+        let next = chars.next();
+        let whole = !continues(next) || (next == Some('u') && !continues(chars.next()));
+        out.push_str(&rest[..at]);
+        if whole {
+            out.push_str(&value.to_string());
+        } else {
+            out.push_str(&pattern);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
     out
 }
