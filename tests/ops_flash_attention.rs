@@ -102,7 +102,10 @@ fn flash_attention_largest_heads_backward() {
     let mut rng = Rng::new("flash_attention_largest_heads_backward");
     let c = case((1, 1, 1), (9, 9, 256), (0, 0, None));
     let x = inputs(&mut rng, c);
-    assert!(flash_attention_fits(&x.q, &x.k, &x.v), "the forward's tiles fit everywhere");
+    assert!(
+        flash_attention_fits(&x.q, &x.k, &x.v),
+        "the forward's tiles fit everywhere"
+    );
     let q = x.q.requires_grad_();
     if flash_attention_fits(&q, &x.k, &x.v) {
         check(&mut rng, c, true);
