@@ -58,13 +58,10 @@ impl DecoderLayer {
             None => {
                 let (x, h) = self.post_attention_layernorm.add_forward(x, &scaled(attn)?)?;
                 let mlp = scaled(self.mlp.forward(&h, None, None)?)?;
-                return match next_norm {
-                    Some(n) => Ok(n.add_forward(&x, &mlp)?),
-                    None => {
-                        let x = x.add(&mlp)?;
-                        Ok((x.clone(), x))
-                    }
-                };
+                if let Some(n) = next_norm {
+                    return Ok(n.add_forward(&x, &mlp)?);
+                }
+                x.add(&mlp)?
             }
             Some(post_mlp) => {
                 let x = x.add(&scaled(self.post_attention_layernorm.forward(&attn)?)?)?;
