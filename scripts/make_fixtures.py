@@ -49,6 +49,10 @@ NEW_TOKENS = 12
 MIN_MARGIN = 5e-3
 # Fewest distinct tokens in a greedy continuation: one token repeated would hide cache and position bugs.
 MIN_DISTINCT = 4
+# Smallest gap between the probabilities of a token's last chosen expert and its best unchosen one, in every
+# float64 forward pass of a fixture with experts, so an f32 router (probabilities off by ~1e-7) cannot choose
+# other experts.
+MIN_ROUTING_MARGIN = 1e-5
 # Scale of the projections that write into the residual stream: the layers must outweigh the input embedding,
 # or a tied model's logits favour repeating the last token.
 RESIDUAL_GAIN = 2.0
@@ -78,6 +82,11 @@ LORA = {
     "exaone4_hybrid": dict(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj"]),
     "seed_oss": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "up_proj"]),
     "stablelm": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
+    # transformers 5 holds the routed experts as 3-D parameters, not linear modules: adapters target the rest.
+    "mixtral": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "o_proj"]),
+    "qwen2_moe": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "shared_expert_gate"]),
+    "qwen3_moe": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    "olmoe": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -285,6 +294,43 @@ FIXTURES = {
         "StableLM: LayerNorm with weight and bias, rotary on the first half of each head (partial_rotary_factor "
         "0.5: 8 of 16 dimensions), biases on q, k and v (use_qkv_bias)",
     ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-5, num_local_experts=4, num_experts_per_tok=2,
+             sliding_window=None, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        True,
+        "Mixtral: a mixture of 4 gated SiLU experts (MLP 128) in place of each MLP, 2 per token (softmax, top 2, "
+        "renormalized); experts saved as block_sparse_moe.experts.N.w1/w2/w3",
+    ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-6, num_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False,
+             mlp_only_layers=[1], pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        False,
+        "Qwen2-MoE: layer 0 routes to 2 of 4 experts (MLP 32, probabilities not renormalized) plus a shared "
+        "expert (MLP 48) scaled by a sigmoid gate; layer 1 a dense MLP (mlp_only_layers [1]); q/k/v biases",
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-6, num_experts=8, num_experts_per_tok=3,
+             moe_intermediate_size=32, norm_topk_prob=True, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        False,
+        "Qwen3-MoE: per-head q/k RMSNorm (as Qwen3), 3 of 8 experts (MLP 32) per token, renormalized "
+        "(norm_topk_prob)",
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-5, num_experts=4, num_experts_per_tok=2,
+             norm_topk_prob=False, clip_qkv=1.5, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "OLMoE: RMSNorm over the whole q and k projections (as OLMo 2) in pre-norm layers, q, k and v clamped to "
+        "[-1.5, 1.5] after those norms, 2 of 4 experts (MLP 128) per token, not renormalized",
+    ),
 }
 
 
@@ -349,10 +395,10 @@ def randomize(model, seed, damped_rows):
                 value = 0.25 * noise / math.sqrt(model.config.hidden_size)
             elif "embed_tokens" in name or name.startswith("lm_head"):
                 value = 0.25 * noise
-            elif name.endswith(("o_proj.weight", "down_proj.weight")):
-                value = RESIDUAL_GAIN * noise / math.sqrt(p.shape[1])
+            elif name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
+                value = RESIDUAL_GAIN * noise / math.sqrt(p.shape[-1])
             else:
-                value = noise / math.sqrt(p.shape[1])
+                value = noise / math.sqrt(p.shape[-1])
             if p is output:
                 value[damped_rows] *= 0.25
             p.copy_(value.to(p.dtype))
@@ -368,6 +414,39 @@ def rms_norm64(self, x):
 def layer_norm64(self, x):
     """OLMo's LayerNorm (no parameters; transformers runs it in float32) in float64."""
     return F.layer_norm(x, self.normalized_shape, None, None, eps=1e-5)
+
+
+ROUTING = {"margin": math.inf}
+
+
+def router64(self, hidden_states):
+    """A top-k softmax router in float64 (transformers' runs its softmax in float32), recording in ROUTING the
+    smallest gap between a token's last chosen expert and its best unchosen one."""
+    logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    probs = torch.softmax(logits, dim=-1)
+    ranked = torch.sort(probs, dim=-1, descending=True).values
+    if self.num_experts > self.top_k:
+        gap = (ranked[:, self.top_k - 1] - ranked[:, self.top_k]).min().item()
+        ROUTING["margin"] = min(ROUTING["margin"], gap)
+    top, index = torch.topk(probs, self.top_k, dim=-1)
+    # Mixtral's router always renormalizes (it has no norm_topk_prob).
+    if getattr(self, "norm_topk_prob", True):
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top, index
+
+
+def saved_names(model, params):
+    """`params` (by `named_parameters()` names) under the names `save_pretrained` writes: transformers 5 holds
+    each MoE block's experts as 3-D tensors but saves one tensor per expert, as the Hub's checkpoints have them."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        saved = safetensors.torch.load_file(str(Path(tmp) / "model.safetensors"))
+    if set(saved) == set(params):
+        return params
+    if sum(t.numel() for t in saved.values()) != sum(p.numel() for p in params.values()):
+        raise SystemExit("the saved tensors do not hold the trained parameters")
+    return {n: t.to(torch.float64) for n, t in saved.items()}
 
 
 def eager_attention64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -439,6 +518,8 @@ def float64_model(model32):
             module.forward = types.MethodType(rms_norm64, module)
         elif kind == "OlmoLayerNorm":
             module.forward = types.MethodType(layer_norm64, module)
+        elif kind.endswith("TopKRouter"):
+            module.forward = types.MethodType(router64, module)
         elif kind.endswith("RotaryEmbedding"):
             inv = inv_freq64(model.config)
             hf = module.inv_freq.to(torch.float64)
@@ -534,6 +615,15 @@ def tokenizer_report(tok, out):
     }
 
 
+def eager(config):
+    """Loading arguments for the plain PyTorch code paths, which also run in float64 (the default grouped-matmul
+    experts do not)."""
+    kwargs = dict(attn_implementation="eager", dtype=torch.float32)
+    if any(hasattr(config, k) for k in ("num_experts", "num_local_experts")):
+        kwargs["experts_implementation"] = "eager"
+    return kwargs
+
+
 def make_fixture(name, out_root, tok_cache):
     config_class, args, add_bos, covers = FIXTURES[name]
     out = out_root / name
@@ -547,16 +637,18 @@ def make_fixture(name, out_root, tok_cache):
     seed = 1000
     while True:
         torch.manual_seed(seed)
-        model32 = transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation="eager", dtype=torch.float32).eval()
+        model32 = transformers.AutoModelForCausalLM.from_config(config, **eager(config)).eval()
         randomize(model32, seed, unprintable_ids(tok))
         model64 = float64_model(model32)
+        ROUTING["margin"] = math.inf
         greedy_ids, greedy_logits, margin = greedy(model64, ids)
         special = {tok.token_to_id(BOS), tok.token_to_id(EOS)}
         varied = all(len(set(row)) >= MIN_DISTINCT for row in greedy_ids.tolist())
-        if margin >= MIN_MARGIN and varied and not special & set(greedy_ids.flatten().tolist()):
+        routed = ROUTING["margin"] >= MIN_ROUTING_MARGIN
+        if margin >= MIN_MARGIN and varied and routed and not special & set(greedy_ids.flatten().tolist()):
             break
-        print(f"{name}: seed {seed} rejected (margin {margin:.2e}, varied {varied})", flush=True)
+        print(f"{name}: seed {seed} rejected (margin {margin:.2e}, varied {varied}, routing margin "
+              f"{ROUTING['margin']:.2e})", flush=True)
         seed += 1
         if seed > 1050:
             raise SystemExit(f"{name}: no seed in 1000..1050 passes the greedy checks")
@@ -579,8 +671,7 @@ def make_fixture(name, out_root, tok_cache):
         classic_rope_config(out / "config.json")
     save_tokenizer(tok, add_bos, config.eos_token_id, out)
 
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-        out, attn_implementation="eager", dtype=torch.float32).eval()
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, **eager(config)).eval()
     if reloaded.config.rope_parameters != config.rope_parameters:
         raise SystemExit(f"{name}: reloaded rope {reloaded.config.rope_parameters} != {config.rope_parameters}")
     with torch.no_grad():
@@ -592,8 +683,9 @@ def make_fixture(name, out_root, tok_cache):
     losses = {}
     adamw_f32 = {}
     for prefix, settings in ADAMW.items():
-        params, step_losses = adamw_steps(float64_model(model32), ids, settings)
-        tensors.update({f"{prefix}/{n}": p for n, p in params.items()})
+        trained = float64_model(model32)
+        params, step_losses = adamw_steps(trained, ids, settings)
+        tensors.update({f"{prefix}/{n}": p for n, p in saved_names(trained, params).items()})
         tensors[f"{prefix}_losses"] = step_losses
         losses[prefix] = step_losses.tolist()
         # PyTorch's own f32 training on the same steps, against the float64 truth: the scale of error an f32
@@ -604,6 +696,8 @@ def make_fixture(name, out_root, tok_cache):
             "max_rel_loss_err": ((losses32 - step_losses).abs() / step_losses.abs()).max().item(),
         }
     lora_report = make_lora(name, out, model32, ids, tensors)
+    if ROUTING["margin"] < MIN_ROUTING_MARGIN:
+        raise SystemExit(f"{name}: a float64 pass routed with a margin of {ROUTING['margin']:.2e}")
     safetensors.torch.save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "reference.safetensors"))
 
     checks, chat = tokenizer_report(tok, out)
@@ -617,6 +711,7 @@ def make_fixture(name, out_root, tok_cache):
         "greedy_text": [tok.decode(g, skip_special_tokens=False) for g in greedy_ids.tolist()],
         "full_text": [tok.decode(s, skip_special_tokens=False) for s in torch.cat([ids, greedy_ids], 1).tolist()],
         "greedy_min_margin": margin,
+        "routing_min_margin": ROUTING["margin"] if ROUTING["margin"] < math.inf else None,
         "tokenizer_adds_bos": add_bos,
         "tokenizer_round_trips": checks,
         "chat": chat,
@@ -713,7 +808,7 @@ Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (everything runs
 CPU may change the last bits of the float64 references (runs on the H200 machine and on a 2-core x86 box
 differed by at most 2e-13); the model, tokenizer and adapter files come out byte for byte the same.
 
-Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's and StarCoder2's tanh GELU, Arcee's ReLU²), vocab 300, f32 weights
+Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's and StarCoder2's tanh GELU, Arcee's ReLU²; the MoE fixtures' experts as listed), vocab 300, f32 weights
 (all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
 trained on a few public-domain paragraphs.
 
@@ -730,7 +825,7 @@ Files in each folder:
   - `greedy_ids` [2, 12] i64: 12 greedy tokens (argmax of the full-prefix logits; no EOS stop, and none of
     them is `<s>` or `</s>`); `greedy_logits` [2, 12, 300] f64: the logits each was picked from.
   - `adamw/<param>` and `adamw_damped/<param>` f64: every parameter (names as in `named_parameters()`, so
-    tied models have no `lm_head.weight`) after two `torch.optim.AdamW` steps, lr 1e-3, betas (0.9, 0.999),
+    tied models have no `lm_head.weight`; MoE experts by the names `save_pretrained` writes, one tensor per expert) after two `torch.optim.AdamW` steps, lr 1e-3, betas (0.9, 0.999),
     with eps 1e-8 / weight decay 0.01 (`adamw`) and eps 1e-3 / weight decay 0.1 (`adamw_damped`); weight decay
     applies to every parameter. Step 1 trains on `input_ids[0]` (batch A), step 2 on `input_ids[1]` (batch B);
     the loss is the mean cross-entropy of `logits[:, t]` against `input_ids[:, t+1]` over the batch's 23
@@ -754,7 +849,9 @@ Files in each folder:
 The references are true float64: transformers' Llama-family code computes RMSNorm (and OLMo's LayerNorm), the attention softmax, RoPE's
 cos/sin and the loss in float32 even for a float64 model, so the script swaps in the same formulas in float64
 (and checks them against transformers' f32 output, within 1e-4, and the RoPE frequencies within 1e-6).
-Seeds are fixed; a seed is skipped when a greedy step's top-2 logit gap is under {MIN_MARGIN}, when a greedy
+In the MoE fixtures the router also runs in float64, and every float64 pass must route each token with a gap of at
+least {MIN_ROUTING_MARGIN} between its last chosen expert's probability and the best unchosen one's
+(`routing_min_margin` in reference.json). Seeds are fixed; a seed is skipped when a greedy step's top-2 logit gap is under {MIN_MARGIN}, when a greedy
 token is special or when a continuation has fewer than {MIN_DISTINCT} distinct tokens (see `seed` and
 `greedy_min_margin` in reference.json). Output-embedding rows of special tokens and of tokens that are not printable
 ASCII are scaled by 1/4, so greedy text is mostly readable.

@@ -567,7 +567,9 @@ fn tiny_config() -> ModelConfig {
         norm_bias: false,
         clip_qkv: None,
         mlp_gated: true,
-        mlp_names: ["up_proj", "down_proj"],
+        mlp_names: ["gate_proj", "up_proj", "down_proj"],
+        moe: None,
+        clip_after_qk_norm: false,
     }
 }
 

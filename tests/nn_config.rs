@@ -578,13 +578,13 @@ fn family_options() {
         (hierarchos::nn::NormKind::Layer, true, true)
     );
     assert_eq!((c.rms_norm_eps, c.sliding_window, c.mlp_gated), (1e-4, Some(16), false));
-    assert_eq!(c.mlp_names, ["c_fc", "c_proj"]);
+    assert_eq!(c.mlp_names, ["gate_proj", "c_fc", "c_proj"]);
     assert!(c.attention_bias && c.o_proj_bias && c.mlp_bias && c.tie_word_embeddings);
     let c = parse(&tiny("starcoder2", r#""use_bias": false"#)).unwrap();
     assert!(!c.attention_bias && !c.mlp_bias && c.sliding_window.is_none());
     let a = parse(&tiny("arcee", "")).unwrap();
     assert_eq!((a.hidden_act, a.mlp_gated), (hierarchos::nn::Activation::Relu2, false));
-    assert_eq!(a.mlp_names, ["up_proj", "down_proj"]);
+    assert_eq!(a.mlp_names, ["gate_proj", "up_proj", "down_proj"]);
     let so = parse(&tiny(
         "seed_oss",
         r#""num_key_value_heads": 2, "attention_out_bias": true"#,

@@ -487,7 +487,9 @@ fn tiny_config(family: &str) -> ModelConfig {
         norm_bias: false,
         clip_qkv: None,
         mlp_gated: true,
-        mlp_names: ["up_proj", "down_proj"],
+        mlp_names: ["gate_proj", "up_proj", "down_proj"],
+        moe: None,
+        clip_after_qk_norm: false,
     };
     match family {
         "llama" => {
@@ -840,7 +842,7 @@ fn stacked_projections_share_the_trainable_weights() {
         .unwrap();
         let attn = &lm.layers[0].self_attn;
         assert!(
-            attn.qkv.is_some() && lm.layers[0].mlp.gate_up.is_some(),
+            attn.qkv.is_some() && lm.layers[0].mlp.mlp().is_some_and(|m| m.gate_up.is_some()),
             "{family}: stacked"
         );
         let ids = ids_tensor(&[vec![1, 5, 2, 7]]);

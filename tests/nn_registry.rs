@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 14] = [
+    let cases: [(&str, &str, u64); 18] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -207,6 +207,53 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "tie_word_embeddings": false, "bos_token_id": 100257, "eos_token_id": 100257,
                 "hidden_act": "silu"}"#,
             1_640_000_000,
+        ),
+        (
+            "mistralai/Mixtral-8x7B-v0.1",
+            r#"{"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 32000,
+                "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+                "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+                "num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": false,
+                "router_aux_loss_coef": 0.02, "tie_word_embeddings": false, "bos_token_id": 1,
+                "eos_token_id": 2, "hidden_act": "silu"}"#,
+            46_700_000_000,
+        ),
+        (
+            "Qwen/Qwen1.5-MoE-A2.7B",
+            r#"{"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "vocab_size": 151936,
+                "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
+                "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 8192,
+                "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "num_experts": 60,
+                "num_experts_per_tok": 4, "norm_topk_prob": false, "decoder_sparse_step": 1,
+                "max_window_layers": 21, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+                "sliding_window": 32768, "use_sliding_window": false, "tie_word_embeddings": false,
+                "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu"}"#,
+            14_300_000_000,
+        ),
+        (
+            "Qwen/Qwen3-30B-A3B",
+            r#"{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
+                "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
+                "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                "max_position_embeddings": 40960, "moe_intermediate_size": 768, "num_experts": 128,
+                "num_experts_per_tok": 8, "norm_topk_prob": true, "decoder_sparse_step": 1,
+                "mlp_only_layers": [], "max_window_layers": 48, "rms_norm_eps": 1e-06,
+                "rope_theta": 1000000.0, "sliding_window": null, "use_sliding_window": false,
+                "attention_bias": false, "tie_word_embeddings": false, "bos_token_id": 151643,
+                "eos_token_id": 151645, "hidden_act": "silu"}"#,
+            30_500_000_000,
+        ),
+        (
+            "allenai/OLMoE-1B-7B-0924",
+            r#"{"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "vocab_size": 50304,
+                "hidden_size": 2048, "intermediate_size": 1024, "num_hidden_layers": 16,
+                "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 4096,
+                "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": false, "clip_qkv": null,
+                "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "attention_bias": false,
+                "tie_word_embeddings": false, "bos_token_id": null, "eos_token_id": 50279, "pad_token_id": 1,
+                "hidden_act": "silu"}"#,
+            6_920_000_000,
         ),
     ];
     for (name, json, published) in cases {

@@ -31,6 +31,8 @@ pub struct Attention {
     pub k_norm: Option<Norm>,
     /// q, k and v are clamped to `[-c, c]` after their projections (OLMo's `clip_qkv`).
     pub clip_qkv: Option<f64>,
+    /// q and k are clamped after their norms (OLMoE), not before them (OLMo).
+    pub clip_after_norm: bool,
     /// The leading dimensions of each head that rotate (all of them, or StableLM's partial rotary); the rest
     /// pass through.
     pub rotary_dim: usize,
@@ -157,8 +159,10 @@ impl Attention {
                 None => Ok(y),
             }
         };
-        let q = heads(clip(q)?, h, &self.q_norm)?;
-        let k = heads(clip(k)?, kvh, &self.k_norm)?;
+        let (q, k) = match self.clip_after_norm {
+            true => (clip(heads(q, h, &self.q_norm)?)?, clip(heads(k, kvh, &self.k_norm)?)?),
+            false => (heads(clip(q)?, h, &self.q_norm)?, heads(clip(k)?, kvh, &self.k_norm)?),
+        };
         let v = heads(clip(v)?, kvh, &None)?;
         let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
         // The fused kernels rotate whole heads; a partial rotary takes the composed path.

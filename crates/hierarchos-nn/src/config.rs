@@ -73,6 +73,29 @@ pub struct RopeConfig {
     pub scaling: RopeScaling,
 }
 
+/// How a mixture-of-experts block routes each token to `top_k` of its experts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Routed experts per block (`num_local_experts` or `num_experts`).
+    pub num_experts: usize,
+    /// Experts each token goes through (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Width of one routed expert's gated MLP (`moe_intermediate_size`, else `intermediate_size`).
+    pub expert_intermediate_size: usize,
+    /// The chosen experts' probabilities are divided by their sum (Mixtral always; the others' `norm_topk_prob`).
+    pub normalize_top_k: bool,
+    /// Width of the shared expert every token also goes through, scaled by a sigmoid gate (Qwen2-MoE's
+    /// `shared_expert_intermediate_size`); `None` without one.
+    pub shared_expert_intermediate_size: Option<usize>,
+    /// Layers with a dense MLP of `intermediate_size` in place of the experts (Qwen's `mlp_only_layers` and
+    /// `decoder_sparse_step`), ascending.
+    pub dense_layers: Vec<usize>,
+    /// The block's module name in checkpoints (`block_sparse_moe` in Mixtral, `mlp` in the others).
+    pub block_name: &'static str,
+    /// The module names of each expert's gate, up and down projections (Mixtral's `w1`, `w3`, `w2`).
+    pub expert_names: [&'static str; 3],
+}
+
 /// Everything the generic decoder needs to know about one model; families differ only in these options.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -106,8 +129,13 @@ pub struct ModelConfig {
     pub clip_qkv: Option<f64>,
     /// A gated MLP (`down(act(gate(x)) * up(x))`, Llama and most); plain (`down(act(up(x)))`) when false.
     pub mlp_gated: bool,
-    /// The Hugging Face module names of the MLP's up and down projections (`c_fc` and `c_proj` in StarCoder2).
-    pub mlp_names: [&'static str; 2],
+    /// The Hugging Face module names of the MLP's gate, up and down projections (StarCoder2's plain MLP: `c_fc`
+    /// and `c_proj`).
+    pub mlp_names: [&'static str; 3],
+    /// A mixture of experts in place of the MLP (on all layers but its `dense_layers`); `None` in dense models.
+    pub moe: Option<MoeConfig>,
+    /// q and k are clamped after their norms (OLMoE), not before (OLMo).
+    pub clip_after_qk_norm: bool,
     /// Rotary embedding.
     pub rope: RopeConfig,
     /// The leading dimensions of each head that rotate (`head_dim`, or StableLM's `partial_rotary_factor` of it).
@@ -210,9 +238,21 @@ impl ModelConfig {
         let branches = if self.mlp_gated { 2 } else { 1 };
         let mlp = (branches + 1) * hidden * inter + bias(self.mlp_bias, branches * inter + hidden);
         let norm = hidden * (self.norm_weight as u64 + self.norm_bias as u64);
-        let layer = attention + mlp + 2 * norm;
+        let layers = self.num_hidden_layers as u64;
+        let feed_forward = match &self.moe {
+            None => layers * mlp,
+            Some(m) => {
+                let dense = m.dense_layers.len() as u64;
+                let experts = m.num_experts as u64 * 3 * hidden * m.expert_intermediate_size as u64;
+                let shared = m
+                    .shared_expert_intermediate_size
+                    .map_or(0, |s| 3 * hidden * s as u64 + hidden);
+                let router = m.num_experts as u64 * hidden;
+                dense * mlp + (layers - dense) * (experts + shared + router)
+            }
+        };
         let head = if self.tie_word_embeddings { 0 } else { vocab * hidden };
-        self.num_hidden_layers as u64 * layer + vocab * hidden + norm + head
+        layers * (attention + 2 * norm) + feed_forward + vocab * hidden + norm + head
     }
 }
 
@@ -340,6 +380,38 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(128001),
             tie_word_embeddings: true,
         },
+        Family::Mixtral => Defaults {
+            num_key_value_heads: Some(8),
+            head_dim: None,
+            max_position_embeddings: 4096 * 32,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+            tie_word_embeddings: false,
+        },
+        Family::Qwen2Moe => Defaults {
+            num_key_value_heads: Some(16),
+            head_dim: None,
+            max_position_embeddings: 32768,
+            bos_token_id: None,
+            eos_token_id: None,
+            tie_word_embeddings: false,
+        },
+        Family::Qwen3Moe => Defaults {
+            num_key_value_heads: Some(4),
+            head_dim: None,
+            max_position_embeddings: 32768,
+            bos_token_id: None,
+            eos_token_id: None,
+            tie_word_embeddings: false,
+        },
+        Family::Olmoe => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 4096,
+            bos_token_id: None,
+            eos_token_id: Some(50279),
+            tie_word_embeddings: false,
+        },
     }
 }
 
@@ -386,7 +458,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Stablelm => f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         // The config classes' defaults: 1e-5 for these, 1e-6 for the others.
-        Family::Olmo2 | Family::Exaone4 | Family::Arcee => f.or("rms_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Olmo2 | Family::Exaone4 | Family::Arcee | Family::Mixtral | Family::Olmoe => {
+            f.or("rms_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5)
+        }
         _ => f.or("rms_norm_eps", Some(1e-6), F64)?.unwrap_or(1e-6),
     };
     if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
@@ -404,11 +478,12 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (b, b, flag("mlp_bias")?)
         }
         // Their MLPs never have biases, whatever mlp_bias says.
-        Family::Qwen3 | Family::Olmo2 | Family::Gemma | Family::Olmo => {
+        Family::Qwen3 | Family::Olmo2 | Family::Gemma | Family::Olmo | Family::Qwen3Moe | Family::Olmoe => {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
         Family::Qwen2 => (true, false, false),
+        Family::Qwen2Moe => (f.or("qkv_bias", Some(true), BOOL)?.unwrap_or(true), false, false),
         // EXAONE 4's projections never have biases.
         Family::Exaone4 => (false, false, false),
         Family::Stablelm => (flag("use_qkv_bias")?, false, false),
@@ -421,7 +496,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             let b = f.or("use_bias", Some(true), BOOL)?.unwrap_or(true);
             (b, b, b)
         }
-        Family::Mistral => (false, false, false),
+        Family::Mistral | Family::Mixtral => (false, false, false),
     };
     let smollm3_nope = nope_layers(f, family, num_hidden_layers)?;
     let windows = sliding_window(f, family, num_hidden_layers, &smollm3_nope)?;
@@ -486,7 +561,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         }
     }
     let clip_qkv = match family {
-        Family::Olmo => f.or("clip_qkv", None, F64)?,
+        Family::Olmo | Family::Olmoe => f.or("clip_qkv", None, F64)?,
         _ => None,
     };
     if clip_qkv.is_some_and(|c| !(c > 0.0 && c.is_finite())) {
@@ -521,8 +596,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         attention_bias,
         o_proj_bias,
         mlp_bias,
-        qk_norm: matches!(family, Family::Qwen3 | Family::Olmo2 | Family::Exaone4),
-        qk_norm_over_heads: matches!(family, Family::Olmo2),
+        qk_norm: matches!(
+            family,
+            Family::Qwen3 | Family::Olmo2 | Family::Exaone4 | Family::Qwen3Moe | Family::Olmoe
+        ),
+        qk_norm_over_heads: matches!(family, Family::Olmo2 | Family::Olmoe),
         post_norm: matches!(family, Family::Olmo2 | Family::Exaone4),
         sliding_window: windows.window,
         full_attention_layers: windows.full_layers,
@@ -544,11 +622,100 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         norm_bias: matches!(family, Family::Starcoder2 | Family::Stablelm),
         mlp_gated: !matches!(family, Family::Starcoder2 | Family::Arcee),
         mlp_names: match family {
-            Family::Starcoder2 => ["c_fc", "c_proj"],
-            _ => ["up_proj", "down_proj"],
+            Family::Starcoder2 => ["gate_proj", "c_fc", "c_proj"],
+            _ => ["gate_proj", "up_proj", "down_proj"],
         },
+        moe: moe(f, family, num_hidden_layers, intermediate_size)?,
+        clip_after_qk_norm: family == Family::Olmoe,
         clip_qkv,
     })
+}
+
+/// The mixture-of-experts settings of the MoE families (`None` for the others), with their config classes'
+/// defaults.
+fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> Result<Option<MoeConfig>> {
+    let (default_experts, default_top_k) = match family {
+        Family::Mixtral => (8, 2),
+        Family::Qwen2Moe => (60, 4),
+        Family::Qwen3Moe => (128, 8),
+        Family::Olmoe => (64, 8),
+        _ => return Ok(None),
+    };
+    let count = |key: &str, default: usize| -> Result<usize> {
+        match f.or(key, Some(default), USIZE)?.unwrap_or(default) {
+            0 => Err(f.error(key, "must be positive")),
+            n => Ok(n),
+        }
+    };
+    // transformers treats the two spellings as one attribute and writes either.
+    let experts_key = match f.map.contains_key("num_local_experts") {
+        true => "num_local_experts",
+        false => "num_experts",
+    };
+    let num_experts = count(experts_key, default_experts)?;
+    let top_k = count("num_experts_per_tok", default_top_k)?;
+    if top_k > num_experts {
+        return Err(f.error(
+            "num_experts_per_tok",
+            &format!("{top_k} is more than the {num_experts} experts"),
+        ));
+    }
+    let qwen = matches!(family, Family::Qwen2Moe | Family::Qwen3Moe);
+    let expert_intermediate_size = match family {
+        Family::Qwen2Moe => count("moe_intermediate_size", 1408)?,
+        Family::Qwen3Moe => count("moe_intermediate_size", 768)?,
+        _ => intermediate_size,
+    };
+    let normalize_top_k = match family {
+        Family::Mixtral => true,
+        _ => f.or("norm_topk_prob", Some(false), BOOL)?.unwrap_or(false),
+    };
+    let shared_expert_intermediate_size = match family {
+        Family::Qwen2Moe => Some(count("shared_expert_intermediate_size", 5632)?),
+        _ => None,
+    };
+    let dense_layers = if qwen {
+        let step = count("decoder_sparse_step", 1)?;
+        let listed = match f.map.get("mlp_only_layers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    (USIZE.read)(v)
+                        .filter(|&i| i < layers)
+                        .ok_or_else(|| f.error("mlp_only_layers", &format!("{v} is not a layer index")))
+                })
+                .collect::<Result<Vec<usize>>>()?,
+            Some(other) => return Err(f.error("mlp_only_layers", &format!("expected a list, found {other}"))),
+        };
+        (0..layers)
+            .filter(|i| listed.contains(i) || (i + 1) % step != 0)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    // The router's training noise would make training differ from transformers'; refused rather than ignored.
+    if family == Family::Mixtral && f.or("router_jitter_noise", Some(0.0), F64)?.unwrap_or(0.0) != 0.0 {
+        return Err(f.error("router_jitter_noise", "router noise is not supported; set it to 0"));
+    }
+    Ok(Some(MoeConfig {
+        num_experts,
+        top_k,
+        expert_intermediate_size,
+        normalize_top_k,
+        shared_expert_intermediate_size,
+        dense_layers,
+        block_name: if family == Family::Mixtral {
+            "block_sparse_moe"
+        } else {
+            "mlp"
+        },
+        expert_names: if family == Family::Mixtral {
+            ["w1", "w3", "w2"]
+        } else {
+            ["gate_proj", "up_proj", "down_proj"]
+        },
+    }))
 }
 
 /// SmolLM3's `no_rope_layers`: one 0 (no rotary) or 1 per layer; when absent, every `no_rope_layer_interval`-th
@@ -606,10 +773,11 @@ struct Windows {
     configured: bool,
 }
 
-/// The window and the layers that do not slide: Mistral and StarCoder2 slide over every layer unless
+/// The window and the layers that do not slide: Mistral, Mixtral and StarCoder2 slide over every layer unless
 /// `sliding_window` is null; EXAONE 4 over the layers `layer_types` (or the pattern of every fourth layer full)
-/// marks; Qwen2/Qwen3/SmolLM3 only with `use_sliding_window`, and then as `layer_types` lists, or else Qwen from
-/// layer `max_window_layers` on and SmolLM3 on its layers without rotary (`nope`).
+/// marks; the Qwens and SmolLM3 only with `use_sliding_window`, and then Qwen3-MoE on every layer, the others as
+/// `layer_types` lists, or else Qwen2 from layer `max_window_layers` on, Qwen2-MoE on the even layers below it
+/// and SmolLM3 on its layers without rotary (`nope`).
 fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> Result<Windows> {
     let none = |configured| {
         Ok(Windows {
@@ -626,13 +794,14 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::Olmo
         | Family::Arcee
         | Family::SeedOss
-        | Family::Stablelm => {
+        | Family::Stablelm
+        | Family::Olmoe => {
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
-        Family::Starcoder2 => f.or("sliding_window", None, USIZE)?,
+        Family::Starcoder2 | Family::Mixtral => f.or("sliding_window", None, USIZE)?,
         Family::Exaone4 => f.or("sliding_window", Some(4096), USIZE)?,
-        Family::Qwen2 | Family::Qwen3 | Family::Smollm3 => {
+        Family::Qwen2 | Family::Qwen3 | Family::Smollm3 | Family::Qwen2Moe | Family::Qwen3Moe => {
             if !f.or("use_sliding_window", Some(false), BOOL)?.unwrap_or(false) {
                 return none(false);
             }
@@ -644,7 +813,10 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
     if window == 0 {
         return Err(f.error("sliding_window", "must be positive"));
     }
-    if matches!(family, Family::Mistral | Family::Starcoder2) {
+    if matches!(
+        family,
+        Family::Mistral | Family::Starcoder2 | Family::Mixtral | Family::Qwen3Moe
+    ) {
         return Ok(Windows {
             window: Some(window),
             full_layers: Vec::new(),
@@ -669,6 +841,11 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
         None if family == Family::Smollm3 => (0..layers).map(|i| nope.contains(&i)).collect(),
+        // Qwen2-MoE slides on every other layer below max_window_layers.
+        None if family == Family::Qwen2Moe => {
+            let below = f.or("max_window_layers", Some(28), USIZE)?.unwrap_or(28);
+            (0..layers).map(|i| i % 2 == 0 && i < below).collect()
+        }
         None => {
             let first = f.or("max_window_layers", Some(28), USIZE)?.unwrap_or(28);
             (0..layers).map(|i| i >= first).collect()

@@ -8,10 +8,12 @@ use crate::attention::{Attention, AttentionContext};
 use crate::config::ModelConfig;
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
+use crate::feed_forward::FeedForward;
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, LinearWeight, prefixed};
 use crate::lora::LoraConfig;
 use crate::mlp::Mlp;
+use crate::moe::Moe;
 use crate::norm::{Norm, NormKind};
 use crate::rope::RotaryEmbedding;
 use crate::weights::Weights;
@@ -26,8 +28,8 @@ pub struct DecoderLayer {
     pub self_attn: Attention,
     /// Norm before the MLP; in a post-norm layer, the norm of the attention output.
     pub post_attention_layernorm: Norm,
-    /// The MLP (gated or plain).
-    pub mlp: Mlp,
+    /// The MLP (gated or plain), or a mixture of experts.
+    pub mlp: FeedForward,
     /// The norm of the MLP output in a post-norm layer (its presence makes the layer post-norm).
     pub post_feedforward_layernorm: Option<Norm>,
     /// Multiplies the attention and MLP outputs before their residual adds (Granite's `residual_multiplier`).
@@ -87,7 +89,7 @@ impl DecoderLayer {
         let x = self
             .self_attn
             .forward(x, self.input_layernorm.as_ref(), Some(x), ctx, cache)?;
-        Ok(self.mlp.forward(&x, Some(&self.post_attention_layernorm), Some(&x))?)
+        self.mlp.forward(&x, Some(&self.post_attention_layernorm), Some(&x))
     }
 
     /// Whether [`DecoderLayer::forward_fused`] is the faster way: a pre-norm layer, every projection quantized,
@@ -111,9 +113,7 @@ impl DecoderLayer {
             ("o_proj", &a.o_proj),
         ];
         let attention = attention.into_iter().map(|(n, l)| (format!("self_attn.{n}"), l));
-        attention
-            .chain(self.mlp.linears().into_iter().map(|(n, l)| (format!("mlp.{n}"), l)))
-            .collect()
+        attention.chain(self.mlp.linears()).collect()
     }
 
     /// [`DecoderLayer::linears`], mutable.
@@ -126,9 +126,7 @@ impl DecoderLayer {
             ("o_proj", &mut a.o_proj),
         ];
         let attention = attention.into_iter().map(|(n, l)| (format!("self_attn.{n}"), l));
-        attention
-            .chain(self.mlp.linears_mut().into_iter().map(|(n, l)| (format!("mlp.{n}"), l)))
-            .collect()
+        attention.chain(self.mlp.linears_mut()).collect()
     }
 
     /// The parameters with their Hugging Face names relative to the layer.
@@ -139,7 +137,7 @@ impl DecoderLayer {
             optional("input_layernorm", &self.input_layernorm),
             prefixed("self_attn", self.self_attn.parameters()),
             prefixed("post_attention_layernorm", self.post_attention_layernorm.parameters()),
-            prefixed("mlp", self.mlp.parameters()),
+            self.mlp.parameters(),
             optional("post_feedforward_layernorm", &self.post_feedforward_layernorm),
         ]
         .concat()
@@ -231,43 +229,45 @@ impl CausalLm {
                 c.attention_bias,
             )?;
             let o_proj = linear(tensor, quantized, &format!("{a}.o_proj"), hidden, h * d, c.o_proj_bias)?;
-            let [up_name, down_name] = c.mlp_names;
-            let gate_proj = c
-                .mlp_gated
-                .then(|| {
-                    linear(
-                        tensor,
-                        quantized,
-                        &format!("{m}.gate_proj"),
-                        c.intermediate_size,
-                        hidden,
-                        c.mlp_bias,
-                    )
-                })
-                .transpose()?;
-            let up_proj = linear(
-                tensor,
-                quantized,
-                &format!("{m}.{up_name}"),
-                c.intermediate_size,
-                hidden,
-                c.mlp_bias,
-            )?;
-            let down_proj = linear(
-                tensor,
-                quantized,
-                &format!("{m}.{down_name}"),
-                hidden,
-                c.intermediate_size,
-                c.mlp_bias,
-            )?;
+            let feed_forward = match &c.moe {
+                Some(moe) if !moe.dense_layers.contains(&i) => {
+                    let b = format!("{p}.{}", moe.block_name);
+                    let experts = (0..moe.num_experts)
+                        .map(|e| {
+                            let names = moe.expert_names;
+                            mlp(
+                                tensor,
+                                quantized,
+                                &format!("{b}.experts.{e}"),
+                                moe.expert_intermediate_size,
+                                names,
+                                c,
+                            )
+                        })
+                        .collect::<Result<Vec<Mlp>>>()?;
+                    let shared_expert = moe
+                        .shared_expert_intermediate_size
+                        .map(|width| -> Result<(Mlp, Linear)> {
+                            let names = ["gate_proj", "up_proj", "down_proj"];
+                            Ok((
+                                mlp(tensor, quantized, &format!("{b}.shared_expert"), width, names, c)?,
+                                linear(tensor, quantized, &format!("{b}.shared_expert_gate"), 1, hidden, false)?,
+                            ))
+                        })
+                        .transpose()?;
+                    FeedForward::Moe(Moe {
+                        name: moe.block_name,
+                        gate: linear(tensor, quantized, &format!("{b}.gate"), moe.num_experts, hidden, false)?,
+                        experts,
+                        top_k: moe.top_k,
+                        normalize_top_k: moe.normalize_top_k,
+                        shared_expert,
+                    })
+                }
+                _ => FeedForward::Mlp(mlp(tensor, quantized, &m, c.intermediate_size, c.mlp_names, c)?),
+            };
             let (mut q_proj, mut k_proj, mut v_proj) = (q_proj, k_proj, v_proj);
             let qkv = Linear::stack(&mut [&mut q_proj, &mut k_proj, &mut v_proj])?;
-            let (mut gate_proj, mut up_proj) = (gate_proj, up_proj);
-            let gate_up = match &mut gate_proj {
-                Some(g) => Linear::stack(&mut [g, &mut up_proj])?,
-                None => None,
-            };
             let (q_norm, k_norm) = if c.qk_norm {
                 // Per head (Qwen3) or over the whole projection (OLMo 2).
                 let (q, k) = if c.qk_norm_over_heads { (h * d, kvh * d) } else { (d, d) };
@@ -290,6 +290,7 @@ impl CausalLm {
                     q_norm,
                     k_norm,
                     clip_qkv: c.clip_qkv,
+                    clip_after_norm: c.clip_after_qk_norm,
                     rotary_dim: c.rotary_dim,
                     num_heads: h,
                     num_kv_heads: kvh,
@@ -297,14 +298,7 @@ impl CausalLm {
                     qkv,
                 },
                 post_attention_layernorm: block_norm(tensor, format!("{p}.post_attention_layernorm"), hidden, c)?,
-                mlp: Mlp {
-                    gate_proj,
-                    up_proj,
-                    down_proj,
-                    act: c.hidden_act,
-                    gate_up,
-                    names: c.mlp_names,
-                },
+                mlp: feed_forward,
                 post_feedforward_layernorm: c
                     .post_norm
                     .then(|| block_norm(tensor, format!("{p}.post_feedforward_layernorm"), hidden, c))
@@ -573,11 +567,12 @@ impl CausalLm {
         for layer in &mut self.layers {
             let a = &mut layer.self_attn;
             a.qkv = Linear::stack(&mut [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
-            let m = &mut layer.mlp;
-            m.gate_up = match &mut m.gate_proj {
-                Some(gate_proj) => Linear::stack(&mut [gate_proj, &mut m.up_proj])?,
-                None => None,
-            };
+            if let FeedForward::Mlp(m) = &mut layer.mlp {
+                m.gate_up = match &mut m.gate_proj {
+                    Some(gate_proj) => Linear::stack(&mut [gate_proj, &mut m.up_proj])?,
+                    None => None,
+                };
+            }
         }
         Ok(())
     }
@@ -637,6 +632,61 @@ fn linear(
             None
         },
         lora: None,
+    })
+}
+
+/// The MLP `name` (`name.gate_proj`, ... as `names` says) of width `width`: gated unless the config's MLPs are
+/// plain; gate and up stacked for inference.
+fn mlp(
+    tensor: TensorSource,
+    quantized: QuantSource,
+    name: &str,
+    width: usize,
+    names: [&'static str; 3],
+    c: &ModelConfig,
+) -> Result<Mlp> {
+    let [gate_name, up_name, down_name] = names;
+    let hidden = c.hidden_size;
+    let mut gate_proj = c
+        .mlp_gated
+        .then(|| {
+            linear(
+                tensor,
+                quantized,
+                &format!("{name}.{gate_name}"),
+                width,
+                hidden,
+                c.mlp_bias,
+            )
+        })
+        .transpose()?;
+    let mut up_proj = linear(
+        tensor,
+        quantized,
+        &format!("{name}.{up_name}"),
+        width,
+        hidden,
+        c.mlp_bias,
+    )?;
+    let down_proj = linear(
+        tensor,
+        quantized,
+        &format!("{name}.{down_name}"),
+        hidden,
+        width,
+        c.mlp_bias,
+    )?;
+    let gate_up = match &mut gate_proj {
+        Some(g) => Linear::stack(&mut [g, &mut up_proj])?,
+        None => None,
+    };
+    Ok(Mlp {
+        gate_proj,
+        up_proj,
+        down_proj,
+        act: c.hidden_act,
+        gate_up,
+        names,
     })
 }
 

@@ -8,6 +8,7 @@ mod config;
 mod decoder;
 mod embedding;
 mod error;
+mod feed_forward;
 pub mod generate;
 pub mod gguf;
 #[cfg(not(target_arch = "wasm32"))]
@@ -19,6 +20,7 @@ pub mod lora;
 mod mlp;
 mod model;
 pub mod model_files;
+mod moe;
 mod norm;
 pub mod optim;
 pub mod registry;
@@ -28,10 +30,11 @@ mod tokenizer;
 pub mod train;
 pub mod weights;
 
-pub use config::{Activation, ModelConfig, RopeConfig, RopeScaling};
+pub use config::{Activation, ModelConfig, MoeConfig, RopeConfig, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer, QuantSource};
 pub use embedding::Embedding;
 pub use error::{Error, Result};
+pub use feed_forward::FeedForward;
 #[cfg(not(target_arch = "wasm32"))]
 pub use generate::generate;
 pub use generate::{Generation, StopConditions, StopReason, generate_async};
@@ -41,6 +44,7 @@ pub use linear::{Linear, LinearWeight};
 pub use mlp::Mlp;
 pub use model::Model;
 pub use model_files::ModelFiles;
+pub use moe::Moe;
 pub use norm::{Norm, NormKind};
 pub use registry::{ARCHITECTURES, Architecture, Family, Status, supported_model_types};
 pub use sampling::{Sampler, SamplingConfig};

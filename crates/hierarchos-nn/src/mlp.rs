@@ -22,8 +22,9 @@ pub struct Mlp {
     /// gradients and the projections still hold views of it ([`Linear::holds`]). `None` when they cannot be
     /// stacked (see [`Linear::stack`]) or there is no gate.
     pub gate_up: Option<Linear>,
-    /// The Hugging Face module names of `up_proj` and `down_proj` (`c_fc` and `c_proj` in StarCoder2).
-    pub names: [&'static str; 2],
+    /// The Hugging Face module names of `gate_proj`, `up_proj` and `down_proj` (StarCoder2's `c_fc` and
+    /// `c_proj`, Mixtral's experts' `w1`, `w3` and `w2`).
+    pub names: [&'static str; 3],
 }
 
 impl Mlp {
@@ -65,17 +66,17 @@ impl Mlp {
 
     /// The projections with their Hugging Face module names, in module order.
     pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        let gate = self.gate_proj.as_ref().map(|g| ("gate_proj", g));
+        let gate = self.gate_proj.as_ref().map(|g| (self.names[0], g));
         gate.into_iter()
-            .chain([(self.names[0], &self.up_proj), (self.names[1], &self.down_proj)])
+            .chain([(self.names[1], &self.up_proj), (self.names[2], &self.down_proj)])
             .collect()
     }
 
     /// [`Mlp::linears`], mutable.
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
-        let gate = self.gate_proj.as_mut().map(|g| ("gate_proj", g));
+        let gate = self.gate_proj.as_mut().map(|g| (self.names[0], g));
         gate.into_iter()
-            .chain([(self.names[0], &mut self.up_proj), (self.names[1], &mut self.down_proj)])
+            .chain([(self.names[1], &mut self.up_proj), (self.names[2], &mut self.down_proj)])
             .collect()
     }
 

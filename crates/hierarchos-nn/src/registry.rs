@@ -39,6 +39,14 @@ pub enum Family {
     SeedOss,
     /// StableLM (LayerNorm with bias, partial rotary embeddings, optional q/k/v biases).
     Stablelm,
+    /// Mixtral (Mistral with a mixture of experts in place of the MLP).
+    Mixtral,
+    /// Qwen1.5/Qwen2-MoE (experts plus a gated shared expert, q/k/v biases).
+    Qwen2Moe,
+    /// Qwen3-MoE (Qwen3's attention with a mixture of experts).
+    Qwen3Moe,
+    /// OLMoE (OLMo 2's whole-projection q/k norms in pre-norm layers, a mixture of experts).
+    Olmoe,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -81,7 +89,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 14] = [
+pub const ARCHITECTURES: [Architecture; 18] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -193,6 +201,41 @@ pub const ARCHITECTURES: [Architecture; 14] = [
                    residual (StableLM 2 12B) fail closed",
         gap: None,
     },
+    Architecture {
+        family: Family::Mixtral,
+        status: Status::Validated,
+        fixtures: &["mixtral"],
+        features: "a mixture of experts in place of the MLP: a router picks num_experts_per_tok of \
+                   num_local_experts gated SiLU experts per token (softmax, top-k, renormalized); sliding window \
+                   when set; experts in the Hub's block_sparse_moe.experts.N.w1/w2/w3 layout; the router's \
+                   load-balancing loss is not added in training",
+        gap: None,
+    },
+    Architecture {
+        family: Family::Qwen2Moe,
+        status: Status::Validated,
+        fixtures: &["qwen2_moe"],
+        features: "experts (softmax, top-k, renormalized only with norm_topk_prob) plus a shared expert scaled by \
+                   a sigmoid gate, q/k/v biases (qkv_bias), dense MLP layers by mlp_only_layers and \
+                   decoder_sparse_step",
+        gap: None,
+    },
+    Architecture {
+        family: Family::Qwen3Moe,
+        status: Status::Validated,
+        fixtures: &["qwen3_moe"],
+        features: "Qwen3's per-head q/k RMSNorm with experts (moe_intermediate_size, norm_topk_prob), dense MLP \
+                   layers by mlp_only_layers and decoder_sparse_step",
+        gap: None,
+    },
+    Architecture {
+        family: Family::Olmoe,
+        status: Status::Validated,
+        fixtures: &["olmoe"],
+        features: "pre-norm layers with RMSNorm over the whole q and k projections (as OLMo 2), q, k and v \
+                   clamped after those norms when clip_qkv is set, experts (norm_topk_prob)",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -226,6 +269,10 @@ impl Family {
             Family::Arcee => "arcee",
             Family::SeedOss => "seed_oss",
             Family::Stablelm => "stablelm",
+            Family::Mixtral => "mixtral",
+            Family::Qwen2Moe => "qwen2_moe",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Olmoe => "olmoe",
         }
     }
 

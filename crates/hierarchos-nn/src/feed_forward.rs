@@ -1,0 +1,103 @@
+//! The feed-forward half of a decoder layer: a dense MLP, or a mixture of experts.
+
+use hierarchos_core::Tensor;
+
+use crate::error::Result;
+use crate::linear::{Linear, prefixed};
+use crate::mlp::Mlp;
+use crate::moe::Moe;
+use crate::norm::Norm;
+
+/// What a decoder layer runs after attention.
+// One per layer: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum FeedForward {
+    /// One MLP (gated or plain).
+    Mlp(Mlp),
+    /// Routed experts (MoE families; their `dense_layers` keep an MLP).
+    Moe(Moe),
+}
+
+impl FeedForward {
+    /// `residual + block(norm(x))`, the norm and the residual optional (an MLP runs them inside its
+    /// projections' launches where it can).
+    pub fn forward(&self, x: &Tensor, norm: Option<&Norm>, residual: Option<&Tensor>) -> Result<Tensor> {
+        match self {
+            FeedForward::Mlp(mlp) => Ok(mlp.forward(x, norm, residual)?),
+            FeedForward::Moe(moe) => {
+                let normed = norm.map(|n| n.forward(x)).transpose()?;
+                let y = moe.forward(normed.as_ref().unwrap_or(x))?;
+                Ok(match residual {
+                    Some(r) => r.add(&y)?,
+                    None => y,
+                })
+            }
+        }
+    }
+
+    /// The MLP, when the block is one.
+    pub fn mlp(&self) -> Option<&Mlp> {
+        match self {
+            FeedForward::Mlp(mlp) => Some(mlp),
+            FeedForward::Moe(_) => None,
+        }
+    }
+
+    /// The block's module name in checkpoints (`mlp`, or Mixtral's `block_sparse_moe`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            FeedForward::Mlp(_) => "mlp",
+            FeedForward::Moe(moe) => moe.name,
+        }
+    }
+
+    /// Whether the block runs fused at decode ([`Mlp::fuses`]; experts never do).
+    pub fn fuses(&self) -> bool {
+        self.mlp().is_some_and(Mlp::fuses)
+    }
+
+    /// The linear layers with their module paths inside the layer (`mlp.gate_proj`,
+    /// `block_sparse_moe.experts.0.w1`, ...), in module order.
+    pub fn linears(&self) -> Vec<(String, &Linear)> {
+        let block = self.name();
+        match self {
+            FeedForward::Mlp(mlp) => mlp
+                .linears()
+                .into_iter()
+                .map(|(n, l)| (format!("{block}.{n}"), l))
+                .collect(),
+            FeedForward::Moe(moe) => moe
+                .linears()
+                .into_iter()
+                .map(|(n, l)| (format!("{block}.{n}"), l))
+                .collect(),
+        }
+    }
+
+    /// [`FeedForward::linears`], mutable.
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let block = self.name();
+        match self {
+            FeedForward::Mlp(mlp) => mlp
+                .linears_mut()
+                .into_iter()
+                .map(|(n, l)| (format!("{block}.{n}"), l))
+                .collect(),
+            FeedForward::Moe(moe) => moe
+                .linears_mut()
+                .into_iter()
+                .map(|(n, l)| (format!("{block}.{n}"), l))
+                .collect(),
+        }
+    }
+
+    /// The parameters with their Hugging Face names relative to the layer (`mlp.gate_proj.weight`, ...).
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        let params = match self {
+            FeedForward::Mlp(mlp) => mlp.parameters(),
+            FeedForward::Moe(moe) => moe.parameters(),
+        };
+        prefixed(self.name(), params)
+    }
+}
