@@ -87,6 +87,9 @@ LORA = {
     "qwen2_moe": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "shared_expert_gate"]),
     "qwen3_moe": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
     "olmoe": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj"]),
+    "ministral": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
+    "nemotron": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "up_proj"]),
+    "olmo3": dict(r=4, lora_alpha=8, target_modules=["v_proj", "o_proj", "gate_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -331,6 +334,32 @@ FIXTURES = {
         "OLMoE: RMSNorm over the whole q and k projections (as OLMo 2) in pre-norm layers, q, k and v clamped to "
         "[-1.5, 1.5] after those norms, 2 of 4 experts (MLP 128) per token, not renormalized",
     ),
+    "ministral": (
+        "MinistralConfig",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-5, sliding_window=8, head_dim=16,
+             layer_types=["sliding_attention", "full_attention"], pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 100000000.0}),
+        True,
+        "Ministral: layer 0 slides over 8 positions, layer 1 attends to everything (layer_types), rope_theta 1e8",
+    ),
+    "nemotron": (
+        "NemotronConfig",
+        dict(COMMON, hidden_act="relu2", max_position_embeddings=256, norm_eps=1e-5, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+        True,
+        "Nemotron: LayerNorm with bias scaled by 1 + weight (LayerNorm1P), rotary on the first half of each head "
+        "(partial_rotary_factor 0.5), a plain MLP up_proj -> ReLU squared -> down_proj",
+    ),
+    "olmo3": (
+        "Olmo3Config",
+        dict(COMMON, max_position_embeddings=256, rms_norm_eps=1e-6, sliding_window=8,
+             layer_types=["sliding_attention", "full_attention"], pad_token_id=None,
+             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                              "full_attention": {"rope_type": "default", "rope_theta": 500000.0}}),
+        True,
+        "OLMo 3: OLMo 2's post-norm layers and whole-projection q/k norms; layer 0 slides over 8 positions with "
+        "rope_theta 1e4, layer 1 attends to everything with rope_theta 5e5 (rope_parameters per layer type)",
+    ),
 }
 
 
@@ -386,8 +415,8 @@ def randomize(model, seed, damped_rows):
         for name, p in sorted(model.named_parameters()):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
             if name.endswith("norm.weight"):
-                # Gemma's norms scale by 1 + weight.
-                value = (0.0 if model.config.model_type == "gemma" else 1.0) + 0.2 * noise
+                # Gemma's and Nemotron's norms scale by 1 + weight.
+                value = (0.0 if model.config.model_type in ("gemma", "nemotron") else 1.0) + 0.2 * noise
             elif name.endswith(".bias"):
                 value = 0.3 * noise
             elif "embed_tokens" in name and model.config.model_type == "gemma":
@@ -465,8 +494,8 @@ def eager_attention64(module, query, key, value, attention_mask, scaling, dropou
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def inv_freq64(config):
-    rope = config.rope_parameters
+def inv_freq64(config, rope=None):
+    rope = rope or config.rope_parameters
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     partial = rope.get("partial_rotary_factor") or getattr(config, "partial_rotary_factor", None) or 1.0
     dim = int(dim * partial)
@@ -489,6 +518,14 @@ def rotary64(self, x, position_ids):
     freqs = position_ids[:, :, None].to(torch.float64) * self.inv_freq64[None, None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+def rotary64_per_layer_type(self, x, position_ids, layer_type):
+    """rotary64 for rotary embeddings with settings per layer type (OLMo 3), which return float32 otherwise."""
+    freqs = position_ids[:, :, None].to(torch.float64) * self.inv_freq64[layer_type][None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    scaling = getattr(self, f"{layer_type}_attention_scaling")
+    return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
 
 
 def route_eager_attention(modeling):
@@ -520,6 +557,15 @@ def float64_model(model32):
             module.forward = types.MethodType(layer_norm64, module)
         elif kind.endswith("TopKRouter"):
             module.forward = types.MethodType(router64, module)
+        elif kind.endswith("RotaryEmbedding") and hasattr(module, "layer_types"):
+            module.inv_freq64 = {}
+            for layer_type in module.layer_types:
+                inv = inv_freq64(model.config, model.config.rope_parameters[layer_type])
+                hf = getattr(module, f"{layer_type}_inv_freq").to(torch.float64)
+                if not torch.allclose(inv, hf, rtol=1e-6, atol=0):
+                    raise SystemExit(f"float64 RoPE frequencies {inv} disagree with transformers' {hf}")
+                module.inv_freq64[layer_type] = inv
+            module.forward = types.MethodType(rotary64_per_layer_type, module)
         elif kind.endswith("RotaryEmbedding"):
             inv = inv_freq64(model.config)
             hf = module.inv_freq.to(torch.float64)
@@ -808,7 +854,7 @@ Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (everything runs
 CPU may change the last bits of the float64 references (runs on the H200 machine and on a 2-core x86 box
 differed by at most 2e-13); the model, tokenizer and adapter files come out byte for byte the same.
 
-Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's and StarCoder2's tanh GELU, Arcee's ReLU²; the MoE fixtures' experts as listed), vocab 300, f32 weights
+Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's and StarCoder2's tanh GELU, Arcee's and Nemotron's ReLU²; the MoE fixtures' experts as listed), vocab 300, f32 weights
 (all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
 trained on a few public-domain paragraphs.
 

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use common::*;
 use hierarchos::nn::gguf::{GgmlType, Gguf, Value, ValueType};
-use hierarchos::nn::{Activation, ModelConfig, RopeConfig, RopeScaling};
+use hierarchos::nn::{ModelConfig, RopeConfig, RopeScaling};
 
 fn type_id(t: ValueType) -> u32 {
     use ValueType::*;
@@ -529,12 +529,6 @@ fn llama_cpp_permute(w: &[f32], rows: usize, cols: usize, heads: usize) -> Vec<f
 fn tiny_config() -> ModelConfig {
     ModelConfig {
         model_type: "llama".into(),
-        vocab_size: 11,
-        hidden_size: 8,
-        intermediate_size: 12,
-        num_hidden_layers: 2,
-        num_attention_heads: 2,
-        num_key_value_heads: 1,
         head_dim: 4,
         rotary_dim: 4,
         max_position_embeddings: 64,
@@ -544,32 +538,9 @@ fn tiny_config() -> ModelConfig {
             scaling: RopeScaling::Default,
         },
         tie_word_embeddings: true,
-        attention_bias: false,
-        o_proj_bias: false,
-        mlp_bias: false,
-        qk_norm: false,
-        qk_norm_over_heads: false,
-        post_norm: false,
-        sliding_window: None,
-        full_attention_layers: Vec::new(),
-        hidden_act: Activation::Silu,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
-        initializer_range: 0.02,
-        embedding_multiplier: 1.0,
-        residual_multiplier: 1.0,
-        attention_multiplier: None,
-        logits_scaling: 1.0,
-        nope_layers: Vec::new(),
-        norm_unit_offset: false,
-        norm_kind: hierarchos::nn::NormKind::Rms,
-        norm_weight: true,
-        norm_bias: false,
-        clip_qkv: None,
-        mlp_gated: true,
-        mlp_names: ["gate_proj", "up_proj", "down_proj"],
-        moe: None,
-        clip_after_qk_norm: false,
+        ..ModelConfig::llama(11, 8, 12, 2, 2, 1)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use hierarchos::nn::{Activation, Error, ModelConfig, RopeScaling};
+use hierarchos::nn::{Activation, Error, ModelConfig, NormKind, RopeScaling};
 
 const PATH: &str = "models/x/config.json";
 
@@ -678,4 +678,92 @@ fn family_options() {
         ),
         &["layer_types", "1 entries for 2 layers"],
     );
+}
+
+/// OLMo 3's rotary settings per layer type (a block each, or the classic form scaling the full-attention layers
+/// only) and its default pattern of three sliding layers in four; Ministral and Qwen2-MoE's windows.
+#[test]
+fn per_layer_type_windows_and_rotary() {
+    let per_type = parse(&tiny(
+        "olmo3",
+        r#""num_hidden_layers": 4, "sliding_window": 16, "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        (per_type.sliding_window, per_type.full_attention_layers.clone()),
+        (Some(16), vec![3])
+    );
+    assert_eq!(per_type.rope.theta, 500000.0);
+    assert_eq!(per_type.rope.scaling, RopeScaling::Linear { factor: 2.0 });
+    let sliding = per_type.sliding_rope.unwrap();
+    assert_eq!((sliding.theta, sliding.scaling), (10000.0, RopeScaling::Default));
+
+    let classic = parse(&tiny(
+        "olmo3",
+        r#""rope_theta": 500000, "rope_scaling": {"rope_type": "linear", "factor": 4.0}"#,
+    ))
+    .unwrap();
+    assert_eq!(classic.rope.scaling, RopeScaling::Linear { factor: 4.0 });
+    assert_eq!(
+        classic.sliding_rope.map(|r| (r.theta, r.scaling)),
+        Some((500000.0, RopeScaling::Default))
+    );
+    // Without scaling the two kinds of layers rotate alike: one table.
+    assert!(
+        parse(&tiny("olmo3", r#""rope_theta": 500000"#))
+            .unwrap()
+            .sliding_rope
+            .is_none()
+    );
+    err(
+        &tiny(
+            "olmo3",
+            r#""rope_parameters": {"full_attention": {"rope_type": "default"}}"#,
+        ),
+        &["sliding_attention", "missing"],
+    );
+    err(
+        &tiny(
+            "llama",
+            r#""rope_parameters": {"full_attention": {"rope_type": "default"}}"#,
+        ),
+        &["rope_parameters", "per-layer"],
+    );
+
+    let ministral = parse(&tiny("ministral", r#""num_key_value_heads": 2, "sliding_window": 8"#)).unwrap();
+    assert_eq!(
+        (ministral.sliding_window, ministral.full_attention_layers),
+        (Some(8), vec![])
+    );
+    let listed = parse(&tiny(
+        "ministral",
+        r#""num_key_value_heads": 2, "sliding_window": 8, "layer_types": ["full_attention", "sliding_attention"]"#,
+    ))
+    .unwrap();
+    assert_eq!(listed.full_attention_layers, vec![0]);
+    let qwen2_moe = parse(&tiny(
+        "qwen2_moe",
+        r#""num_hidden_layers": 4, "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+            "use_sliding_window": true,
+            "sliding_window": 8, "max_window_layers": 3"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        (qwen2_moe.sliding_window, qwen2_moe.full_attention_layers),
+        (Some(8), vec![1, 3])
+    );
+}
+
+/// Nemotron: LayerNorm with bias scaled by 1 + weight, half the head rotating by default, a plain ReLU² MLP.
+#[test]
+fn nemotron_options() {
+    let c = parse(&tiny("nemotron", r#""norm_eps": 1e-4"#)).unwrap();
+    assert_eq!(
+        (c.norm_kind, c.norm_unit_offset, c.norm_bias, c.rms_norm_eps),
+        (NormKind::Layer, true, true, 1e-4)
+    );
+    assert_eq!((c.head_dim, c.rotary_dim), (16, 8));
+    assert_eq!((c.mlp_gated, c.hidden_act), (false, Activation::Relu2));
 }

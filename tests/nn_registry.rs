@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 18] = [
+    let cases: [(&str, &str, u64); 21] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -254,6 +254,38 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "tie_word_embeddings": false, "bos_token_id": null, "eos_token_id": 50279, "pad_token_id": 1,
                 "hidden_act": "silu"}"#,
             6_920_000_000,
+        ),
+        (
+            "mistralai/Ministral-8B-Instruct-2410",
+            r#"{"architectures": ["MistralForCausalLM"], "model_type": "ministral", "vocab_size": 131072,
+                "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 100000000.0,
+                "sliding_window": 32768, "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2,
+                "hidden_act": "silu"}"#,
+            8_020_000_000,
+        ),
+        (
+            "nvidia/Nemotron-Mini-4B-Instruct",
+            r#"{"architectures": ["NemotronForCausalLM"], "model_type": "nemotron", "vocab_size": 256000,
+                "hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 32,
+                "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
+                "max_position_embeddings": 4096, "norm_eps": 1e-05, "rope_theta": 10000,
+                "partial_rotary_factor": 0.5, "hidden_act": "relu2", "attention_bias": false,
+                "mlp_bias": false, "tie_word_embeddings": false, "bos_token_id": 2, "eos_token_id": 3}"#,
+            4_190_000_000,
+        ),
+        (
+            "allenai/Olmo-3-1025-7B",
+            r#"{"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "vocab_size": 100278,
+                "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 65536,
+                "rms_norm_eps": 1e-06, "rope_theta": 500000,
+                "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
+                                 "attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1},
+                "sliding_window": 4096, "attention_bias": false, "tie_word_embeddings": false,
+                "bos_token_id": null, "eos_token_id": 100257, "pad_token_id": 100277, "hidden_act": "silu"}"#,
+            7_300_000_000,
         ),
     ];
     for (name, json, published) in cases {

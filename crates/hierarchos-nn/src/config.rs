@@ -99,7 +99,7 @@ pub struct MoeConfig {
 /// Everything the generic decoder needs to know about one model; families differ only in these options.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    /// `llama`, `mistral`, `qwen2` or `qwen3`.
+    /// The `model_type` of `config.json` (one of [`crate::registry::ARCHITECTURES`]).
     pub model_type: String,
     /// Vocabulary size.
     pub vocab_size: usize,
@@ -136,9 +136,13 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     /// q and k are clamped after their norms (OLMoE), not before (OLMo).
     pub clip_after_qk_norm: bool,
-    /// Rotary embedding.
+    /// Rotary embedding (of the full-attention layers, where layer types differ).
     pub rope: RopeConfig,
-    /// The leading dimensions of each head that rotate (`head_dim`, or StableLM's `partial_rotary_factor` of it).
+    /// The rotary embedding of the sliding-window layers where it differs from `rope` (OLMo 3 scales only its
+    /// full-attention layers' frequencies).
+    pub sliding_rope: Option<RopeConfig>,
+    /// The leading dimensions of each head that rotate (`head_dim`, or StableLM's and Nemotron's
+    /// `partial_rotary_factor` of it).
     pub rotary_dim: usize,
     /// The output projection shares the embedding matrix.
     pub tie_word_embeddings: bool,
@@ -185,6 +189,64 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// A plain Llama of this shape (`head_dim` = hidden / heads, rope theta 10000, RMSNorm eps 1e-6, untied,
+    /// every other option neutral): what GGUF files and tests build on with struct update syntax.
+    pub fn llama(
+        vocab_size: usize,
+        hidden_size: usize,
+        intermediate_size: usize,
+        num_hidden_layers: usize,
+        num_attention_heads: usize,
+        num_key_value_heads: usize,
+    ) -> ModelConfig {
+        let head_dim = hidden_size / num_attention_heads.max(1);
+        ModelConfig {
+            model_type: "llama".into(),
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            max_position_embeddings: 2048,
+            rms_norm_eps: 1e-6,
+            norm_kind: NormKind::Rms,
+            norm_weight: true,
+            norm_bias: false,
+            clip_qkv: None,
+            mlp_gated: true,
+            mlp_names: ["gate_proj", "up_proj", "down_proj"],
+            moe: None,
+            clip_after_qk_norm: false,
+            rope: RopeConfig {
+                theta: 10000.0,
+                scaling: RopeScaling::Default,
+            },
+            sliding_rope: None,
+            rotary_dim: head_dim,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            o_proj_bias: false,
+            mlp_bias: false,
+            qk_norm: false,
+            qk_norm_over_heads: false,
+            post_norm: false,
+            sliding_window: None,
+            full_attention_layers: Vec::new(),
+            hidden_act: Activation::Silu,
+            bos_token_id: Some(1),
+            eos_token_ids: vec![2],
+            initializer_range: 0.02,
+            embedding_multiplier: 1.0,
+            residual_multiplier: 1.0,
+            attention_multiplier: None,
+            logits_scaling: 1.0,
+            nope_layers: Vec::new(),
+            norm_unit_offset: false,
+        }
+    }
+
     /// Reads and validates `config.json`.
     pub fn from_file(path: &Path) -> Result<ModelConfig> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
@@ -412,6 +474,30 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(50279),
             tie_word_embeddings: false,
         },
+        Family::Ministral => Defaults {
+            num_key_value_heads: Some(8),
+            head_dim: None,
+            max_position_embeddings: 4096 * 32,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+            tie_word_embeddings: false,
+        },
+        Family::Nemotron => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 4096,
+            bos_token_id: Some(2),
+            eos_token_id: Some(3),
+            tie_word_embeddings: false,
+        },
+        Family::Olmo3 => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: None,
+            eos_token_id: Some(50279),
+            tie_word_embeddings: false,
+        },
     }
 }
 
@@ -457,8 +543,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Olmo => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Stablelm => f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Nemotron => f.or("norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         // The config classes' defaults: 1e-5 for these, 1e-6 for the others.
-        Family::Olmo2 | Family::Exaone4 | Family::Arcee | Family::Mixtral | Family::Olmoe => {
+        Family::Olmo2 | Family::Exaone4 | Family::Arcee | Family::Mixtral | Family::Olmoe | Family::Olmo3 => {
             f.or("rms_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5)
         }
         _ => f.or("rms_norm_eps", Some(1e-6), F64)?.unwrap_or(1e-6),
@@ -466,19 +553,25 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
         return Err(f.error("rms_norm_eps", "must be positive"));
     }
-    let rope = rope_config(f, max_position_embeddings)?;
+    let (rope, sliding_rope) = rope_configs(f, family, max_position_embeddings)?;
     let rotary_dim = rotary_dim(f, family, head_dim)?;
     let flag = |key: &str| -> Result<bool> { Ok(f.or(key, Some(false), BOOL)?.unwrap_or(false)) };
     let tie_word_embeddings = f
         .or("tie_word_embeddings", Some(d.tie_word_embeddings), BOOL)?
         .unwrap_or(d.tie_word_embeddings);
     let (attention_bias, o_proj_bias, mlp_bias) = match family {
-        Family::Llama | Family::Granite | Family::Smollm3 | Family::Arcee => {
+        Family::Llama | Family::Granite | Family::Smollm3 | Family::Arcee | Family::Nemotron => {
             let b = flag("attention_bias")?;
             (b, b, flag("mlp_bias")?)
         }
         // Their MLPs never have biases, whatever mlp_bias says.
-        Family::Qwen3 | Family::Olmo2 | Family::Gemma | Family::Olmo | Family::Qwen3Moe | Family::Olmoe => {
+        Family::Qwen3
+        | Family::Olmo2
+        | Family::Gemma
+        | Family::Olmo
+        | Family::Qwen3Moe
+        | Family::Olmoe
+        | Family::Olmo3 => {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
@@ -496,14 +589,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             let b = f.or("use_bias", Some(true), BOOL)?.unwrap_or(true);
             (b, b, b)
         }
-        Family::Mistral | Family::Mixtral => (false, false, false),
+        Family::Mistral | Family::Mixtral | Family::Ministral => (false, false, false),
     };
     let smollm3_nope = nope_layers(f, family, num_hidden_layers)?;
     let windows = sliding_window(f, family, num_hidden_layers, &smollm3_nope)?;
     // Gemma's MLP (transformers 5) takes `hidden_act`, the tanh GELU unless said otherwise.
     let default_act = match family {
         Family::Gemma | Family::Starcoder2 => "gelu_pytorch_tanh",
-        Family::Arcee => "relu2",
+        Family::Arcee | Family::Nemotron => "relu2",
         _ => "silu",
     };
     let act = f.or("hidden_act", Some(default_act.to_string()), STRING)?;
@@ -519,7 +612,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             ));
         }
     };
-    let default_range = if family == Family::Starcoder2 { 0.018042 } else { 0.02 };
+    let default_range = match family {
+        Family::Starcoder2 => 0.018042,
+        Family::Nemotron => 0.0134,
+        _ => 0.02,
+    };
     let initializer_range = f
         .or("initializer_range", Some(default_range), F64)?
         .unwrap_or(default_range);
@@ -591,6 +688,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         max_position_embeddings,
         rms_norm_eps,
         rope,
+        sliding_rope,
         rotary_dim,
         tie_word_embeddings,
         attention_bias,
@@ -598,10 +696,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         mlp_bias,
         qk_norm: matches!(
             family,
-            Family::Qwen3 | Family::Olmo2 | Family::Exaone4 | Family::Qwen3Moe | Family::Olmoe
+            Family::Qwen3 | Family::Olmo2 | Family::Exaone4 | Family::Qwen3Moe | Family::Olmoe | Family::Olmo3
         ),
-        qk_norm_over_heads: matches!(family, Family::Olmo2 | Family::Olmoe),
-        post_norm: matches!(family, Family::Olmo2 | Family::Exaone4),
+        qk_norm_over_heads: matches!(family, Family::Olmo2 | Family::Olmoe | Family::Olmo3),
+        post_norm: matches!(family, Family::Olmo2 | Family::Exaone4 | Family::Olmo3),
         sliding_window: windows.window,
         full_attention_layers: windows.full_layers,
         hidden_act,
@@ -613,14 +711,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         attention_multiplier,
         logits_scaling,
         nope_layers,
-        norm_unit_offset: family == Family::Gemma,
+        norm_unit_offset: matches!(family, Family::Gemma | Family::Nemotron),
         norm_kind: match family {
-            Family::Olmo | Family::Starcoder2 | Family::Stablelm => NormKind::Layer,
+            Family::Olmo | Family::Starcoder2 | Family::Stablelm | Family::Nemotron => NormKind::Layer,
             _ => NormKind::Rms,
         },
         norm_weight: family != Family::Olmo,
-        norm_bias: matches!(family, Family::Starcoder2 | Family::Stablelm),
-        mlp_gated: !matches!(family, Family::Starcoder2 | Family::Arcee),
+        norm_bias: matches!(family, Family::Starcoder2 | Family::Stablelm | Family::Nemotron),
+        mlp_gated: !matches!(family, Family::Starcoder2 | Family::Arcee | Family::Nemotron),
         mlp_names: match family {
             Family::Starcoder2 => ["gate_proj", "c_fc", "c_proj"],
             _ => ["gate_proj", "up_proj", "down_proj"],
@@ -775,7 +873,8 @@ struct Windows {
 
 /// The window and the layers that do not slide: Mistral, Mixtral and StarCoder2 slide over every layer unless
 /// `sliding_window` is null; EXAONE 4 over the layers `layer_types` (or the pattern of every fourth layer full)
-/// marks; the Qwens and SmolLM3 only with `use_sliding_window`, and then Qwen3-MoE on every layer, the others as
+/// marks, OLMo 3 over the layers `layer_types` (or three of every four) marks, Ministral over the layers
+/// `layer_types` (or all) marks; the Qwens and SmolLM3 only with `use_sliding_window`, and then Qwen3-MoE on every layer, the others as
 /// `layer_types` lists, or else Qwen2 from layer `max_window_layers` on, Qwen2-MoE on the even layers below it
 /// and SmolLM3 on its layers without rotary (`nope`).
 fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> Result<Windows> {
@@ -795,12 +894,13 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::Arcee
         | Family::SeedOss
         | Family::Stablelm
-        | Family::Olmoe => {
+        | Family::Olmoe
+        | Family::Nemotron => {
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Starcoder2 | Family::Mixtral => f.or("sliding_window", None, USIZE)?,
-        Family::Exaone4 => f.or("sliding_window", Some(4096), USIZE)?,
+        Family::Exaone4 | Family::Ministral | Family::Olmo3 => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Qwen2 | Family::Qwen3 | Family::Smollm3 | Family::Qwen2Moe | Family::Qwen3Moe => {
             if !f.or("use_sliding_window", Some(false), BOOL)?.unwrap_or(false) {
                 return none(false);
@@ -840,6 +940,8 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
             let pattern = f.or("sliding_window_pattern", Some(4), USIZE)?.unwrap_or(4).max(1);
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
+        None if family == Family::Olmo3 => (0..layers).map(|i| (i + 1) % 4 != 0).collect(),
+        None if family == Family::Ministral => vec![true; layers],
         None if family == Family::Smollm3 => (0..layers).map(|i| nope.contains(&i)).collect(),
         // Qwen2-MoE slides on every other layer below max_window_layers.
         None if family == Family::Qwen2Moe => {
@@ -862,8 +964,8 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
 }
 
 /// The leading dimensions of a head that rotate: `partial_rotary_factor` of them (in `rope_parameters` or at the
-/// top level) for StableLM, whose attention splits the heads; every other family rotates whole heads and refuses
-/// a partial factor.
+/// top level) for StableLM and Nemotron, whose attention splits the heads; every other family rotates whole heads
+/// and refuses a partial factor.
 fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
     let block = match f.object("rope_parameters")? {
         Some(b) => Some(b),
@@ -873,7 +975,11 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
         Some(b) => b.or("partial_rotary_factor", None, F64)?,
         None => None,
     };
-    let default = if family == Family::Stablelm { 0.25 } else { 1.0 };
+    let default = match family {
+        Family::Stablelm => 0.25,
+        Family::Nemotron => 0.5,
+        _ => 1.0,
+    };
     let factor = match nested {
         Some(p) => p,
         None => f.or("partial_rotary_factor", Some(default), F64)?.unwrap_or(default),
@@ -882,7 +988,7 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
         return Ok(head_dim);
     }
     let dim = (head_dim as f64 * factor) as usize;
-    if family != Family::Stablelm {
+    if !matches!(family, Family::Stablelm | Family::Nemotron) {
         return Err(f.error(
             "partial_rotary_factor",
             "partial rotary embeddings are not supported for this family",
@@ -897,19 +1003,61 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
     Ok(dim)
 }
 
-/// `rope_parameters` (transformers 5, may carry `rope_theta`) wins over the classic `rope_theta` + `rope_scaling`.
-fn rope_config(f: &Fields, max_position_embeddings: usize) -> Result<RopeConfig> {
+/// The rotary settings of the full-attention layers and, where they differ, of the sliding ones.
+/// `rope_parameters` (transformers 5, may carry `rope_theta`) wins over the classic `rope_theta` + `rope_scaling`;
+/// OLMo 3's holds one block per layer type, and its classic form scales the full-attention layers only.
+fn rope_configs(
+    f: &Fields,
+    family: Family,
+    max_position_embeddings: usize,
+) -> Result<(RopeConfig, Option<RopeConfig>)> {
     let top_theta = f.or("rope_theta", None, F64)?;
-    let (block, theta) = match f.object("rope_parameters")? {
-        Some(p) => {
-            if p.map.values().any(Value::is_object) {
-                return Err(f.error("rope_parameters", "per-layer-type rope parameters are not supported"));
-            }
-            let theta = p.or("rope_theta", None, F64)?;
-            (Some(p), theta.or(top_theta))
-        }
-        None => (f.object("rope_scaling")?, top_theta),
+    let per_type = match f.object("rope_parameters")? {
+        Some(p) if p.map.values().any(Value::is_object) => Some(p),
+        _ => None,
     };
+    let (full, sliding) = match per_type {
+        Some(_) if family != Family::Olmo3 => {
+            return Err(f.error("rope_parameters", "per-layer-type rope parameters are not supported"));
+        }
+        Some(p) => {
+            let block = |name: &str| -> Result<RopeConfig> {
+                let b = p.object(name)?.ok_or_else(|| p.error(name, "missing"))?;
+                let theta = b.or("rope_theta", None, F64)?.or(top_theta);
+                rope_config(f, Some(b), theta, max_position_embeddings)
+            };
+            (block("full_attention")?, block("sliding_attention")?)
+        }
+        None => {
+            let (block, theta) = match f.object("rope_parameters")? {
+                Some(p) => {
+                    let theta = p.or("rope_theta", None, F64)?;
+                    (Some(p), theta.or(top_theta))
+                }
+                None => (f.object("rope_scaling")?, top_theta),
+            };
+            let full = rope_config(f, block, theta, max_position_embeddings)?;
+            let sliding = match family {
+                Family::Olmo3 => RopeConfig {
+                    theta: full.theta,
+                    scaling: RopeScaling::Default,
+                },
+                _ => full.clone(),
+            };
+            (full, sliding)
+        }
+    };
+    let sliding = (sliding != full).then_some(sliding);
+    Ok((full, sliding))
+}
+
+/// One rotary setting from its block (`rope_parameters`, a layer type's block of it, or `rope_scaling`) and theta.
+fn rope_config(
+    f: &Fields,
+    block: Option<Fields>,
+    theta: Option<f64>,
+    max_position_embeddings: usize,
+) -> Result<RopeConfig> {
     let theta = theta.unwrap_or(10000.0);
     if !(theta > 0.0 && theta.is_finite()) {
         return Err(f.error("rope_theta", "must be positive"));

@@ -159,6 +159,8 @@ pub struct CausalLm {
     /// While the embedding requires grad the tied matrix itself is used, so that training sees one matrix.
     pub lm_head: Option<Linear>,
     rotary: RotaryEmbedding,
+    /// The rotary frequencies of the sliding-window layers, where they differ (OLMo 3).
+    sliding_rotary: Option<RotaryEmbedding>,
     /// The settings of the LoRA adapter attached to some of the linear layers (see `lora.rs`).
     pub(crate) adapter: Option<Box<LoraConfig>>,
 }
@@ -328,6 +330,11 @@ impl CausalLm {
             norm: final_norm,
             lm_head,
             rotary: RotaryEmbedding::new(c.rotary_dim, &c.rope)?,
+            sliding_rotary: c
+                .sliding_rope
+                .as_ref()
+                .map(|rope| RotaryEmbedding::new(c.rotary_dim, rope))
+                .transpose()?,
             adapter: None,
         })
     }
@@ -454,6 +461,10 @@ impl CausalLm {
             })
             .collect();
         let rotated = self.rotary.device_tables(start, t, scale, self.device())?;
+        let sliding_rotated = match (&self.sliding_rotary, kinds.iter().any(|&(w, r)| r && w.is_some())) {
+            (Some(rotary), true) => Some(rotary.device_tables(start, t, scale, self.device())?),
+            _ => None,
+        };
         let unrotated = match kinds.iter().any(|&(_, rotary)| !rotary) {
             true => Some(self.rotary.identity_tables(t, scale, self.device())?),
             false => None,
@@ -467,8 +478,9 @@ impl CausalLm {
                     _ => 0,
                 };
                 let (q_start, k_start) = if cache.is_some() { (start, key_start) } else { (0, 0) };
-                let tables = match (rotary, &unrotated) {
-                    (false, Some(u)) => u.clone(),
+                let tables = match (rotary, &unrotated, &sliding_rotated) {
+                    (false, Some(u), _) => u.clone(),
+                    (true, _, Some(s)) if window.is_some() => s.clone(),
                     _ => rotated.clone(),
                 };
                 AttentionContext::new(tables, q_start, k_start, window, scale)

@@ -47,6 +47,12 @@ pub enum Family {
     Qwen3Moe,
     /// OLMoE (OLMo 2's whole-projection q/k norms in pre-norm layers, a mixture of experts).
     Olmoe,
+    /// Ministral (Mistral sliding on the layers `layer_types` marks).
+    Ministral,
+    /// NVIDIA Nemotron (LayerNorm scaled by `1 + weight`, partial rotary, plain ReLU² MLP).
+    Nemotron,
+    /// OLMo 3 (OLMo 2 with sliding-window layers and per-layer-type rotary settings).
+    Olmo3,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -89,7 +95,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 18] = [
+pub const ARCHITECTURES: [Architecture; 21] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -236,6 +242,31 @@ pub const ARCHITECTURES: [Architecture; 18] = [
                    clamped after those norms when clip_qkv is set, experts (norm_topk_prob)",
         gap: None,
     },
+    Architecture {
+        family: Family::Ministral,
+        status: Status::Validated,
+        fixtures: &["ministral"],
+        features: "Mistral's attention sliding only on the layers layer_types marks (all of them when it is absent \
+                   and sliding_window is set)",
+        gap: None,
+    },
+    Architecture {
+        family: Family::Nemotron,
+        status: Status::Validated,
+        fixtures: &["nemotron"],
+        features: "LayerNorm with bias scaled by 1 + weight (LayerNorm1P, norm_eps), rotary on the first \
+                   partial_rotary_factor of each head (default 0.5), a plain MLP up_proj -> ReLU² -> down_proj",
+        gap: None,
+    },
+    Architecture {
+        family: Family::Olmo3,
+        status: Status::Validated,
+        fixtures: &["olmo3"],
+        features: "OLMo 2's post-norm layers and whole-projection q/k norms, sliding windows on the layers \
+                   layer_types marks (by default three of every four), rotary settings per layer type (the \
+                   classic rope_scaling scales the full-attention layers only)",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -273,6 +304,9 @@ impl Family {
             Family::Qwen2Moe => "qwen2_moe",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Olmoe => "olmoe",
+            Family::Ministral => "ministral",
+            Family::Nemotron => "nemotron",
+            Family::Olmo3 => "olmo3",
         }
     }
 

@@ -1,10 +1,9 @@
 //! [`ModelConfig`] from GGUF metadata: llama.cpp writes the Hugging Face config as `{arch}.*` keys (the same key
 //! names for every family), and the presence of bias and norm tensors says what `config.json` flags would say.
 
-use crate::config::{Activation, ModelConfig, RopeConfig, RopeScaling};
+use crate::config::{ModelConfig, RopeConfig, RopeScaling};
 use crate::error::{Error, Result};
 use crate::gguf::reader::{Gguf, Value};
-use crate::norm::NormKind;
 use crate::registry::Family;
 
 /// Typed reads of metadata keys, with errors naming the key.
@@ -172,12 +171,6 @@ pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
         });
     Ok(ModelConfig {
         model_type: arch.to_string(),
-        vocab_size,
-        hidden_size,
-        intermediate_size: m.positive(&key("feed_forward_length"))?,
-        num_hidden_layers: m.positive(&key("block_count"))?,
-        num_attention_heads,
-        num_key_value_heads,
         head_dim,
         max_position_embeddings,
         rms_norm_eps,
@@ -191,28 +184,16 @@ pub fn model_config(gguf: &Gguf) -> Result<ModelConfig> {
         o_proj_bias,
         mlp_bias,
         qk_norm: family == Family::Qwen3,
-        qk_norm_over_heads: false,
-        post_norm: false,
-        sliding_window: None,
-        full_attention_layers: Vec::new(),
-        hidden_act: Activation::Silu,
         bos_token_id: m.u32("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
-        initializer_range: 0.02,
-        embedding_multiplier: 1.0,
-        residual_multiplier: 1.0,
-        attention_multiplier: None,
-        logits_scaling: 1.0,
-        nope_layers: Vec::new(),
-        norm_unit_offset: false,
-        norm_kind: NormKind::Rms,
-        norm_weight: true,
-        norm_bias: false,
-        clip_qkv: None,
-        mlp_gated: true,
-        mlp_names: ["gate_proj", "up_proj", "down_proj"],
-        moe: None,
-        clip_after_qk_norm: false,
+        ..ModelConfig::llama(
+            vocab_size,
+            hidden_size,
+            m.positive(&key("feed_forward_length"))?,
+            m.positive(&key("block_count"))?,
+            num_attention_heads,
+            num_key_value_heads,
+        )
     })
 }
 
