@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use hierarchos::nn::{Activation, Error, ModelConfig, NormKind, RopeScaling};
+use hierarchos::nn::{Activation, Error, ModelConfig, NormKind, NormPlacement, RopeScaling};
 
 const PATH: &str = "models/x/config.json";
 
@@ -560,7 +560,7 @@ fn family_options() {
     assert_eq!(m.embedding_multiplier, (3072f64).sqrt() as f32 as f64);
 
     let o = parse(&tiny("olmo2", "")).unwrap();
-    assert!(o.post_norm && o.qk_norm && o.qk_norm_over_heads && !o.tie_word_embeddings);
+    assert!(o.norm_placement == NormPlacement::Post && o.qk_norm && o.qk_norm_over_heads && !o.tie_word_embeddings);
     let o = parse(&tiny("olmo", r#""clip_qkv": 8.0, "rms_norm_eps": 0.1"#)).unwrap();
     assert_eq!(
         (o.norm_kind, o.norm_weight, o.norm_bias),
@@ -646,14 +646,14 @@ fn family_options() {
     assert_eq!(parse(&tiny("olmo2", "")).unwrap().rms_norm_eps, 1e-5);
     assert_eq!(parse(&tiny("llama", "")).unwrap().rms_norm_eps, 1e-6);
     let q = parse(&tiny("qwen3", r#""num_key_value_heads": 2"#)).unwrap();
-    assert!(!q.post_norm && q.qk_norm && !q.qk_norm_over_heads);
+    assert!(q.norm_placement == NormPlacement::Pre && q.qk_norm && !q.qk_norm_over_heads);
 
     let e = parse(&tiny(
         "exaone4",
         r#""num_key_value_heads": 2, "head_dim": 16, "sliding_window": null"#,
     ))
     .unwrap();
-    assert!(e.post_norm && e.qk_norm && !e.qk_norm_over_heads && e.sliding_window.is_none());
+    assert!(e.norm_placement == NormPlacement::Post && e.qk_norm && !e.qk_norm_over_heads && e.sliding_window.is_none());
     let all_sliding = r#""num_key_value_heads": 2, "sliding_window": 64,
                          "layer_types": ["sliding_attention", "sliding_attention"]"#;
     assert_eq!(parse(&tiny("exaone4", all_sliding)).unwrap().sliding_window, Some(64));

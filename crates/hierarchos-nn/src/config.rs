@@ -73,6 +73,19 @@ pub struct RopeConfig {
     pub scaling: RopeScaling,
 }
 
+/// Where a decoder layer norms its attention and MLP branches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormPlacement {
+    /// The branches' inputs (Llama's `input_layernorm` and `post_attention_layernorm`).
+    Pre,
+    /// The branches' outputs, before their residual adds, with no input norms (OLMo 2's and EXAONE 4's
+    /// `post_attention_layernorm` and `post_feedforward_layernorm`).
+    Post,
+    /// Both (Gemma 2's `input_layernorm`, `post_attention_layernorm`, `pre_feedforward_layernorm` and
+    /// `post_feedforward_layernorm`).
+    Sandwich,
+}
+
 /// How a mixture-of-experts block routes each token to `top_k` of its experts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
@@ -156,9 +169,8 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// The q/k norms span the whole projections (OLMo 2: weights of `heads · head_dim`), not one head (Qwen3).
     pub qk_norm_over_heads: bool,
-    /// Post-norm layers: each attention and MLP output is normed before its residual add, with no input norm
-    /// (OLMo 2's and EXAONE 4's `post_attention_layernorm` and `post_feedforward_layernorm`).
-    pub post_norm: bool,
+    /// Where the layers norm the residual stream's branches.
+    pub norm_placement: NormPlacement,
     /// Attend only to the last `n` positions (Mistral; Qwen2 when `use_sliding_window`), on every layer but
     /// `full_attention_layers`.
     pub sliding_window: Option<usize>,
@@ -231,7 +243,7 @@ impl ModelConfig {
             mlp_bias: false,
             qk_norm: false,
             qk_norm_over_heads: false,
-            post_norm: false,
+            norm_placement: NormPlacement::Pre,
             sliding_window: None,
             full_attention_layers: Vec::new(),
             hidden_act: Activation::Silu,
@@ -314,7 +326,11 @@ impl ModelConfig {
             }
         };
         let head = if self.tie_word_embeddings { 0 } else { vocab * hidden };
-        layers * (attention + 2 * norm) + feed_forward + vocab * hidden + norm + head
+        let norms = match self.norm_placement {
+            NormPlacement::Pre | NormPlacement::Post => 2,
+            NormPlacement::Sandwich => 4,
+        };
+        layers * (attention + norms * norm) + feed_forward + vocab * hidden + norm + head
     }
 }
 
@@ -699,7 +715,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             Family::Qwen3 | Family::Olmo2 | Family::Exaone4 | Family::Qwen3Moe | Family::Olmoe | Family::Olmo3
         ),
         qk_norm_over_heads: matches!(family, Family::Olmo2 | Family::Olmoe | Family::Olmo3),
-        post_norm: matches!(family, Family::Olmo2 | Family::Exaone4 | Family::Olmo3),
+        norm_placement: match family {
+            Family::Olmo2 | Family::Exaone4 | Family::Olmo3 => NormPlacement::Post,
+            _ => NormPlacement::Pre,
+        },
         sliding_window: windows.window,
         full_attention_layers: windows.full_layers,
         hidden_act,

@@ -5,7 +5,7 @@ use hierarchos_core::quant::QTensor;
 use hierarchos_core::{Device, Tensor};
 
 use crate::attention::{Attention, AttentionContext};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, NormPlacement};
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
 use crate::feed_forward::FeedForward;
@@ -18,20 +18,23 @@ use crate::norm::{Norm, NormKind};
 use crate::rope::RotaryEmbedding;
 use crate::weights::Weights;
 
-/// One decoder block: pre-norm (Llama) `x + attn(norm(x))`, then `x + mlp(norm(x))`; or post-norm (OLMo 2)
-/// `x + norm(attn(x))`, then `x + norm(mlp(x))`.
+/// One decoder block: pre-norm (Llama) `x + attn(norm(x))`, then `x + mlp(norm(x))`; post-norm (OLMo 2)
+/// `x + norm(attn(x))`, then `x + norm(mlp(x))`; or both (Gemma 2's sandwich) `x + norm(attn(norm(x)))`, then
+/// `x + norm(mlp(norm(x)))`.
 #[derive(Clone, Debug)]
 pub struct DecoderLayer {
-    /// Norm before attention; `None` in a post-norm layer.
+    /// Norm before attention (`input_layernorm`); `None` in a post-norm layer.
     pub input_layernorm: Option<Norm>,
     /// Self-attention.
     pub self_attn: Attention,
-    /// Norm before the MLP; in a post-norm layer, the norm of the attention output.
-    pub post_attention_layernorm: Norm,
+    /// Norm of the attention output before its residual add (`post_attention_layernorm` of OLMo 2 and Gemma 2).
+    pub attention_output_norm: Option<Norm>,
+    /// Norm before the MLP (Llama's `post_attention_layernorm`, Gemma 2's `pre_feedforward_layernorm`).
+    pub mlp_input_norm: Option<Norm>,
     /// The MLP (gated or plain), or a mixture of experts.
     pub mlp: FeedForward,
-    /// The norm of the MLP output in a post-norm layer (its presence makes the layer post-norm).
-    pub post_feedforward_layernorm: Option<Norm>,
+    /// Norm of the MLP output before its residual add (`post_feedforward_layernorm`).
+    pub mlp_output_norm: Option<Norm>,
     /// Multiplies the attention and MLP outputs before their residual adds (Granite's `residual_multiplier`).
     pub residual_multiplier: Option<f64>,
 }
@@ -55,26 +58,31 @@ impl DecoderLayer {
                 None => y,
             })
         };
-        let attn = self.self_attn.forward(normed, None, None, ctx, cache)?;
-        let x = match &self.post_feedforward_layernorm {
+        let output_norm = |norm: &Option<Norm>, y: Tensor| -> Result<Tensor> {
+            scaled(match norm {
+                Some(n) => n.forward(&y)?,
+                None => y,
+            })
+        };
+        let attn = output_norm(
+            &self.attention_output_norm,
+            self.self_attn.forward(normed, None, None, ctx, cache)?,
+        )?;
+        let (x, h) = match &self.mlp_input_norm {
+            Some(n) => n.add_forward(x, &attn)?,
             None => {
-                let (x, h) = self.post_attention_layernorm.add_forward(x, &scaled(attn)?)?;
-                let mlp = scaled(self.mlp.forward(&h, None, None)?)?;
-                if let Some(n) = next_norm {
-                    return Ok(n.add_forward(&x, &mlp)?);
-                }
-                x.add(&mlp)?
-            }
-            Some(post_mlp) => {
-                let x = x.add(&scaled(self.post_attention_layernorm.forward(&attn)?)?)?;
-                x.add(&scaled(post_mlp.forward(&self.mlp.forward(&x, None, None)?)?)?)?
+                let x = x.add(&attn)?;
+                (x.clone(), x)
             }
         };
-        let normed = match next_norm {
-            Some(n) => n.forward(&x)?,
-            None => x.clone(),
-        };
-        Ok((x, normed))
+        let mlp = output_norm(&self.mlp_output_norm, self.mlp.forward(&h, None, None)?)?;
+        match next_norm {
+            Some(n) => Ok(n.add_forward(&x, &mlp)?),
+            None => {
+                let x = x.add(&mlp)?;
+                Ok((x.clone(), x))
+            }
+        }
     }
 
     /// The same block with each norm run by the projection after it and each residual add by the projection
@@ -89,7 +97,7 @@ impl DecoderLayer {
         let x = self
             .self_attn
             .forward(x, self.input_layernorm.as_ref(), Some(x), ctx, cache)?;
-        self.mlp.forward(&x, Some(&self.post_attention_layernorm), Some(&x))
+        self.mlp.forward(&x, self.mlp_input_norm.as_ref(), Some(&x))
     }
 
     /// Whether [`DecoderLayer::forward_fused`] is the faster way: a pre-norm layer, every projection quantized,
@@ -99,7 +107,9 @@ impl DecoderLayer {
             && self.mlp.fuses()
             && self.residual_multiplier.is_none()
             && self.input_layernorm.is_some()
-            && self.post_feedforward_layernorm.is_none()
+            && self.mlp_input_norm.is_some()
+            && self.attention_output_norm.is_none()
+            && self.mlp_output_norm.is_none()
     }
 
     /// The linear layers with their paths inside the layer (`self_attn.q_proj`, ..., `mlp.down_proj`), in
@@ -131,16 +141,42 @@ impl DecoderLayer {
 
     /// The parameters with their Hugging Face names relative to the layer.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        let [input, attention_output, mlp_input, mlp_output] = self.norm_names();
         let optional =
             |name: &str, norm: &Option<Norm>| norm.as_ref().map_or_else(Vec::new, |n| prefixed(name, n.parameters()));
         [
-            optional("input_layernorm", &self.input_layernorm),
+            optional(input, &self.input_layernorm),
             prefixed("self_attn", self.self_attn.parameters()),
-            prefixed("post_attention_layernorm", self.post_attention_layernorm.parameters()),
+            optional(attention_output, &self.attention_output_norm),
+            optional(mlp_input, &self.mlp_input_norm),
             self.mlp.parameters(),
-            optional("post_feedforward_layernorm", &self.post_feedforward_layernorm),
+            optional(mlp_output, &self.mlp_output_norm),
         ]
         .concat()
+    }
+
+    /// The Hugging Face names of the input, attention output, MLP input and MLP output norms: `post_attention_`
+    /// names the MLP's input norm unless the attention output has its own norm.
+    fn norm_names(&self) -> [&'static str; 4] {
+        let mlp_input = match self.attention_output_norm {
+            Some(_) => "pre_feedforward_layernorm",
+            None => "post_attention_layernorm",
+        };
+        ["input_layernorm", "post_attention_layernorm", mlp_input, "post_feedforward_layernorm"]
+    }
+
+    /// The layer's norms (of the residual stream and of queries and keys), for freezing.
+    pub(crate) fn norms_mut(&mut self) -> impl Iterator<Item = &mut Norm> {
+        [
+            &mut self.input_layernorm,
+            &mut self.attention_output_norm,
+            &mut self.mlp_input_norm,
+            &mut self.mlp_output_norm,
+            &mut self.self_attn.q_norm,
+            &mut self.self_attn.k_norm,
+        ]
+        .into_iter()
+        .flatten()
     }
 }
 
@@ -280,10 +316,21 @@ impl CausalLm {
             } else {
                 (None, None)
             };
+            let (pre, post) = match c.norm_placement {
+                NormPlacement::Pre => (true, false),
+                NormPlacement::Post => (false, true),
+                NormPlacement::Sandwich => (true, true),
+            };
+            let mlp_input_name = if post { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
+            let mut norm = |on: bool, name: &str| -> Result<Option<Norm>> {
+                on.then(|| block_norm(tensor, format!("{p}.{name}"), hidden, c)).transpose()
+            };
+            let input_layernorm = norm(pre, "input_layernorm")?;
+            let attention_output_norm = norm(post, "post_attention_layernorm")?;
+            let mlp_input_norm = norm(pre, mlp_input_name)?;
+            let mlp_output_norm = norm(post, "post_feedforward_layernorm")?;
             layers.push(DecoderLayer {
-                input_layernorm: (!c.post_norm)
-                    .then(|| block_norm(tensor, format!("{p}.input_layernorm"), hidden, c))
-                    .transpose()?,
+                input_layernorm,
                 self_attn: Attention {
                     q_proj,
                     k_proj,
@@ -299,12 +346,10 @@ impl CausalLm {
                     head_dim: d,
                     qkv,
                 },
-                post_attention_layernorm: block_norm(tensor, format!("{p}.post_attention_layernorm"), hidden, c)?,
+                attention_output_norm,
+                mlp_input_norm,
                 mlp: feed_forward,
-                post_feedforward_layernorm: c
-                    .post_norm
-                    .then(|| block_norm(tensor, format!("{p}.post_feedforward_layernorm"), hidden, c))
-                    .transpose()?,
+                mlp_output_norm,
                 residual_multiplier: (c.residual_multiplier != 1.0).then_some(c.residual_multiplier),
             });
         }

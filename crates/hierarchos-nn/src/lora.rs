@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::CausalLm;
 use crate::error::{Error, Result};
+use crate::norm::Norm;
 use crate::init::ParamRng;
 use crate::linear::LinearWeight;
 #[cfg(not(target_arch = "wasm32"))]
@@ -719,19 +720,7 @@ impl CausalLm {
         self.embed_tokens.weight = self.embed_tokens.weight.detach();
         self.norm.detach();
         for layer in &mut self.layers {
-            let optional = [
-                &mut layer.input_layernorm,
-                &mut layer.post_feedforward_layernorm,
-                &mut layer.self_attn.q_norm,
-                &mut layer.self_attn.k_norm,
-            ];
-            for norm in optional
-                .into_iter()
-                .flatten()
-                .chain([&mut layer.post_attention_layernorm])
-            {
-                norm.detach();
-            }
+            layer.norms_mut().for_each(Norm::detach);
         }
         for (_, layer) in self.linears_mut() {
             if let LinearWeight::Dense(w) = &layer.weight {
