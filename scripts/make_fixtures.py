@@ -90,6 +90,8 @@ LORA = {
     "ministral": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
     "nemotron": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "up_proj"]),
     "olmo3": dict(r=4, lora_alpha=8, target_modules=["v_proj", "o_proj", "gate_proj"]),
+    "gemma2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "up_proj"]),
+    "gemma3_text": dict(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "down_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -360,6 +362,29 @@ FIXTURES = {
         "OLMo 3: OLMo 2's post-norm layers and whole-projection q/k norms; layer 0 slides over 8 positions with "
         "rope_theta 1e4, layer 1 attends to everything with rope_theta 5e5 (rope_parameters per layer type)",
     ),
+    "gemma2": (
+        "Gemma2Config",
+        dict(COMMON, hidden_activation="gelu_pytorch_tanh", head_dim=16, pad_token_id=None,
+             max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False, query_pre_attn_scalar=32,
+             attn_logit_softcapping=2.0, final_logit_softcapping=5.0, sliding_window=8,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "Gemma 2: sandwich norms (input, post-attention, pre- and post-feedforward RMSNorms, all 1 + weight), "
+        "attention scores soft-capped at 2 and logits at 5 (tanh), score scale 32^-1/2 (query_pre_attn_scalar), "
+        "layer 0 slides over 8 positions, layer 1 attends to everything; untied as the Gemma fixture",
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        dict(COMMON, hidden_activation="gelu_pytorch_tanh", head_dim=16, pad_token_id=None,
+             max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False, query_pre_attn_scalar=24,
+             sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                              "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}),
+        True,
+        "Gemma 3 (text): Gemma 2's sandwich norms with per-head q/k RMSNorm (1 + weight), no soft-capping, score "
+        "scale 24^-1/2; layer 0 slides over 8 positions with rope_theta 1e4, layer 1 attends to everything with "
+        "rope_theta 1e6; untied",
+    ),
 }
 
 
@@ -405,6 +430,9 @@ def unprintable_ids(tok):
             if not all(c == "\n" or " " <= c <= "~" for c in tok.decode([i], skip_special_tokens=True) or "\0")]
 
 
+GEMMAS = ("gemma", "gemma2", "gemma3_text")
+
+
 def randomize(model, seed, damped_rows):
     """Overwrites every parameter (HF's init leaves biases at 0 and norms at 1) with values that give
     well-separated logits, so greedy decoding is not decided by rounding. The output rows of `damped_rows`
@@ -416,10 +444,10 @@ def randomize(model, seed, damped_rows):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
             if name.endswith("norm.weight"):
                 # Gemma's and Nemotron's norms scale by 1 + weight.
-                value = (0.0 if model.config.model_type in ("gemma", "nemotron") else 1.0) + 0.2 * noise
+                value = (0.0 if model.config.model_type in GEMMAS + ("nemotron",) else 1.0) + 0.2 * noise
             elif name.endswith(".bias"):
                 value = 0.3 * noise
-            elif "embed_tokens" in name and model.config.model_type == "gemma":
+            elif "embed_tokens" in name and model.config.model_type in GEMMAS:
                 # Gemma multiplies the embeddings by sqrt(hidden_size) on the way in.
                 value = 0.25 * noise / math.sqrt(model.config.hidden_size)
             elif "embed_tokens" in name or name.startswith("lm_head"):
@@ -483,6 +511,9 @@ def eager_attention64(module, query, key, value, attention_mask, scaling, dropou
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is None:
         if query.shape[2] > 1:
             raise RuntimeError("eager attention got no mask for several queries")

@@ -653,7 +653,9 @@ fn family_options() {
         r#""num_key_value_heads": 2, "head_dim": 16, "sliding_window": null"#,
     ))
     .unwrap();
-    assert!(e.norm_placement == NormPlacement::Post && e.qk_norm && !e.qk_norm_over_heads && e.sliding_window.is_none());
+    assert!(
+        e.norm_placement == NormPlacement::Post && e.qk_norm && !e.qk_norm_over_heads && e.sliding_window.is_none()
+    );
     let all_sliding = r#""num_key_value_heads": 2, "sliding_window": 64,
                          "layer_types": ["sliding_attention", "sliding_attention"]"#;
     assert_eq!(parse(&tiny("exaone4", all_sliding)).unwrap().sliding_window, Some(64));
@@ -766,4 +768,57 @@ fn nemotron_options() {
     );
     assert_eq!((c.head_dim, c.rotary_dim), (16, 8));
     assert_eq!((c.mlp_gated, c.hidden_act), (false, Activation::Relu2));
+}
+
+/// Gemma 2 and 3: sandwich norms, soft-capping with the config classes' defaults (Gemma 2 caps, Gemma 3 does
+/// not), the score scale from query_pre_attn_scalar, their window patterns and Gemma 3's local rotary base.
+#[test]
+fn gemma2_and_gemma3_options() {
+    let g2 = parse(&tiny(
+        "gemma2",
+        r#""num_hidden_layers": 4, "query_pre_attn_scalar": 64"#,
+    ))
+    .unwrap();
+    assert_eq!(g2.norm_placement, NormPlacement::Sandwich);
+    assert_eq!((g2.attention_softcap, g2.final_logit_softcap), (Some(50.0), Some(30.0)));
+    assert_eq!(g2.attention_multiplier, Some(0.125));
+    assert_eq!((g2.sliding_window, g2.full_attention_layers), (Some(4096), vec![1, 3]));
+    assert!(g2.norm_unit_offset && g2.hidden_act == Activation::GeluTanh);
+    let uncapped = parse(&tiny(
+        "gemma2",
+        r#""attn_logit_softcapping": null, "final_logit_softcapping": null"#,
+    ));
+    assert_eq!(
+        uncapped.map(|c| (c.attention_softcap, c.final_logit_softcap)).unwrap(),
+        (None, None)
+    );
+    err(
+        &tiny("gemma2", r#""attn_logit_softcapping": -1.0"#),
+        &["attn_logit_softcapping"],
+    );
+    err(
+        &tiny("gemma2", r#""hidden_activation": "swiglu""#),
+        &["hidden_activation"],
+    );
+
+    let g3 = parse(&tiny(
+        "gemma3_text",
+        r#""num_hidden_layers": 7, "rope_theta": 1000000, "rope_local_base_freq": 10000,
+           "rope_scaling": {"rope_type": "linear", "factor": 8.0}"#,
+    ))
+    .unwrap();
+    assert_eq!(g3.norm_placement, NormPlacement::Sandwich);
+    assert!(g3.qk_norm && !g3.qk_norm_over_heads);
+    assert_eq!((g3.attention_softcap, g3.final_logit_softcap), (None, None));
+    assert_eq!(g3.full_attention_layers, vec![5]);
+    assert_eq!(
+        (g3.rope.theta, g3.rope.scaling),
+        (1e6, RopeScaling::Linear { factor: 8.0 })
+    );
+    let local = g3.sliding_rope.unwrap();
+    assert_eq!((local.theta, local.scaling), (10000.0, RopeScaling::Default));
+    err(
+        &tiny("gemma3_text", r#""use_bidirectional_attention": true"#),
+        &["use_bidirectional_attention"],
+    );
 }

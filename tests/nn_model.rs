@@ -482,6 +482,12 @@ fn tiny_config(family: &str) -> ModelConfig {
             c.hidden_act = Activation::GeluTanh;
         }
         "mistral" => c.sliding_window = Some(3),
+        // Gemma 2's soft-capping, small enough to bend these models' scores and logits.
+        "softcap" => {
+            c.attention_softcap = Some(0.2);
+            c.final_logit_softcap = Some(0.5);
+            c.sliding_window = Some(4);
+        }
         "qwen2" => {
             c.attention_bias = true;
             c.num_key_value_heads = 1;
@@ -504,7 +510,7 @@ fn tiny_config(family: &str) -> ModelConfig {
     c
 }
 
-const FAMILIES: [&str; 5] = ["llama", "llama-mha-bias", "mistral", "qwen2", "qwen3"];
+const FAMILIES: [&str; 6] = ["llama", "llama-mha-bias", "mistral", "qwen2", "qwen3", "softcap"];
 
 /// Random host weights for every tensor the model asks for, and the model built from them.
 fn random_model(config: &ModelConfig, rng: &mut Rng) -> (CausalLm, HashMap<String, Vec<f32>>) {
@@ -598,10 +604,11 @@ fn reference_forward(c: &ModelConfig, w: &HashMap<String, Vec<f32>>, ids: &[u32]
                         if j > i || c.sliding_window.is_some_and(|wdw| j + wdw <= i) {
                             return f64::NEG_INFINITY;
                         }
-                        (0..d)
+                        let score = (0..d)
                             .map(|e| q[(i * nh + hi) * d + e] * k[(j * nkv + kv) * d + e])
                             .sum::<f64>()
-                            / (d as f64).sqrt()
+                            / (d as f64).sqrt();
+                        c.attention_softcap.map_or(score, |cap| cap * (score / cap).tanh())
                     })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -636,7 +643,11 @@ fn reference_forward(c: &ModelConfig, w: &HashMap<String, Vec<f32>>, ids: &[u32]
     } else {
         "lm_head"
     };
-    linear(&x, head, hid, false)
+    let logits = linear(&x, head, hid, false);
+    match c.final_logit_softcap {
+        Some(cap) => logits.iter().map(|z| cap * (z / cap).tanh()).collect(),
+        None => logits,
+    }
 }
 
 fn ids_tensor(ids: &[Vec<u32>]) -> Tensor {

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 21] = [
+    let cases: [(&str, &str, u64); 23] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -286,6 +286,29 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "sliding_window": 4096, "attention_bias": false, "tie_word_embeddings": false,
                 "bos_token_id": null, "eos_token_id": 100257, "pad_token_id": 100277, "hidden_act": "silu"}"#,
             7_300_000_000,
+        ),
+        (
+            "google/gemma-2-2b",
+            r#"{"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 256000,
+                "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+                "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": 30.0,
+                "attn_logit_softcapping": 50.0, "hidden_activation": "gelu_pytorch_tanh",
+                "attention_bias": false, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}"#,
+            2_614_341_888,
+        ),
+        (
+            "google/gemma-3-1b-pt",
+            r#"{"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 262144,
+                "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+                "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+                "rope_local_base_freq": 10000, "rope_scaling": null, "query_pre_attn_scalar": 256,
+                "sliding_window": 512, "sliding_window_pattern": 6, "final_logit_softcapping": null,
+                "attn_logit_softcapping": null, "hidden_activation": "gelu_pytorch_tanh",
+                "attention_bias": false, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}"#,
+            999_885_952,
         ),
     ];
     for (name, json, published) in cases {

@@ -33,6 +33,8 @@ pub struct Attention {
     pub clip_qkv: Option<f64>,
     /// q and k are clamped after their norms (OLMoE), not before them (OLMo).
     pub clip_after_norm: bool,
+    /// Scores `s` become `c · tanh(s / c)` before the softmax (Gemma 2); the composed attention runs them.
+    pub softcap: Option<f64>,
     /// The leading dimensions of each head that rotate (all of them, or StableLM's partial rotary); the rest
     /// pass through.
     pub rotary_dim: usize,
@@ -165,8 +167,9 @@ impl Attention {
         };
         let v = heads(clip(v)?, kvh, &None)?;
         let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
-        // The fused kernels rotate whole heads; a partial rotary takes the composed path.
+        // The fused kernels rotate whole heads and do not soft-cap; such layers take the composed path.
         let partial = self.rotary_dim < d;
+        let fused = !partial && self.softcap.is_none();
         let rotate = |x: Tensor, cos: &Tensor, sin: &Tensor, pass_scale: f64| -> Result<Tensor> {
             if !partial {
                 return Ok(x.rope(cos, sin)?);
@@ -181,7 +184,7 @@ impl Attention {
         };
         let y = match cache {
             // The fused kernels take heads of up to MAX_HEAD_DIM; larger ones run the batched matmuls below.
-            Some((cache, layer)) if !differentiable && !partial && t <= STEP_MAX_QUERIES && d <= MAX_HEAD_DIM => {
+            Some((cache, layer)) if !differentiable && fused && t <= STEP_MAX_QUERIES && d <= MAX_HEAD_DIM => {
                 let (k_cache, v_cache) = cache.buffers(layer);
                 let new = NewKeys {
                     k: &k,
@@ -190,7 +193,7 @@ impl Attention {
                 };
                 q.attention_step(new, k_cache, v_cache, cache.len(), ctx.window)?
             }
-            Some((cache, layer)) if !differentiable && !partial && Tensor::rope_into_cache_fits(x.device()) => {
+            Some((cache, layer)) if !differentiable && fused && Tensor::rope_into_cache_fits(x.device()) => {
                 let (k_new, v_new) = cache.new_positions(layer, t)?;
                 let q = q.rope_into_cache(&k, &v, ctx.tables.step(), &k_new, &v_new)?;
                 let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;
@@ -220,11 +223,11 @@ impl Attention {
                     }
                 };
                 // Anything else (16-bit activations, larger heads) takes the composed path.
-                if flash_attention_fits(&q, &k, &v) {
+                if self.softcap.is_none() && flash_attention_fits(&q, &k, &v) {
                     q.flash_attention(&k, &v, ctx.query_start, ctx.key_start, ctx.window)?
                 } else {
                     let mask = ctx.mask(t, k.shape()[2], x.device())?;
-                    scaled_dot_product(&q, &k, &v, mask)?.permute(&[0, 2, 1, 3])?
+                    attend(&q, &k, &v, mask, self.softcap)?.permute(&[0, 2, 1, 3])?
                 }
             }
         };
@@ -263,6 +266,11 @@ impl Attention {
 /// are stacked into the rows of one product, so grouped keys and values are never repeated in memory. `mask` is
 /// `[T, S]`, added to the scores of every head. Returns `[B, H, T, D]`.
 pub fn scaled_dot_product(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    attend(q, k, v, mask, None)
+}
+
+/// [`scaled_dot_product`], the scores soft-capped to `c · tanh(s / c)` first when `softcap` is `Some(c)`.
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, softcap: Option<f64>) -> Result<Tensor> {
     let bad = || {
         Error::Invalid(format!(
             "attention: queries {:?}, keys {:?}, values {:?}, mask {:?} do not fit",
@@ -285,6 +293,10 @@ pub fn scaled_dot_product(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tens
     }
     let g = h / kvh;
     let scores = q.contiguous()?.reshape(&[b, kvh, g * t, d])?.matmul(&k.t()?)?;
+    let scores = match softcap {
+        Some(c) => scores.div_scalar(c)?.tanh()?.mul_scalar(c)?,
+        None => scores,
+    };
     let probs = match mask {
         Some(m) => scores
             .reshape(&[b, kvh, g, t, s])?

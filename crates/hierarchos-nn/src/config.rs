@@ -171,6 +171,10 @@ pub struct ModelConfig {
     pub qk_norm_over_heads: bool,
     /// Where the layers norm the residual stream's branches.
     pub norm_placement: NormPlacement,
+    /// Attention scores `s` become `c · tanh(s / c)` before the softmax (Gemma 2's `attn_logit_softcapping`).
+    pub attention_softcap: Option<f64>,
+    /// Logits `z` become `c · tanh(z / c)` (Gemma 2's `final_logit_softcapping`).
+    pub final_logit_softcap: Option<f64>,
     /// Attend only to the last `n` positions (Mistral; Qwen2 when `use_sliding_window`), on every layer but
     /// `full_attention_layers`.
     pub sliding_window: Option<usize>,
@@ -244,6 +248,8 @@ impl ModelConfig {
             qk_norm: false,
             qk_norm_over_heads: false,
             norm_placement: NormPlacement::Pre,
+            attention_softcap: None,
+            final_logit_softcap: None,
             sliding_window: None,
             full_attention_layers: Vec::new(),
             hidden_act: Activation::Silu,
@@ -514,6 +520,22 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(50279),
             tie_word_embeddings: false,
         },
+        Family::Gemma2 => Defaults {
+            num_key_value_heads: Some(4),
+            head_dim: Some(256),
+            max_position_embeddings: 8192,
+            bos_token_id: Some(2),
+            eos_token_id: Some(1),
+            tie_word_embeddings: true,
+        },
+        Family::Gemma3Text => Defaults {
+            num_key_value_heads: Some(4),
+            head_dim: Some(256),
+            max_position_embeddings: 131_072,
+            bos_token_id: Some(2),
+            eos_token_id: Some(1),
+            tie_word_embeddings: true,
+        },
     }
 }
 
@@ -587,7 +609,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         | Family::Olmo
         | Family::Qwen3Moe
         | Family::Olmoe
-        | Family::Olmo3 => {
+        | Family::Olmo3
+        | Family::Gemma2
+        | Family::Gemma3Text => {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
@@ -611,11 +635,16 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let windows = sliding_window(f, family, num_hidden_layers, &smollm3_nope)?;
     // Gemma's MLP (transformers 5) takes `hidden_act`, the tanh GELU unless said otherwise.
     let default_act = match family {
-        Family::Gemma | Family::Starcoder2 => "gelu_pytorch_tanh",
+        Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Starcoder2 => "gelu_pytorch_tanh",
         Family::Arcee | Family::Nemotron => "relu2",
         _ => "silu",
     };
-    let act = f.or("hidden_act", Some(default_act.to_string()), STRING)?;
+    // Gemma 2's and 3's MLPs take `hidden_activation`.
+    let act_key = match family {
+        Family::Gemma2 | Family::Gemma3Text => "hidden_activation",
+        _ => "hidden_act",
+    };
+    let act = f.or(act_key, Some(default_act.to_string()), STRING)?;
     let hidden_act = match act.as_deref() {
         Some("silu" | "swish") => Activation::Silu,
         Some("gelu") => Activation::Gelu,
@@ -623,7 +652,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Some("relu2") => Activation::Relu2,
         other => {
             return Err(f.error(
-                "hidden_act",
+                act_key,
                 &format!("unsupported activation {other:?}; supported: silu, gelu, gelu_pytorch_tanh, gelu_new, relu2"),
             ));
         }
@@ -648,13 +677,33 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     };
     let embedding_multiplier = match family {
         // transformers multiplies by sqrt(hidden_size) as a tensor of the activations' dtype (f32).
-        Family::Gemma => (hidden_size as f64).sqrt() as f32 as f64,
+        Family::Gemma | Family::Gemma2 | Family::Gemma3Text => (hidden_size as f64).sqrt() as f32 as f64,
         _ => multiplier("embedding_multiplier")?,
     };
     let residual_multiplier = multiplier("residual_multiplier")?;
-    let attention_multiplier = (family == Family::Granite)
-        .then(|| multiplier("attention_multiplier"))
-        .transpose()?;
+    let attention_multiplier = match family {
+        Family::Granite => Some(multiplier("attention_multiplier")?),
+        Family::Gemma2 | Family::Gemma3Text => {
+            let scalar = f.or("query_pre_attn_scalar", Some(256.0), F64)?.unwrap_or(256.0);
+            if !(scalar > 0.0 && scalar.is_finite()) {
+                return Err(f.error("query_pre_attn_scalar", "must be positive"));
+            }
+            Some(scalar.powf(-0.5))
+        }
+        _ => None,
+    };
+    let softcap = |key: &str, default: Option<f64>| -> Result<Option<f64>> {
+        if !matches!(family, Family::Gemma2 | Family::Gemma3Text) {
+            return Ok(None);
+        }
+        match f.or(key, default, F64)? {
+            Some(c) if !(c > 0.0 && c.is_finite()) => Err(f.error(key, "must be positive")),
+            c => Ok(c),
+        }
+    };
+    let gemma2 = family == Family::Gemma2;
+    let attention_softcap = softcap("attn_logit_softcapping", gemma2.then_some(50.0))?;
+    let final_logit_softcap = softcap("final_logit_softcapping", gemma2.then_some(30.0))?;
     let logits_scaling = multiplier("logits_scaling")?;
     // EXAONE 4's layers rotate only when they slide or when the config sets no window at all (transformers
     // checks the config's `sliding_window`, not the layer's): with a window and no sliding layer, none rotates.
@@ -664,7 +713,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         _ => smollm3_nope,
     };
     // Gemma's bidirectional attention (an encoder-style option) is not causal: refused.
-    if family == Family::Gemma && f.or("use_bidirectional_attention", Some(false), BOOL)? == Some(true) {
+    let gemmas = matches!(family, Family::Gemma | Family::Gemma2 | Family::Gemma3Text);
+    if gemmas && f.or("use_bidirectional_attention", Some(false), BOOL)? == Some(true) {
         return Err(f.error("use_bidirectional_attention", "only causal attention is supported"));
     }
     // StableLM's per-head q/k LayerNorm and parallel residual (StableLM 2 12B) are not built yet.
@@ -712,13 +762,22 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         mlp_bias,
         qk_norm: matches!(
             family,
-            Family::Qwen3 | Family::Olmo2 | Family::Exaone4 | Family::Qwen3Moe | Family::Olmoe | Family::Olmo3
+            Family::Qwen3
+                | Family::Olmo2
+                | Family::Exaone4
+                | Family::Qwen3Moe
+                | Family::Olmoe
+                | Family::Olmo3
+                | Family::Gemma3Text
         ),
         qk_norm_over_heads: matches!(family, Family::Olmo2 | Family::Olmoe | Family::Olmo3),
         norm_placement: match family {
             Family::Olmo2 | Family::Exaone4 | Family::Olmo3 => NormPlacement::Post,
+            Family::Gemma2 | Family::Gemma3Text => NormPlacement::Sandwich,
             _ => NormPlacement::Pre,
         },
+        attention_softcap,
+        final_logit_softcap,
         sliding_window: windows.window,
         full_attention_layers: windows.full_layers,
         hidden_act,
@@ -730,7 +789,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         attention_multiplier,
         logits_scaling,
         nope_layers,
-        norm_unit_offset: matches!(family, Family::Gemma | Family::Nemotron),
+        norm_unit_offset: matches!(
+            family,
+            Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Nemotron
+        ),
         norm_kind: match family {
             Family::Olmo | Family::Starcoder2 | Family::Stablelm | Family::Nemotron => NormKind::Layer,
             _ => NormKind::Rms,
@@ -892,7 +954,8 @@ struct Windows {
 
 /// The window and the layers that do not slide: Mistral, Mixtral and StarCoder2 slide over every layer unless
 /// `sliding_window` is null; EXAONE 4 over the layers `layer_types` (or the pattern of every fourth layer full)
-/// marks, OLMo 3 over the layers `layer_types` (or three of every four) marks, Ministral over the layers
+/// marks, OLMo 3 over the layers `layer_types` (or three of every four) marks, Gemma 2 and 3 over the layers
+/// `layer_types` (or every other one, five of every six `sliding_window_pattern`) marks, Ministral over the layers
 /// `layer_types` (or all) marks; the Qwens and SmolLM3 only with `use_sliding_window`, and then Qwen3-MoE on every layer, the others as
 /// `layer_types` lists, or else Qwen2 from layer `max_window_layers` on, Qwen2-MoE on the even layers below it
 /// and SmolLM3 on its layers without rotary (`nope`).
@@ -919,7 +982,9 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
         Family::Starcoder2 | Family::Mixtral => f.or("sliding_window", None, USIZE)?,
-        Family::Exaone4 | Family::Ministral | Family::Olmo3 => f.or("sliding_window", Some(4096), USIZE)?,
+        Family::Exaone4 | Family::Ministral | Family::Olmo3 | Family::Gemma2 | Family::Gemma3Text => {
+            f.or("sliding_window", Some(4096), USIZE)?
+        }
         Family::Qwen2 | Family::Qwen3 | Family::Smollm3 | Family::Qwen2Moe | Family::Qwen3Moe => {
             if !f.or("use_sliding_window", Some(false), BOOL)?.unwrap_or(false) {
                 return none(false);
@@ -960,6 +1025,11 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
             (0..layers).map(|i| (i + 1) % pattern != 0).collect()
         }
         None if family == Family::Olmo3 => (0..layers).map(|i| (i + 1) % 4 != 0).collect(),
+        None if family == Family::Gemma2 => (0..layers).map(|i| i % 2 == 0).collect(),
+        None if family == Family::Gemma3Text => {
+            let pattern = f.or("sliding_window_pattern", Some(6), USIZE)?.unwrap_or(6).max(1);
+            (0..layers).map(|i| (i + 1) % pattern != 0).collect()
+        }
         None if family == Family::Ministral => vec![true; layers],
         None if family == Family::Smollm3 => (0..layers).map(|i| nope.contains(&i)).collect(),
         // Qwen2-MoE slides on every other layer below max_window_layers.
@@ -1023,29 +1093,39 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
 }
 
 /// The rotary settings of the full-attention layers and, where they differ, of the sliding ones.
-/// `rope_parameters` (transformers 5, may carry `rope_theta`) wins over the classic `rope_theta` + `rope_scaling`;
-/// OLMo 3's holds one block per layer type, and its classic form scales the full-attention layers only.
+/// `rope_parameters` (transformers 5, may carry `rope_theta`) wins over the classic `rope_theta` + `rope_scaling`.
+/// OLMo 3's and Gemma 3's hold one block per layer type; their classic forms scale the full-attention layers only
+/// and give the sliding ones Gemma 3's `rope_local_base_freq`, or OLMo 3's default theta whatever `rope_theta`
+/// says (as transformers 5.17 reads it).
 fn rope_configs(
     f: &Fields,
     family: Family,
     max_position_embeddings: usize,
 ) -> Result<(RopeConfig, Option<RopeConfig>)> {
+    let (full_default, sliding_default) = match family {
+        Family::Olmo3 => (500000.0, 500000.0),
+        Family::Gemma3Text => (1_000_000.0, 10000.0),
+        _ => (10000.0, 10000.0),
+    };
     let top_theta = f.or("rope_theta", None, F64)?;
     let per_type = match f.object("rope_parameters")? {
         Some(p) if p.map.values().any(Value::is_object) => Some(p),
         _ => None,
     };
     let (full, sliding) = match per_type {
-        Some(_) if family != Family::Olmo3 => {
+        Some(_) if !matches!(family, Family::Olmo3 | Family::Gemma3Text) => {
             return Err(f.error("rope_parameters", "per-layer-type rope parameters are not supported"));
         }
         Some(p) => {
-            let block = |name: &str| -> Result<RopeConfig> {
+            let block = |name: &str, default: f64| -> Result<RopeConfig> {
                 let b = p.object(name)?.ok_or_else(|| p.error(name, "missing"))?;
-                let theta = b.or("rope_theta", None, F64)?.or(top_theta);
+                let theta = b.or("rope_theta", Some(default), F64)?;
                 rope_config(f, Some(b), theta, max_position_embeddings)
             };
-            (block("full_attention")?, block("sliding_attention")?)
+            (
+                block("full_attention", full_default)?,
+                block("sliding_attention", sliding_default)?,
+            )
         }
         None => {
             let (block, theta) = match f.object("rope_parameters")? {
@@ -1055,10 +1135,16 @@ fn rope_configs(
                 }
                 None => (f.object("rope_scaling")?, top_theta),
             };
-            let full = rope_config(f, block, theta, max_position_embeddings)?;
+            let full = rope_config(f, block, theta.or(Some(full_default)), max_position_embeddings)?;
             let sliding = match family {
                 Family::Olmo3 => RopeConfig {
-                    theta: full.theta,
+                    theta: sliding_default,
+                    scaling: RopeScaling::Default,
+                },
+                Family::Gemma3Text => RopeConfig {
+                    theta: f
+                        .or("rope_local_base_freq", Some(sliding_default), F64)?
+                        .unwrap_or(sliding_default),
                     scaling: RopeScaling::Default,
                 },
                 _ => full.clone(),

@@ -162,7 +162,12 @@ impl DecoderLayer {
             Some(_) => "pre_feedforward_layernorm",
             None => "post_attention_layernorm",
         };
-        ["input_layernorm", "post_attention_layernorm", mlp_input, "post_feedforward_layernorm"]
+        [
+            "input_layernorm",
+            "post_attention_layernorm",
+            mlp_input,
+            "post_feedforward_layernorm",
+        ]
     }
 
     /// The layer's norms (of the residual stream and of queries and keys), for freezing.
@@ -321,9 +326,14 @@ impl CausalLm {
                 NormPlacement::Post => (false, true),
                 NormPlacement::Sandwich => (true, true),
             };
-            let mlp_input_name = if post { "pre_feedforward_layernorm" } else { "post_attention_layernorm" };
+            let mlp_input_name = if post {
+                "pre_feedforward_layernorm"
+            } else {
+                "post_attention_layernorm"
+            };
             let mut norm = |on: bool, name: &str| -> Result<Option<Norm>> {
-                on.then(|| block_norm(tensor, format!("{p}.{name}"), hidden, c)).transpose()
+                on.then(|| block_norm(tensor, format!("{p}.{name}"), hidden, c))
+                    .transpose()
             };
             let input_layernorm = norm(pre, "input_layernorm")?;
             let attention_output_norm = norm(post, "post_attention_layernorm")?;
@@ -340,6 +350,7 @@ impl CausalLm {
                     k_norm,
                     clip_qkv: c.clip_qkv,
                     clip_after_norm: c.clip_after_qk_norm,
+                    softcap: c.attention_softcap,
                     rotary_dim: c.rotary_dim,
                     num_heads: h,
                     num_kv_heads: kvh,
@@ -565,7 +576,7 @@ impl CausalLm {
     }
 
     /// Logits `[..., vocab]` of final hidden states: `lm_head`, or the embedding matrix when tied (divided by
-    /// Granite's `logits_scaling`).
+    /// Granite's `logits_scaling`, soft-capped by Gemma 2's `final_logit_softcapping`).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let logits = match self.head() {
             Some(head) => head.forward(hidden)?,
@@ -575,9 +586,13 @@ impl CausalLm {
     }
 
     fn scale_logits(&self, logits: Tensor) -> Result<Tensor> {
-        match self.config.logits_scaling {
-            s if s != 1.0 => Ok(logits.div_scalar(s)?),
-            _ => Ok(logits),
+        let logits = match self.config.logits_scaling {
+            s if s != 1.0 => logits.div_scalar(s)?,
+            _ => logits,
+        };
+        match self.config.final_logit_softcap {
+            Some(c) => Ok(logits.div_scalar(c)?.tanh()?.mul_scalar(c)?),
+            None => Ok(logits),
         }
     }
 

@@ -17,9 +17,9 @@ use serde_json::Value;
 
 use crate::CausalLm;
 use crate::error::{Error, Result};
-use crate::norm::Norm;
 use crate::init::ParamRng;
 use crate::linear::LinearWeight;
+use crate::norm::Norm;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::weights::{Weights, write_atomic};
 

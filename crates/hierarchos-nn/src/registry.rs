@@ -53,6 +53,10 @@ pub enum Family {
     Nemotron,
     /// OLMo 3 (OLMo 2 with sliding-window layers and per-layer-type rotary settings).
     Olmo3,
+    /// Gemma 2 (Gemma with sandwich norms, soft-capped attention scores and logits, alternating windows).
+    Gemma2,
+    /// Gemma 3's text model (Gemma 2's sandwich norms, per-head q/k norms, local and global rotary bases).
+    Gemma3Text,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -95,7 +99,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 21] = [
+pub const ARCHITECTURES: [Architecture; 23] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -267,6 +271,30 @@ pub const ARCHITECTURES: [Architecture; 21] = [
                    classic rope_scaling scales the full-attention layers only)",
         gap: None,
     },
+    Architecture {
+        family: Family::Gemma2,
+        status: Status::Executes,
+        fixtures: &["gemma2"],
+        features: "Gemma's norms, embeddings and GELU MLP with sandwich norms (input, post-attention, \
+                   pre- and post-feedforward), attention scores soft-capped by tanh (attn_logit_softcapping; the \
+                   composed attention runs them), final logits soft-capped (final_logit_softcapping), score scale \
+                   query_pre_attn_scalar^-1/2, sliding window on every other layer",
+        gap: Some(
+            "logits, greedy generation and the adapter's AdamW steps match; two damped AdamW steps land 3.38e-7 \
+             from the float64 reference on the embedding (bound 2.5e-7; PyTorch's own f32 1.28e-7): as Gemma's, \
+             the gradients are as close to float64 as PyTorch's, but the few embedding entries whose gradient is \
+             near the damping epsilon pass their rounding straight into the update",
+        ),
+    },
+    Architecture {
+        family: Family::Gemma3Text,
+        status: Status::Validated,
+        fixtures: &["gemma3_text"],
+        features: "Gemma 2's layers with per-head q/k RMSNorm (1 + weight), no soft-capping by default, sliding \
+                   layers (five of every six by default) with their own rotary base (rope_local_base_freq or \
+                   per-layer-type rope_parameters), the full-attention layers' rope scaling",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -307,6 +335,8 @@ impl Family {
             Family::Ministral => "ministral",
             Family::Nemotron => "nemotron",
             Family::Olmo3 => "olmo3",
+            Family::Gemma2 => "gemma2",
+            Family::Gemma3Text => "gemma3_text",
         }
     }
 
