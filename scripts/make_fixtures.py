@@ -92,6 +92,8 @@ LORA = {
     "olmo3": dict(r=4, lora_alpha=8, target_modules=["v_proj", "o_proj", "gate_proj"]),
     "gemma2": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "up_proj"]),
     "gemma3_text": dict(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "down_proj"]),
+    "cohere": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
+    "phi": dict(r=4, lora_alpha=8, target_modules=["q_proj", "dense", "fc1"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -385,6 +387,25 @@ FIXTURES = {
         "scale 24^-1/2; layer 0 slides over 8 positions with rope_theta 1e4, layer 1 attends to everything with "
         "rope_theta 1e6; untied",
     ),
+    "cohere": (
+        "CohereConfig",
+        dict(COMMON, max_position_embeddings=256, layer_norm_eps=1e-5, logit_scale=0.5, use_qk_norm=False,
+             tie_word_embeddings=True, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "Cohere (Command R): parallel block (attention and MLP read one LayerNorm of weight without bias), rotary "
+        "on interleaved pairs, logits times logit_scale 0.5, tied embeddings",
+    ),
+    "phi": (
+        "PhiConfig",
+        dict(COMMON, hidden_act="gelu_new", max_position_embeddings=256, layer_norm_eps=1e-5, qk_layernorm=False,
+             pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+        True,
+        "Phi (1/1.5/2): parallel block with one LayerNorm (weight and bias), rotary on the first half of each head "
+        "(partial_rotary_factor 0.5), biases on q, k, v, dense, fc1, fc2 and lm_head, plain MLP fc1 -> tanh GELU "
+        "-> fc2, final_layernorm",
+    ),
 }
 
 
@@ -473,6 +494,13 @@ def layer_norm64(self, x):
     return F.layer_norm(x, self.normalized_shape, None, None, eps=1e-5)
 
 
+def cohere_layer_norm64(self, x):
+    """Cohere's LayerNorm (weight, no bias; transformers runs it in float32) in float64."""
+    mean = x.mean(-1, keepdim=True)
+    variance = (x - mean).pow(2).mean(-1, keepdim=True)
+    return self.weight * ((x - mean) * torch.rsqrt(variance + self.variance_epsilon))
+
+
 ROUTING = {"margin": math.inf}
 
 
@@ -547,7 +575,11 @@ def inv_freq64(config, rope=None):
 
 def rotary64(self, x, position_ids):
     freqs = position_ids[:, :, None].to(torch.float64) * self.inv_freq64[None, None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
+    # Cohere rotates adjacent pairs: each frequency twice in a row.
+    if type(self).__name__.startswith("Cohere"):
+        emb = torch.repeat_interleave(freqs, 2, dim=-1)
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
@@ -586,6 +618,8 @@ def float64_model(model32):
             module.forward = types.MethodType(rms_norm64, module)
         elif kind == "OlmoLayerNorm":
             module.forward = types.MethodType(layer_norm64, module)
+        elif kind == "CohereLayerNorm":
+            module.forward = types.MethodType(cohere_layer_norm64, module)
         elif kind.endswith("TopKRouter"):
             module.forward = types.MethodType(router64, module)
         elif kind.endswith("RotaryEmbedding") and hasattr(module, "layer_types"):

@@ -822,3 +822,31 @@ fn gemma2_and_gemma3_options() {
         &["use_bidirectional_attention"],
     );
 }
+
+/// Cohere and Phi: parallel blocks, their norms, rotary forms, names and logit scaling; the q/k norms they may
+/// ask for fail closed.
+#[test]
+fn cohere_and_phi_options() {
+    let cohere = parse(&tiny("cohere", "")).unwrap();
+    assert_eq!(cohere.norm_placement, NormPlacement::Parallel);
+    assert_eq!(
+        (cohere.norm_kind, cohere.norm_weight, cohere.norm_bias),
+        (NormKind::Layer, true, false)
+    );
+    assert!(cohere.interleaved_rope && cohere.tie_word_embeddings);
+    assert_eq!(cohere.logit_scale, 0.0625);
+    err(&tiny("cohere", r#""use_qk_norm": true"#), &["use_qk_norm"]);
+    err(&tiny("cohere", r#""logit_scale": 0"#), &["logit_scale"]);
+
+    let phi = parse(&tiny("phi", r#""partial_rotary_factor": 0.25"#)).unwrap();
+    assert_eq!(phi.norm_placement, NormPlacement::Parallel);
+    assert_eq!((phi.rotary_dim, phi.head_dim), (4, 16));
+    assert_eq!(phi.attention_names[3], "dense");
+    assert_eq!(
+        (phi.final_norm_name, phi.mlp_names[1], phi.mlp_names[2]),
+        ("final_layernorm", "fc1", "fc2")
+    );
+    assert!(phi.lm_head_bias && phi.attention_bias && phi.o_proj_bias && phi.mlp_bias && !phi.mlp_gated);
+    assert_eq!(phi.hidden_act, Activation::GeluTanh);
+    err(&tiny("phi", r#""qk_layernorm": true"#), &["qk_layernorm"]);
+}

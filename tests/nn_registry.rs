@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 23] = [
+    let cases: [(&str, &str, u64); 25] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -309,6 +309,26 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "attn_logit_softcapping": null, "hidden_activation": "gelu_pytorch_tanh",
                 "attention_bias": false, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}"#,
             999_885_952,
+        ),
+        (
+            "CohereForAI/c4ai-command-r-v01",
+            r#"{"architectures": ["CohereForCausalLM"], "model_type": "cohere", "vocab_size": 256000,
+                "hidden_size": 8192, "intermediate_size": 22528, "num_hidden_layers": 40,
+                "num_attention_heads": 64, "num_key_value_heads": 64, "max_position_embeddings": 8192,
+                "layer_norm_eps": 1e-05, "logit_scale": 0.0625, "rope_theta": 8000000.0,
+                "use_qk_norm": false, "attention_bias": false, "tie_word_embeddings": true,
+                "bos_token_id": 5, "eos_token_id": 255001, "pad_token_id": 0, "hidden_act": "silu"}"#,
+            35_000_000_000,
+        ),
+        (
+            "microsoft/phi-2",
+            r#"{"architectures": ["PhiForCausalLM"], "model_type": "phi", "vocab_size": 51200,
+                "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 2048,
+                "layer_norm_eps": 1e-05, "partial_rotary_factor": 0.4, "rope_theta": 10000.0,
+                "qk_layernorm": false, "hidden_act": "gelu_new", "tie_word_embeddings": false,
+                "bos_token_id": 50256, "eos_token_id": 50256}"#,
+            2_779_683_840,
         ),
     ];
     for (name, json, published) in cases {

@@ -35,6 +35,12 @@ pub struct Attention {
     pub clip_after_norm: bool,
     /// Scores `s` become `c · tanh(s / c)` before the softmax (Gemma 2); the composed attention runs them.
     pub softcap: Option<f64>,
+    /// Rotary pairs are adjacent dimensions (Cohere). Queries and keys are then de-interleaved (pairs `(2i, 2i+1)`
+    /// of the rotary part moved to `(i, i + r/2)`) before the usual rotary: the scores do not change under one
+    /// permutation of both, so every kernel runs as for Llama.
+    pub interleaved_rope: bool,
+    /// The module names of the query, key, value and output projections (`q_proj`, ..., Phi's `dense`).
+    pub names: [&'static str; 4],
     /// The leading dimensions of each head that rotate (all of them, or StableLM's partial rotary); the rest
     /// pass through.
     pub rotary_dim: usize,
@@ -166,6 +172,10 @@ impl Attention {
             false => (heads(clip(q)?, h, &self.q_norm)?, heads(clip(k)?, kvh, &self.k_norm)?),
         };
         let v = heads(clip(v)?, kvh, &None)?;
+        let (q, k) = match self.interleaved_rope {
+            true => (self.deinterleave(q)?, self.deinterleave(k)?),
+            false => (q, k),
+        };
         let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
         // The fused kernels rotate whole heads and do not soft-cap; such layers take the composed path.
         let partial = self.rotary_dim < d;
@@ -236,6 +246,26 @@ impl Attention {
             .forward_fused(&y.reshape(&[b, t, h * d])?, None, None, residual)?)
     }
 
+    /// Heads `[B, T, n, D]` with the pairs of adjacent rotary dimensions split into the two halves of the rotary
+    /// part (see [`Attention::interleaved_rope`]).
+    fn deinterleave(&self, y: Tensor) -> Result<Tensor> {
+        let (r, d) = (self.rotary_dim, self.head_dim);
+        let s = y.shape().to_vec();
+        let halves = |x: Tensor| -> Result<Tensor> {
+            Ok(x.reshape(&[s[0], s[1], s[2], r / 2, 2])?
+                .permute(&[0, 1, 2, 4, 3])?
+                .contiguous()?
+                .reshape(&[s[0], s[1], s[2], r])?)
+        };
+        if r == d {
+            return halves(y);
+        }
+        Ok(Tensor::cat(
+            &[halves(y.narrow(-1, 0, r)?)?, y.narrow(-1, r, d - r)?],
+            -1,
+        )?)
+    }
+
     /// Whether every projection runs fused at decode (see [`Linear::fuses`]).
     pub fn fuses(&self) -> bool {
         let parts = [&self.q_proj, &self.k_proj, &self.v_proj];
@@ -244,11 +274,12 @@ impl Attention {
 
     /// The parameters with their Hugging Face names (`q_proj.weight`, ..., `q_norm.weight`).
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        let [q, k, v, o] = self.names;
         let mut p = [
-            prefixed("q_proj", self.q_proj.parameters()),
-            prefixed("k_proj", self.k_proj.parameters()),
-            prefixed("v_proj", self.v_proj.parameters()),
-            prefixed("o_proj", self.o_proj.parameters()),
+            prefixed(q, self.q_proj.parameters()),
+            prefixed(k, self.k_proj.parameters()),
+            prefixed(v, self.v_proj.parameters()),
+            prefixed(o, self.o_proj.parameters()),
         ]
         .concat();
         if let Some(n) = &self.q_norm {

@@ -84,6 +84,9 @@ pub enum NormPlacement {
     /// Both (Gemma 2's `input_layernorm`, `post_attention_layernorm`, `pre_feedforward_layernorm` and
     /// `post_feedforward_layernorm`).
     Sandwich,
+    /// One input norm read by attention and MLP side by side, both outputs added to the residual stream
+    /// (Cohere's and Phi's parallel block: `x + attn(norm(x)) + mlp(norm(x))`).
+    Parallel,
 }
 
 /// How a mixture-of-experts block routes each token to `top_k` of its experts.
@@ -171,6 +174,16 @@ pub struct ModelConfig {
     pub qk_norm_over_heads: bool,
     /// Where the layers norm the residual stream's branches.
     pub norm_placement: NormPlacement,
+    /// Rotary pairs are adjacent dimensions `(2i, 2i + 1)` (Cohere), not `(i, i + d/2)`.
+    pub interleaved_rope: bool,
+    /// The module names of the attention's query, key, value and output projections (Phi's output: `dense`).
+    pub attention_names: [&'static str; 4],
+    /// The final norm's module name under `model.` (`norm`, Phi's `final_layernorm`).
+    pub final_norm_name: &'static str,
+    /// The output head has a bias (Phi).
+    pub lm_head_bias: bool,
+    /// The logits are multiplied by it (Cohere's `logit_scale`; 1 elsewhere).
+    pub logit_scale: f64,
     /// Attention scores `s` become `c · tanh(s / c)` before the softmax (Gemma 2's `attn_logit_softcapping`).
     pub attention_softcap: Option<f64>,
     /// Logits `z` become `c · tanh(z / c)` (Gemma 2's `final_logit_softcapping`).
@@ -248,6 +261,11 @@ impl ModelConfig {
             qk_norm: false,
             qk_norm_over_heads: false,
             norm_placement: NormPlacement::Pre,
+            interleaved_rope: false,
+            attention_names: ["q_proj", "k_proj", "v_proj", "o_proj"],
+            final_norm_name: "norm",
+            lm_head_bias: false,
+            logit_scale: 1.0,
             attention_softcap: None,
             final_logit_softcap: None,
             sliding_window: None,
@@ -331,8 +349,13 @@ impl ModelConfig {
                 dense * mlp + (layers - dense) * (experts + shared + router)
             }
         };
-        let head = if self.tie_word_embeddings { 0 } else { vocab * hidden };
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            vocab * hidden + bias(self.lm_head_bias, vocab)
+        };
         let norms = match self.norm_placement {
+            NormPlacement::Parallel => 1,
             NormPlacement::Pre | NormPlacement::Post => 2,
             NormPlacement::Sandwich => 4,
         };
@@ -536,6 +559,22 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(1),
             tie_word_embeddings: true,
         },
+        Family::Cohere => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 8192,
+            bos_token_id: Some(5),
+            eos_token_id: Some(255001),
+            tie_word_embeddings: true,
+        },
+        Family::Phi => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+            tie_word_embeddings: false,
+        },
     }
 }
 
@@ -580,7 +619,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let rms_norm_eps = match family {
         Family::Olmo => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
-        Family::Stablelm => f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Stablelm | Family::Cohere | Family::Phi => f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Nemotron => f.or("norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         // The config classes' defaults: 1e-5 for these, 1e-6 for the others.
         Family::Olmo2 | Family::Exaone4 | Family::Arcee | Family::Mixtral | Family::Olmoe | Family::Olmo3 => {
@@ -611,10 +650,12 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         | Family::Olmoe
         | Family::Olmo3
         | Family::Gemma2
-        | Family::Gemma3Text => {
+        | Family::Gemma3Text
+        | Family::Cohere => {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
+        Family::Phi => (true, true, true),
         Family::Qwen2 => (true, false, false),
         Family::Qwen2Moe => (f.or("qkv_bias", Some(true), BOOL)?.unwrap_or(true), false, false),
         // EXAONE 4's projections never have biases.
@@ -636,6 +677,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // Gemma's MLP (transformers 5) takes `hidden_act`, the tanh GELU unless said otherwise.
     let default_act = match family {
         Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Starcoder2 => "gelu_pytorch_tanh",
+        Family::Phi => "gelu_new",
         Family::Arcee | Family::Nemotron => "relu2",
         _ => "silu",
     };
@@ -717,12 +759,26 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     if gemmas && f.or("use_bidirectional_attention", Some(false), BOOL)? == Some(true) {
         return Err(f.error("use_bidirectional_attention", "only causal attention is supported"));
     }
-    // StableLM's per-head q/k LayerNorm and parallel residual (StableLM 2 12B) are not built yet.
-    for key in ["qk_layernorm", "use_parallel_residual"] {
-        if family == Family::Stablelm && f.or(key, Some(false), BOOL)? == Some(true) {
+    // StableLM's and Phi's q/k LayerNorms, StableLM's parallel residual (StableLM 2 12B) and Cohere's per-head
+    // q/k LayerNorm are not built yet.
+    let unsupported: &[&str] = match family {
+        Family::Stablelm => &["qk_layernorm", "use_parallel_residual"],
+        Family::Phi => &["qk_layernorm"],
+        Family::Cohere => &["use_qk_norm"],
+        _ => &[],
+    };
+    for key in unsupported {
+        if f.or(key, Some(false), BOOL)? == Some(true) {
             return Err(f.error(key, "is not supported yet"));
         }
     }
+    let logit_scale = match family {
+        Family::Cohere => match f.or("logit_scale", Some(0.0625), F64)?.unwrap_or(1.0) {
+            s if s.is_finite() && s > 0.0 => s,
+            _ => return Err(f.error("logit_scale", "must be positive")),
+        },
+        _ => 1.0,
+    };
     let clip_qkv = match family {
         Family::Olmo | Family::Olmoe => f.or("clip_qkv", None, F64)?,
         _ => None,
@@ -774,8 +830,21 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         norm_placement: match family {
             Family::Olmo2 | Family::Exaone4 | Family::Olmo3 => NormPlacement::Post,
             Family::Gemma2 | Family::Gemma3Text => NormPlacement::Sandwich,
+            Family::Cohere | Family::Phi => NormPlacement::Parallel,
             _ => NormPlacement::Pre,
         },
+        interleaved_rope: family == Family::Cohere,
+        attention_names: match family {
+            Family::Phi => ["q_proj", "k_proj", "v_proj", "dense"],
+            _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
+        },
+        final_norm_name: if family == Family::Phi {
+            "final_layernorm"
+        } else {
+            "norm"
+        },
+        lm_head_bias: family == Family::Phi,
+        logit_scale,
         attention_softcap,
         final_logit_softcap,
         sliding_window: windows.window,
@@ -794,14 +863,23 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Nemotron
         ),
         norm_kind: match family {
-            Family::Olmo | Family::Starcoder2 | Family::Stablelm | Family::Nemotron => NormKind::Layer,
+            Family::Olmo | Family::Starcoder2 | Family::Stablelm | Family::Nemotron | Family::Cohere | Family::Phi => {
+                NormKind::Layer
+            }
             _ => NormKind::Rms,
         },
         norm_weight: family != Family::Olmo,
-        norm_bias: matches!(family, Family::Starcoder2 | Family::Stablelm | Family::Nemotron),
-        mlp_gated: !matches!(family, Family::Starcoder2 | Family::Arcee | Family::Nemotron),
+        norm_bias: matches!(
+            family,
+            Family::Starcoder2 | Family::Stablelm | Family::Nemotron | Family::Phi
+        ),
+        mlp_gated: !matches!(
+            family,
+            Family::Starcoder2 | Family::Arcee | Family::Nemotron | Family::Phi
+        ),
         mlp_names: match family {
             Family::Starcoder2 => ["gate_proj", "c_fc", "c_proj"],
+            Family::Phi => ["gate_proj", "fc1", "fc2"],
             _ => ["gate_proj", "up_proj", "down_proj"],
         },
         moe: moe(f, family, num_hidden_layers, intermediate_size)?,
@@ -977,7 +1055,9 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::SeedOss
         | Family::Stablelm
         | Family::Olmoe
-        | Family::Nemotron => {
+        | Family::Nemotron
+        | Family::Cohere
+        | Family::Phi => {
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
@@ -1066,7 +1146,7 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
     };
     let default = match family {
         Family::Stablelm => 0.25,
-        Family::Nemotron => 0.5,
+        Family::Nemotron | Family::Phi => 0.5,
         _ => 1.0,
     };
     let factor = match nested {
@@ -1077,7 +1157,7 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
         return Ok(head_dim);
     }
     let dim = (head_dim as f64 * factor) as usize;
-    if !matches!(family, Family::Stablelm | Family::Nemotron) {
+    if !matches!(family, Family::Stablelm | Family::Nemotron | Family::Phi) {
         return Err(f.error(
             "partial_rotary_factor",
             "partial rotary embeddings are not supported for this family",

@@ -35,6 +35,9 @@ pub struct DecoderLayer {
     pub mlp: FeedForward,
     /// Norm of the MLP output before its residual add (`post_feedforward_layernorm`).
     pub mlp_output_norm: Option<Norm>,
+    /// Attention and MLP side by side (Cohere, Phi): the MLP reads the layer's input (normed by `mlp_input_norm`,
+    /// else the attention's input norm), and both outputs are added to the residual stream.
+    pub parallel: bool,
     /// Multiplies the attention and MLP outputs before their residual adds (Granite's `residual_multiplier`).
     pub residual_multiplier: Option<f64>,
 }
@@ -68,9 +71,11 @@ impl DecoderLayer {
             &self.attention_output_norm,
             self.self_attn.forward(normed, None, None, ctx, cache)?,
         )?;
-        let (x, h) = match &self.mlp_input_norm {
-            Some(n) => n.add_forward(x, &attn)?,
-            None => {
+        let (x, h) = match (&self.mlp_input_norm, self.parallel) {
+            (Some(n), true) => (x.add(&attn)?, n.forward(x)?),
+            (None, true) => (x.add(&attn)?, normed.clone()),
+            (Some(n), false) => n.add_forward(x, &attn)?,
+            (None, false) => {
                 let x = x.add(&attn)?;
                 (x.clone(), x)
             }
@@ -106,6 +111,7 @@ impl DecoderLayer {
         self.self_attn.fuses()
             && self.mlp.fuses()
             && self.residual_multiplier.is_none()
+            && !self.parallel
             && self.input_layernorm.is_some()
             && self.mlp_input_norm.is_some()
             && self.attention_output_norm.is_none()
@@ -116,12 +122,8 @@ impl DecoderLayer {
     /// module order.
     fn linears(&self) -> Vec<(String, &Linear)> {
         let a = &self.self_attn;
-        let attention = [
-            ("q_proj", &a.q_proj),
-            ("k_proj", &a.k_proj),
-            ("v_proj", &a.v_proj),
-            ("o_proj", &a.o_proj),
-        ];
+        let [q, k, v, o] = a.names;
+        let attention = [(q, &a.q_proj), (k, &a.k_proj), (v, &a.v_proj), (o, &a.o_proj)];
         let attention = attention.into_iter().map(|(n, l)| (format!("self_attn.{n}"), l));
         attention.chain(self.mlp.linears()).collect()
     }
@@ -129,11 +131,12 @@ impl DecoderLayer {
     /// [`DecoderLayer::linears`], mutable.
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let a = &mut self.self_attn;
+        let [q, k, v, o] = a.names;
         let attention = [
-            ("q_proj", &mut a.q_proj),
-            ("k_proj", &mut a.k_proj),
-            ("v_proj", &mut a.v_proj),
-            ("o_proj", &mut a.o_proj),
+            (q, &mut a.q_proj),
+            (k, &mut a.k_proj),
+            (v, &mut a.v_proj),
+            (o, &mut a.o_proj),
         ];
         let attention = attention.into_iter().map(|(n, l)| (format!("self_attn.{n}"), l));
         attention.chain(self.mlp.linears_mut()).collect()
@@ -247,10 +250,11 @@ impl CausalLm {
             let p = format!("model.layers.{i}");
             let a = format!("{p}.self_attn");
             let m = format!("{p}.mlp");
+            let [q_name, k_name, v_name, o_name] = c.attention_names;
             let q_proj = linear(
                 tensor,
                 quantized,
-                &format!("{a}.q_proj"),
+                &format!("{a}.{q_name}"),
                 h * d,
                 hidden,
                 c.attention_bias,
@@ -258,7 +262,7 @@ impl CausalLm {
             let k_proj = linear(
                 tensor,
                 quantized,
-                &format!("{a}.k_proj"),
+                &format!("{a}.{k_name}"),
                 kvh * d,
                 hidden,
                 c.attention_bias,
@@ -266,12 +270,19 @@ impl CausalLm {
             let v_proj = linear(
                 tensor,
                 quantized,
-                &format!("{a}.v_proj"),
+                &format!("{a}.{v_name}"),
                 kvh * d,
                 hidden,
                 c.attention_bias,
             )?;
-            let o_proj = linear(tensor, quantized, &format!("{a}.o_proj"), hidden, h * d, c.o_proj_bias)?;
+            let o_proj = linear(
+                tensor,
+                quantized,
+                &format!("{a}.{o_name}"),
+                hidden,
+                h * d,
+                c.o_proj_bias,
+            )?;
             let feed_forward = match &c.moe {
                 Some(moe) if !moe.dense_layers.contains(&i) => {
                     let b = format!("{p}.{}", moe.block_name);
@@ -321,8 +332,10 @@ impl CausalLm {
             } else {
                 (None, None)
             };
+            // Which of the input and MLP-input norms (pre) and of the output norms (post) the layers have.
+            let parallel = c.norm_placement == NormPlacement::Parallel;
             let (pre, post) = match c.norm_placement {
-                NormPlacement::Pre => (true, false),
+                NormPlacement::Pre | NormPlacement::Parallel => (true, false),
                 NormPlacement::Post => (false, true),
                 NormPlacement::Sandwich => (true, true),
             };
@@ -337,7 +350,7 @@ impl CausalLm {
             };
             let input_layernorm = norm(pre, "input_layernorm")?;
             let attention_output_norm = norm(post, "post_attention_layernorm")?;
-            let mlp_input_norm = norm(pre, mlp_input_name)?;
+            let mlp_input_norm = norm(pre && !parallel, mlp_input_name)?;
             let mlp_output_norm = norm(post, "post_feedforward_layernorm")?;
             layers.push(DecoderLayer {
                 input_layernorm,
@@ -351,6 +364,8 @@ impl CausalLm {
                     clip_qkv: c.clip_qkv,
                     clip_after_norm: c.clip_after_qk_norm,
                     softcap: c.attention_softcap,
+                    interleaved_rope: c.interleaved_rope,
+                    names: c.attention_names,
                     rotary_dim: c.rotary_dim,
                     num_heads: h,
                     num_kv_heads: kvh,
@@ -361,13 +376,14 @@ impl CausalLm {
                 mlp_input_norm,
                 mlp: feed_forward,
                 mlp_output_norm,
+                parallel,
                 residual_multiplier: (c.residual_multiplier != 1.0).then_some(c.residual_multiplier),
             });
         }
         let embed_tokens = Embedding {
             weight: tensor("model.embed_tokens.weight", &[c.vocab_size, hidden])?,
         };
-        let final_norm = block_norm(tensor, "model.norm".into(), hidden, c)?;
+        let final_norm = block_norm(tensor, format!("model.{}", c.final_norm_name), hidden, c)?;
         let lm_head = if c.tie_word_embeddings {
             // A tied head may still be held quantized (a GGUF file keeps the embedding matrix in a block format,
             // dequantized for lookups): the logits then read a quarter of the bytes.
@@ -377,7 +393,14 @@ impl CausalLm {
                 lora: None,
             })
         } else {
-            Some(linear(tensor, quantized, "lm_head", c.vocab_size, hidden, false)?)
+            Some(linear(
+                tensor,
+                quantized,
+                "lm_head",
+                c.vocab_size,
+                hidden,
+                c.lm_head_bias,
+            )?)
         };
         Ok(CausalLm {
             config: c.clone(),
@@ -576,7 +599,7 @@ impl CausalLm {
     }
 
     /// Logits `[..., vocab]` of final hidden states: `lm_head`, or the embedding matrix when tied (divided by
-    /// Granite's `logits_scaling`, soft-capped by Gemma 2's `final_logit_softcapping`).
+    /// Granite's `logits_scaling`, times Cohere's `logit_scale`, soft-capped by Gemma 2's `final_logit_softcapping`).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let logits = match self.head() {
             Some(head) => head.forward(hidden)?,
@@ -588,6 +611,10 @@ impl CausalLm {
     fn scale_logits(&self, logits: Tensor) -> Result<Tensor> {
         let logits = match self.config.logits_scaling {
             s if s != 1.0 => logits.div_scalar(s)?,
+            _ => logits,
+        };
+        let logits = match self.config.logit_scale {
+            s if s != 1.0 => logits.mul_scalar(s)?,
             _ => logits,
         };
         match self.config.final_logit_softcap {
@@ -656,7 +683,10 @@ impl CausalLm {
         for (i, layer) in self.layers.iter().enumerate() {
             p.extend(prefixed(&format!("model.layers.{i}"), layer.parameters()));
         }
-        p.extend(prefixed("model.norm", self.norm.parameters()));
+        p.extend(prefixed(
+            &format!("model.{}", self.config.final_norm_name),
+            self.norm.parameters(),
+        ));
         if let Some(head) = &self.lm_head {
             p.extend(prefixed("lm_head", head.parameters()));
         }

@@ -57,6 +57,10 @@ pub enum Family {
     Gemma2,
     /// Gemma 3's text model (Gemma 2's sandwich norms, per-head q/k norms, local and global rotary bases).
     Gemma3Text,
+    /// Cohere Command R (parallel block, LayerNorm without bias, interleaved rotary, scaled logits).
+    Cohere,
+    /// Microsoft Phi-1/1.5/2 (parallel block, LayerNorm with bias, partial rotary, biases everywhere).
+    Phi,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -99,7 +103,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 23] = [
+pub const ARCHITECTURES: [Architecture; 25] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -295,6 +299,26 @@ pub const ARCHITECTURES: [Architecture; 23] = [
                    per-layer-type rope_parameters), the full-attention layers' rope scaling",
         gap: None,
     },
+    Architecture {
+        family: Family::Cohere,
+        status: Status::Validated,
+        fixtures: &["cohere"],
+        features: "a parallel block (attention and MLP both read the one input norm, both added to the residual), \
+                   LayerNorm with weight and no bias (layer_norm_eps), rotary on interleaved pairs of dimensions, \
+                   logits multiplied by logit_scale, tied head; the per-head q/k LayerNorm (use_qk_norm) fails \
+                   closed",
+        gap: None,
+    },
+    Architecture {
+        family: Family::Phi,
+        status: Status::Validated,
+        fixtures: &["phi"],
+        features: "a parallel block, LayerNorm with weight and bias, rotary on the first partial_rotary_factor of \
+                   each head (default 0.5), biases on every projection and the head, a plain MLP fc1 -> tanh GELU \
+                   -> fc2, the output projection named dense and the final norm final_layernorm; q/k LayerNorm \
+                   (qk_layernorm) fails closed",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -337,6 +361,8 @@ impl Family {
             Family::Olmo3 => "olmo3",
             Family::Gemma2 => "gemma2",
             Family::Gemma3Text => "gemma3_text",
+            Family::Cohere => "cohere",
+            Family::Phi => "phi",
         }
     }
 
