@@ -94,6 +94,7 @@ LORA = {
     "gemma3_text": dict(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "down_proj"]),
     "cohere": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
     "phi": dict(r=4, lora_alpha=8, target_modules=["q_proj", "dense", "fc1"]),
+    "phi3": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj", "o_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -405,6 +406,16 @@ FIXTURES = {
         "Phi (1/1.5/2): parallel block with one LayerNorm (weight and bias), rotary on the first half of each head "
         "(partial_rotary_factor 0.5), biases on q, k, v, dense, fc1, fc2 and lm_head, plain MLP fc1 -> tanh GELU "
         "-> fc2, final_layernorm",
+    ),
+    "phi3": (
+        "Phi3Config",
+        dict(COMMON, max_position_embeddings=256, original_max_position_embeddings=256, rms_norm_eps=1e-5,
+             sliding_window=8, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}),
+        True,
+        "Phi-3: q, k and v in one matrix (qkv_proj), gate and up in another (gate_up_proj; the adapter targets "
+        "both), sliding_window 8 on every layer, rotary on the first 12 of 16 dimensions (partial_rotary_factor "
+        "0.75, as Phi-4-mini)",
     ),
 }
 

@@ -850,3 +850,24 @@ fn cohere_and_phi_options() {
     assert_eq!(phi.hidden_act, Activation::GeluTanh);
     err(&tiny("phi", r#""qk_layernorm": true"#), &["qk_layernorm"]);
 }
+
+/// Phi-3: fused q/k/v and gate/up matrices, a window on every layer, Phi-4-mini's partial rotary; the longrope
+/// scaling of the 128k models is refused.
+#[test]
+fn phi3_options() {
+    let c = parse(&tiny(
+        "phi3",
+        r#""sliding_window": 2047, "partial_rotary_factor": 0.75"#,
+    ))
+    .unwrap();
+    assert_eq!((c.fused_qkv, c.fused_gate_up), (Some("qkv_proj"), Some("gate_up_proj")));
+    assert_eq!((c.sliding_window, c.full_attention_layers), (Some(2047), vec![]));
+    assert_eq!(c.rotary_dim, 12);
+    err(
+        &tiny(
+            "phi3",
+            r#""rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}"#,
+        ),
+        &["longrope"],
+    );
+}

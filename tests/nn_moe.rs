@@ -137,6 +137,7 @@ fn block(c: Case, v: &Values) -> (Moe, Vec<Tensor>) {
             down_proj: linear(&ws[2]),
             act: Activation::Silu,
             gate_up: None,
+            fused_gate_up: None,
             names: ["gate_proj", "up_proj", "down_proj"],
         }
     };

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 25] = [
+    let cases: [(&str, &str, u64); 26] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -329,6 +329,16 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "qk_layernorm": false, "hidden_act": "gelu_new", "tie_word_embeddings": false,
                 "bos_token_id": 50256, "eos_token_id": 50256}"#,
             2_779_683_840,
+        ),
+        (
+            "microsoft/Phi-3-mini-4k-instruct",
+            r#"{"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 32064,
+                "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+                "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+                "rope_scaling": null, "sliding_window": 2047, "tie_word_embeddings": false,
+                "bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000, "hidden_act": "silu"}"#,
+            3_821_079_552,
         ),
     ];
     for (name, json, published) in cases {

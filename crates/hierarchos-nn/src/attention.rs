@@ -41,6 +41,10 @@ pub struct Attention {
     pub interleaved_rope: bool,
     /// The module names of the query, key, value and output projections (`q_proj`, ..., Phi's `dense`).
     pub names: [&'static str; 4],
+    /// The checkpoint holds q, k and v as one matrix under this name (Phi-3's `qkv_proj`): `qkv` is then that
+    /// parameter, always computed as one product (and adapted as one layer), and `q_proj`, `k_proj` and `v_proj`
+    /// are views of it.
+    pub fused_qkv: Option<&'static str>,
     /// The leading dimensions of each head that rotate (all of them, or StableLM's partial rotary); the rest
     /// pass through.
     pub rotary_dim: usize,
@@ -141,9 +145,14 @@ impl Attention {
             })
         };
         let projections = [&self.q_proj, &self.k_proj, &self.v_proj];
-        let differentiable = grad_enabled() && (x.requires_grad() || projections.iter().any(|l| l.requires_grad()));
+        let fused = self.fused_qkv.and(self.qkv.as_ref());
+        let trainable = match fused {
+            Some(qkv) => qkv.requires_grad(),
+            None => projections.iter().any(|l| l.requires_grad()),
+        };
+        let differentiable = grad_enabled() && (x.requires_grad() || trainable);
         let (q, k, v) = match &self.qkv {
-            Some(qkv) if !differentiable && qkv.holds(&projections) => {
+            Some(qkv) if fused.is_some() || (!differentiable && qkv.holds(&projections)) => {
                 let y = qkv.forward_fused(x, norm, None, None)?;
                 (
                     y.narrow(-1, 0, h * d)?,
@@ -266,6 +275,54 @@ impl Attention {
         )?)
     }
 
+    /// The linear layers with their module names (`q_proj`, ..., or the fused `qkv_proj`), in module order.
+    pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let [q, k, v, o] = self.names;
+        match (self.fused_qkv, &self.qkv) {
+            (Some(name), Some(qkv)) => vec![(name, qkv), (o, &self.o_proj)],
+            _ => vec![
+                (q, &self.q_proj),
+                (k, &self.k_proj),
+                (v, &self.v_proj),
+                (o, &self.o_proj),
+            ],
+        }
+    }
+
+    /// [`Attention::linears`], mutable.
+    pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let [q, k, v, o] = self.names;
+        match (self.fused_qkv, &mut self.qkv) {
+            (Some(name), Some(qkv)) => vec![(name, qkv), (o, &mut self.o_proj)],
+            _ => vec![
+                (q, &mut self.q_proj),
+                (k, &mut self.k_proj),
+                (v, &mut self.v_proj),
+                (o, &mut self.o_proj),
+            ],
+        }
+    }
+
+    /// Makes `qkv` and the projections one again after weights were replaced (merged adapters, another dtype):
+    /// a fused checkpoint's projections become views of the fused matrix anew, separate ones are stacked anew.
+    pub(crate) fn restack(&mut self) -> Result<()> {
+        match (self.fused_qkv, &self.qkv) {
+            (Some(_), Some(qkv)) => {
+                let [q, k, v]: [Linear; 3] = qkv
+                    .split_rows(&[
+                        self.q_proj.weight_shape()[0],
+                        self.k_proj.weight_shape()[0],
+                        self.v_proj.weight_shape()[0],
+                    ])?
+                    .try_into()
+                    .map_err(|_| Error::Invalid("attention: fused q/k/v split".into()))?;
+                (self.q_proj, self.k_proj, self.v_proj) = (q, k, v);
+            }
+            _ => self.qkv = Linear::stack(&mut [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?,
+        }
+        Ok(())
+    }
+
     /// Whether every projection runs fused at decode (see [`Linear::fuses`]).
     pub fn fuses(&self) -> bool {
         let parts = [&self.q_proj, &self.k_proj, &self.v_proj];
@@ -274,14 +331,11 @@ impl Attention {
 
     /// The parameters with their Hugging Face names (`q_proj.weight`, ..., `q_norm.weight`).
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        let [q, k, v, o] = self.names;
-        let mut p = [
-            prefixed(q, self.q_proj.parameters()),
-            prefixed(k, self.k_proj.parameters()),
-            prefixed(v, self.v_proj.parameters()),
-            prefixed(o, self.o_proj.parameters()),
-        ]
-        .concat();
+        let mut p: Vec<(String, Tensor)> = self
+            .linears()
+            .into_iter()
+            .flat_map(|(name, l)| prefixed(name, l.parameters()))
+            .collect();
         if let Some(n) = &self.q_norm {
             p.extend(prefixed("q_norm", n.parameters()));
         }

@@ -178,6 +178,11 @@ pub struct ModelConfig {
     pub interleaved_rope: bool,
     /// The module names of the attention's query, key, value and output projections (Phi's output: `dense`).
     pub attention_names: [&'static str; 4],
+    /// The checkpoint holds q, k and v as one matrix under this module name (Phi-3's `qkv_proj`).
+    pub fused_qkv: Option<&'static str>,
+    /// The checkpoint holds the MLP's gate and up projections as one matrix under this name (Phi-3's
+    /// `gate_up_proj`, gate rows first).
+    pub fused_gate_up: Option<&'static str>,
     /// The final norm's module name under `model.` (`norm`, Phi's `final_layernorm`).
     pub final_norm_name: &'static str,
     /// The output head has a bias (Phi).
@@ -263,6 +268,8 @@ impl ModelConfig {
             norm_placement: NormPlacement::Pre,
             interleaved_rope: false,
             attention_names: ["q_proj", "k_proj", "v_proj", "o_proj"],
+            fused_qkv: None,
+            fused_gate_up: None,
             final_norm_name: "norm",
             lm_head_bias: false,
             logit_scale: 1.0,
@@ -575,6 +582,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(2),
             tie_word_embeddings: false,
         },
+        Family::Phi3 => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 4096,
+            bos_token_id: Some(1),
+            eos_token_id: Some(32000),
+            tie_word_embeddings: false,
+        },
     }
 }
 
@@ -622,9 +637,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Stablelm | Family::Cohere | Family::Phi => f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Nemotron => f.or("norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         // The config classes' defaults: 1e-5 for these, 1e-6 for the others.
-        Family::Olmo2 | Family::Exaone4 | Family::Arcee | Family::Mixtral | Family::Olmoe | Family::Olmo3 => {
-            f.or("rms_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5)
-        }
+        Family::Olmo2
+        | Family::Exaone4
+        | Family::Arcee
+        | Family::Mixtral
+        | Family::Olmoe
+        | Family::Olmo3
+        | Family::Phi3 => f.or("rms_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         _ => f.or("rms_norm_eps", Some(1e-6), F64)?.unwrap_or(1e-6),
     };
     if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
@@ -670,7 +689,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             let b = f.or("use_bias", Some(true), BOOL)?.unwrap_or(true);
             (b, b, b)
         }
-        Family::Mistral | Family::Mixtral | Family::Ministral => (false, false, false),
+        Family::Mistral | Family::Mixtral | Family::Ministral | Family::Phi3 => (false, false, false),
     };
     let smollm3_nope = nope_layers(f, family, num_hidden_layers)?;
     let windows = sliding_window(f, family, num_hidden_layers, &smollm3_nope)?;
@@ -845,6 +864,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         },
         lm_head_bias: family == Family::Phi,
         logit_scale,
+        fused_qkv: (family == Family::Phi3).then_some("qkv_proj"),
+        fused_gate_up: (family == Family::Phi3).then_some("gate_up_proj"),
         attention_softcap,
         final_logit_softcap,
         sliding_window: windows.window,
@@ -1061,7 +1082,7 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
-        Family::Starcoder2 | Family::Mixtral => f.or("sliding_window", None, USIZE)?,
+        Family::Starcoder2 | Family::Mixtral | Family::Phi3 => f.or("sliding_window", None, USIZE)?,
         Family::Exaone4 | Family::Ministral | Family::Olmo3 | Family::Gemma2 | Family::Gemma3Text => {
             f.or("sliding_window", Some(4096), USIZE)?
         }
@@ -1079,7 +1100,7 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
     }
     if matches!(
         family,
-        Family::Mistral | Family::Starcoder2 | Family::Mixtral | Family::Qwen3Moe
+        Family::Mistral | Family::Starcoder2 | Family::Mixtral | Family::Qwen3Moe | Family::Phi3
     ) {
         return Ok(Windows {
             window: Some(window),
@@ -1157,7 +1178,7 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
         return Ok(head_dim);
     }
     let dim = (head_dim as f64 * factor) as usize;
-    if !matches!(family, Family::Stablelm | Family::Nemotron | Family::Phi) {
+    if !matches!(family, Family::Stablelm | Family::Nemotron | Family::Phi | Family::Phi3) {
         return Err(f.error(
             "partial_rotary_factor",
             "partial rotary embeddings are not supported for this family",

@@ -121,24 +121,15 @@ impl DecoderLayer {
     /// The linear layers with their paths inside the layer (`self_attn.q_proj`, ..., `mlp.down_proj`), in
     /// module order.
     fn linears(&self) -> Vec<(String, &Linear)> {
-        let a = &self.self_attn;
-        let [q, k, v, o] = a.names;
-        let attention = [(q, &a.q_proj), (k, &a.k_proj), (v, &a.v_proj), (o, &a.o_proj)];
-        let attention = attention.into_iter().map(|(n, l)| (format!("self_attn.{n}"), l));
+        let attention = self.self_attn.linears().into_iter();
+        let attention = attention.map(|(n, l)| (format!("self_attn.{n}"), l));
         attention.chain(self.mlp.linears()).collect()
     }
 
     /// [`DecoderLayer::linears`], mutable.
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let a = &mut self.self_attn;
-        let [q, k, v, o] = a.names;
-        let attention = [
-            (q, &mut a.q_proj),
-            (k, &mut a.k_proj),
-            (v, &mut a.v_proj),
-            (o, &mut a.o_proj),
-        ];
-        let attention = attention.into_iter().map(|(n, l)| (format!("self_attn.{n}"), l));
+        let attention = self.self_attn.linears_mut().into_iter();
+        let attention = attention.map(|(n, l)| (format!("self_attn.{n}"), l));
         attention.chain(self.mlp.linears_mut()).collect()
     }
 
@@ -251,30 +242,53 @@ impl CausalLm {
             let a = format!("{p}.self_attn");
             let m = format!("{p}.mlp");
             let [q_name, k_name, v_name, o_name] = c.attention_names;
-            let q_proj = linear(
-                tensor,
-                quantized,
-                &format!("{a}.{q_name}"),
-                h * d,
-                hidden,
-                c.attention_bias,
-            )?;
-            let k_proj = linear(
-                tensor,
-                quantized,
-                &format!("{a}.{k_name}"),
-                kvh * d,
-                hidden,
-                c.attention_bias,
-            )?;
-            let v_proj = linear(
-                tensor,
-                quantized,
-                &format!("{a}.{v_name}"),
-                kvh * d,
-                hidden,
-                c.attention_bias,
-            )?;
+            // Separate q/k/v projections stacked for inference, or the views of one fused checkpoint matrix.
+            let (q_proj, k_proj, v_proj, qkv) = match c.fused_qkv {
+                Some(name) => {
+                    let rows = [h * d, kvh * d, kvh * d];
+                    let fused = linear(
+                        tensor,
+                        quantized,
+                        &format!("{a}.{name}"),
+                        rows.iter().sum(),
+                        hidden,
+                        c.attention_bias,
+                    )?;
+                    let [q, k, v]: [Linear; 3] = fused
+                        .split_rows(&rows)?
+                        .try_into()
+                        .map_err(|_| Error::Invalid("fused q/k/v: three parts".into()))?;
+                    (q, k, v, Some(fused))
+                }
+                None => {
+                    let mut q = linear(
+                        tensor,
+                        quantized,
+                        &format!("{a}.{q_name}"),
+                        h * d,
+                        hidden,
+                        c.attention_bias,
+                    )?;
+                    let mut k = linear(
+                        tensor,
+                        quantized,
+                        &format!("{a}.{k_name}"),
+                        kvh * d,
+                        hidden,
+                        c.attention_bias,
+                    )?;
+                    let mut v = linear(
+                        tensor,
+                        quantized,
+                        &format!("{a}.{v_name}"),
+                        kvh * d,
+                        hidden,
+                        c.attention_bias,
+                    )?;
+                    let qkv = Linear::stack(&mut [&mut q, &mut k, &mut v])?;
+                    (q, k, v, qkv)
+                }
+            };
             let o_proj = linear(
                 tensor,
                 quantized,
@@ -320,8 +334,6 @@ impl CausalLm {
                 }
                 _ => FeedForward::Mlp(mlp(tensor, quantized, &m, c.intermediate_size, c.mlp_names, c)?),
             };
-            let (mut q_proj, mut k_proj, mut v_proj) = (q_proj, k_proj, v_proj);
-            let qkv = Linear::stack(&mut [&mut q_proj, &mut k_proj, &mut v_proj])?;
             let (q_norm, k_norm) = if c.qk_norm {
                 // Per head (Qwen3) or over the whole projection (OLMo 2).
                 let (q, k) = if c.qk_norm_over_heads { (h * d, kvh * d) } else { (d, d) };
@@ -366,6 +378,7 @@ impl CausalLm {
                     softcap: c.attention_softcap,
                     interleaved_rope: c.interleaved_rope,
                     names: c.attention_names,
+                    fused_qkv: c.fused_qkv,
                     rotary_dim: c.rotary_dim,
                     num_heads: h,
                     num_kv_heads: kvh,
@@ -664,13 +677,9 @@ impl CausalLm {
     /// adapters, another dtype), so that inference runs them as one product again and the old stacks are freed.
     pub(crate) fn restack(&mut self) -> Result<()> {
         for layer in &mut self.layers {
-            let a = &mut layer.self_attn;
-            a.qkv = Linear::stack(&mut [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj])?;
+            layer.self_attn.restack()?;
             if let FeedForward::Mlp(m) = &mut layer.mlp {
-                m.gate_up = match &mut m.gate_proj {
-                    Some(gate_proj) => Linear::stack(&mut [gate_proj, &mut m.up_proj])?,
-                    None => None,
-                };
+                m.restack()?;
             }
         }
         Ok(())
@@ -749,45 +758,34 @@ fn mlp(
 ) -> Result<Mlp> {
     let [gate_name, up_name, down_name] = names;
     let hidden = c.hidden_size;
-    let mut gate_proj = c
-        .mlp_gated
-        .then(|| {
-            linear(
-                tensor,
-                quantized,
-                &format!("{name}.{gate_name}"),
-                width,
-                hidden,
-                c.mlp_bias,
-            )
-        })
-        .transpose()?;
-    let mut up_proj = linear(
-        tensor,
-        quantized,
-        &format!("{name}.{up_name}"),
-        width,
-        hidden,
-        c.mlp_bias,
-    )?;
-    let down_proj = linear(
-        tensor,
-        quantized,
-        &format!("{name}.{down_name}"),
-        hidden,
-        width,
-        c.mlp_bias,
-    )?;
-    let gate_up = match &mut gate_proj {
-        Some(g) => Linear::stack(&mut [g, &mut up_proj])?,
-        None => None,
+    let mut load =
+        |part: &str, out: usize, inp: usize| linear(tensor, quantized, &format!("{name}.{part}"), out, inp, c.mlp_bias);
+    let fused_gate_up = c.fused_gate_up.filter(|_| c.mlp_gated);
+    let (gate_proj, up_proj, gate_up) = match fused_gate_up {
+        Some(fused_name) => {
+            let fused = load(fused_name, 2 * width, hidden)?;
+            let mut parts = fused.split_rows(&[width, width])?;
+            let up = parts.pop().expect("two parts");
+            (parts.pop(), up, Some(fused))
+        }
+        None => {
+            let mut gate = c.mlp_gated.then(|| load(gate_name, width, hidden)).transpose()?;
+            let mut up = load(up_name, width, hidden)?;
+            let stacked = match &mut gate {
+                Some(g) => Linear::stack(&mut [g, &mut up])?,
+                None => None,
+            };
+            (gate, up, stacked)
+        }
     };
+    let down_proj = load(down_name, hidden, width)?;
     Ok(Mlp {
         gate_proj,
         up_proj,
         down_proj,
         act: c.hidden_act,
         gate_up,
+        fused_gate_up,
         names,
     })
 }

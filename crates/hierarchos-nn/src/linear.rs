@@ -199,6 +199,26 @@ impl Linear {
         }))
     }
 
+    /// Views of consecutive row blocks of this layer (`rows` of them each), weights and biases sharing its
+    /// buffers: the separate projections of a fused checkpoint matrix (Phi-3's `qkv_proj`), which
+    /// [`Linear::holds`] then recognises as parts of it.
+    pub fn split_rows(&self, rows: &[usize]) -> Result<Vec<Linear>> {
+        let mut at = 0;
+        let mut parts = Vec::with_capacity(rows.len());
+        for &n in rows {
+            parts.push(Linear {
+                weight: match &self.weight {
+                    LinearWeight::Dense(w) => LinearWeight::Dense(w.narrow(0, at, n)?),
+                    LinearWeight::Quantized(q) => LinearWeight::Quantized(q.narrow_rows(at, n)?),
+                },
+                bias: self.bias.as_ref().map(|b| b.narrow(0, at, n)).transpose()?,
+                lora: None,
+            });
+            at += n;
+        }
+        Ok(parts)
+    }
+
     /// Whether this stacked layer still holds `parts`' weights (each a view of its buffer, as
     /// [`Linear::stack`] left them) and computes what they do: a part whose weight was replaced since would be
     /// computed from stale values, and one with an unmerged adapter adds its update, so callers take the separate

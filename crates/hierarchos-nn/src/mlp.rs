@@ -22,6 +22,10 @@ pub struct Mlp {
     /// gradients and the projections still hold views of it ([`Linear::holds`]). `None` when they cannot be
     /// stacked (see [`Linear::stack`]) or there is no gate.
     pub gate_up: Option<Linear>,
+    /// The checkpoint holds gate and up as one matrix under this name (Phi-3's `gate_up_proj`, gate rows
+    /// first): `gate_up` is then that parameter, always computed as one product, and `gate_proj` and `up_proj` are
+    /// views of it.
+    pub fused_gate_up: Option<&'static str>,
     /// The Hugging Face module names of `gate_proj`, `up_proj` and `down_proj` (StarCoder2's `c_fc` and
     /// `c_proj`, Mixtral's experts' `w1`, `w3` and `w2`).
     pub names: [&'static str; 3],
@@ -42,10 +46,11 @@ impl Mlp {
             let hidden = self.up_proj.forward(normed.as_ref().unwrap_or(x))?.unary(act)?;
             return self.down_proj.forward_fused(&hidden, None, None, residual);
         };
+        let fused = self.fused_gate_up.is_some();
         let differentiable =
             grad_enabled() && (x.requires_grad() || gate_proj.requires_grad() || self.up_proj.requires_grad());
         let hidden = match &self.gate_up {
-            Some(gate_up) if !differentiable && gate_up.holds(&[gate_proj, &self.up_proj]) => {
+            Some(gate_up) if fused || (!differentiable && gate_up.holds(&[gate_proj, &self.up_proj])) => {
                 gate_up.forward_fused(x, norm, Some(act), None)?
             }
             _ => {
@@ -66,6 +71,9 @@ impl Mlp {
 
     /// The projections with their Hugging Face module names, in module order.
     pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        if let (Some(name), Some(gate_up)) = (self.fused_gate_up, &self.gate_up) {
+            return vec![(name, gate_up), (self.names[2], &self.down_proj)];
+        }
         let gate = self.gate_proj.as_ref().map(|g| (self.names[0], g));
         gate.into_iter()
             .chain([(self.names[1], &self.up_proj), (self.names[2], &self.down_proj)])
@@ -74,10 +82,33 @@ impl Mlp {
 
     /// [`Mlp::linears`], mutable.
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        if let (Some(name), Some(gate_up)) = (self.fused_gate_up, &mut self.gate_up) {
+            return vec![(name, gate_up), (self.names[2], &mut self.down_proj)];
+        }
         let gate = self.gate_proj.as_mut().map(|g| (self.names[0], g));
         gate.into_iter()
             .chain([(self.names[1], &mut self.up_proj), (self.names[2], &mut self.down_proj)])
             .collect()
+    }
+
+    /// Makes `gate_up` and the projections one again after weights were replaced (see
+    /// [`crate::attention::Attention::restack`]).
+    pub(crate) fn restack(&mut self) -> Result<()> {
+        match (self.fused_gate_up, &self.gate_up) {
+            (Some(_), Some(gate_up)) => {
+                let n = self.up_proj.weight_shape()[0];
+                let mut parts = gate_up.split_rows(&[n, n])?;
+                self.up_proj = parts.pop().expect("two parts");
+                self.gate_proj = parts.pop();
+            }
+            _ => {
+                self.gate_up = match &mut self.gate_proj {
+                    Some(gate_proj) => Linear::stack(&mut [gate_proj, &mut self.up_proj])?,
+                    None => None,
+                };
+            }
+        }
+        Ok(())
     }
 
     /// The parameters with their Hugging Face names (`gate_proj.weight`, ...).

@@ -61,6 +61,8 @@ pub enum Family {
     Cohere,
     /// Microsoft Phi-1/1.5/2 (parallel block, LayerNorm with bias, partial rotary, biases everywhere).
     Phi,
+    /// Microsoft Phi-3, Phi-3.5 and Phi-4-mini (Llama with fused q/k/v and gate/up checkpoint matrices).
+    Phi3,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -103,7 +105,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 25] = [
+pub const ARCHITECTURES: [Architecture; 26] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -319,6 +321,16 @@ pub const ARCHITECTURES: [Architecture; 25] = [
                    (qk_layernorm) fails closed",
         gap: None,
     },
+    Architecture {
+        family: Family::Phi3,
+        status: Status::Validated,
+        fixtures: &["phi3"],
+        features: "q, k and v in one checkpoint matrix (qkv_proj) and gate and up in another (gate_up_proj), each \
+                   computed as one product and adapted as one layer; sliding window on every layer when set, \
+                   partial_rotary_factor (Phi-4-mini); the longrope scaling of the 128k models fails closed; the \
+                   residual dropout of training is not applied",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -363,6 +375,7 @@ impl Family {
             Family::Gemma3Text => "gemma3_text",
             Family::Cohere => "cohere",
             Family::Phi => "phi",
+            Family::Phi3 => "phi3",
         }
     }
 
