@@ -95,6 +95,8 @@ LORA = {
     "cohere": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
     "phi": dict(r=4, lora_alpha=8, target_modules=["q_proj", "dense", "fc1"]),
     "phi3": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj", "o_proj"]),
+    "gpt_neox": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
+    "gpt_neox_sequential": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -165,6 +167,10 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+# GPT-NeoX's config takes no num_key_value_heads (its attention has as many key/value heads as query heads).
+NEOX = dict({k: v for k, v in COMMON.items() if k != "num_key_value_heads"}, hidden_act="gelu",
+            max_position_embeddings=256, layer_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
 # name -> (config class name, config arguments, tokenizer adds BOS, what the fixture covers)
 FIXTURES = {
     "llama": (
@@ -417,6 +423,21 @@ FIXTURES = {
         "both), sliding_window 8 on every layer, rotary on the first 12 of 16 dimensions (partial_rotary_factor "
         "0.75, as Phi-4-mini)",
     ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        dict(NEOX, use_parallel_residual=True),
+        True,
+        "GPT-NeoX (Pythia): parallel residual (attention and MLP each read their own LayerNorm of the layer's "
+        "input), q, k and v in one matrix with each head's rows together (query_key_value), rotary on the first "
+        "quarter of each head (rotary_pct 0.25: 4 of 16), biases everywhere, exact GELU, embed_in / embed_out",
+    ),
+    "gpt_neox_sequential": (
+        "GPTNeoXConfig",
+        dict(NEOX, use_parallel_residual=False),
+        True,
+        "GPT-NeoX with use_parallel_residual false: the MLP's LayerNorm reads the stream after the attention's "
+        "residual add",
+    ),
 }
 
 
@@ -546,7 +567,7 @@ def saved_names(model, params):
 
 
 def eager_attention64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    groups = module.num_key_value_groups
+    groups = getattr(module, "num_key_value_groups", 1)  # GPT-NeoX: no grouped keys and values
     key = key.repeat_interleave(groups, dim=1)
     value = value.repeat_interleave(groups, dim=1)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use hierarchos::nn::{Activation, Error, ModelConfig, NormKind, NormPlacement, RopeScaling};
+use hierarchos::nn::{Activation, Error, ModelConfig, NormKind, NormPlacement, QkvLayout, RopeScaling};
 
 const PATH: &str = "models/x/config.json";
 
@@ -843,7 +843,7 @@ fn cohere_and_phi_options() {
     assert_eq!((phi.rotary_dim, phi.head_dim), (4, 16));
     assert_eq!(phi.attention_names[3], "dense");
     assert_eq!(
-        (phi.final_norm_name, phi.mlp_names[1], phi.mlp_names[2]),
+        (phi.names.final_norm, phi.mlp_names[1], phi.mlp_names[2]),
         ("final_layernorm", "fc1", "fc2")
     );
     assert!(phi.lm_head_bias && phi.attention_bias && phi.o_proj_bias && phi.mlp_bias && !phi.mlp_gated);
@@ -860,7 +860,10 @@ fn phi3_options() {
         r#""sliding_window": 2047, "partial_rotary_factor": 0.75"#,
     ))
     .unwrap();
-    assert_eq!((c.fused_qkv, c.fused_gate_up), (Some("qkv_proj"), Some("gate_up_proj")));
+    assert_eq!(
+        (c.fused_qkv.map(|f| f.0), c.fused_gate_up),
+        (Some("qkv_proj"), Some("gate_up_proj"))
+    );
     assert_eq!((c.sliding_window, c.full_attention_layers), (Some(2047), vec![]));
     assert_eq!(c.rotary_dim, 12);
     err(
@@ -869,5 +872,25 @@ fn phi3_options() {
             r#""rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}"#,
         ),
         &["longrope"],
+    );
+}
+
+/// GPT-NeoX: the classic rotary_pct / rotary_emb_base keys, the parallel residual and its switch, the fused
+/// q/k/v with heads interleaved and the module names.
+#[test]
+fn gpt_neox_options() {
+    let c = parse(&tiny("gpt_neox", r#""rotary_pct": 0.5, "rotary_emb_base": 500"#)).unwrap();
+    assert_eq!((c.rotary_dim, c.rope.theta), (8, 500.0));
+    assert_eq!(c.norm_placement, NormPlacement::ParallelTwoNorms);
+    assert_eq!(c.fused_qkv.map(|f| f.1), Some(QkvLayout::PerHead));
+    assert_eq!(
+        (c.names.model, c.names.embed, c.names.head),
+        ("gpt_neox", "embed_in", "embed_out")
+    );
+    assert!(c.attention_bias && c.mlp_bias && c.norm_bias && c.hidden_act == Activation::Gelu);
+    let sequential = parse(&tiny("gpt_neox", r#""use_parallel_residual": false"#)).unwrap();
+    assert_eq!(
+        (sequential.norm_placement, sequential.rotary_dim),
+        (NormPlacement::Pre, 4)
     );
 }

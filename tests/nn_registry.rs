@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 26] = [
+    let cases: [(&str, &str, u64); 27] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -339,6 +339,15 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "rope_scaling": null, "sliding_window": 2047, "tie_word_embeddings": false,
                 "bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000, "hidden_act": "silu"}"#,
             3_821_079_552,
+        ),
+        (
+            "EleutherAI/pythia-410m",
+            r#"{"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": 50304,
+                "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                "num_attention_heads": 16, "max_position_embeddings": 2048, "layer_norm_eps": 1e-05,
+                "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": true,
+                "hidden_act": "gelu", "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 0}"#,
+            405_334_016,
         ),
     ];
     for (name, json, published) in cases {

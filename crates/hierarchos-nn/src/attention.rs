@@ -7,6 +7,7 @@ use hierarchos_core::ops::attention::{MAX_HEAD_DIM, NewKeys, STEP_MAX_QUERIES};
 use hierarchos_core::ops::flash_attention::flash_attention_fits;
 use hierarchos_core::{Device, Tensor, grad_enabled};
 
+use crate::config::QkvLayout;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, prefixed};
@@ -41,10 +42,12 @@ pub struct Attention {
     pub interleaved_rope: bool,
     /// The module names of the query, key, value and output projections (`q_proj`, ..., Phi's `dense`).
     pub names: [&'static str; 4],
-    /// The checkpoint holds q, k and v as one matrix under this name (Phi-3's `qkv_proj`): `qkv` is then that
-    /// parameter, always computed as one product (and adapted as one layer), and `q_proj`, `k_proj` and `v_proj`
-    /// are views of it.
-    pub fused_qkv: Option<&'static str>,
+    /// The checkpoint holds q, k and v as one matrix under this name, in this row order (Phi-3's `qkv_proj`,
+    /// GPT-NeoX's `query_key_value`): `qkv` is then that parameter, always computed as one product (and adapted
+    /// as one layer), and `q_proj`, `k_proj` and `v_proj` are views of its blocks (see [`qkv_views`]).
+    pub fused_qkv: Option<(&'static str, QkvLayout)>,
+    /// The attention's module name in the layer (`self_attn`, GPT-NeoX's `attention`).
+    pub module: &'static str,
     /// The leading dimensions of each head that rotate (all of them, or StableLM's partial rotary); the rest
     /// pass through.
     pub rotary_dim: usize,
@@ -154,11 +157,20 @@ impl Attention {
         let (q, k, v) = match &self.qkv {
             Some(qkv) if fused.is_some() || (!differentiable && qkv.holds(&projections)) => {
                 let y = qkv.forward_fused(x, norm, None, None)?;
-                (
-                    y.narrow(-1, 0, h * d)?,
-                    y.narrow(-1, h * d, kvh * d)?,
-                    y.narrow(-1, (h + kvh) * d, kvh * d)?,
-                )
+                match self.fused_qkv {
+                    Some((_, QkvLayout::PerHead)) => {
+                        let y = y.reshape(&[b, t, h, 3 * d])?;
+                        let part = |i: usize| -> Result<Tensor> {
+                            Ok(y.narrow(-1, i * d, d)?.contiguous()?.reshape(&[b, t, h * d])?)
+                        };
+                        (part(0)?, part(1)?, part(2)?)
+                    }
+                    _ => (
+                        y.narrow(-1, 0, h * d)?,
+                        y.narrow(-1, h * d, kvh * d)?,
+                        y.narrow(-1, (h + kvh) * d, kvh * d)?,
+                    ),
+                }
             }
             _ => {
                 let normed = norm.map(|n| n.forward(x)).transpose()?;
@@ -279,7 +291,7 @@ impl Attention {
     pub fn linears(&self) -> Vec<(&'static str, &Linear)> {
         let [q, k, v, o] = self.names;
         match (self.fused_qkv, &self.qkv) {
-            (Some(name), Some(qkv)) => vec![(name, qkv), (o, &self.o_proj)],
+            (Some((name, _)), Some(qkv)) => vec![(name, qkv), (o, &self.o_proj)],
             _ => vec![
                 (q, &self.q_proj),
                 (k, &self.k_proj),
@@ -293,7 +305,7 @@ impl Attention {
     pub fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         let [q, k, v, o] = self.names;
         match (self.fused_qkv, &mut self.qkv) {
-            (Some(name), Some(qkv)) => vec![(name, qkv), (o, &mut self.o_proj)],
+            (Some((name, _)), Some(qkv)) => vec![(name, qkv), (o, &mut self.o_proj)],
             _ => vec![
                 (q, &mut self.q_proj),
                 (k, &mut self.k_proj),
@@ -307,16 +319,9 @@ impl Attention {
     /// a fused checkpoint's projections become views of the fused matrix anew, separate ones are stacked anew.
     pub(crate) fn restack(&mut self) -> Result<()> {
         match (self.fused_qkv, &self.qkv) {
-            (Some(_), Some(qkv)) => {
-                let [q, k, v]: [Linear; 3] = qkv
-                    .split_rows(&[
-                        self.q_proj.weight_shape()[0],
-                        self.k_proj.weight_shape()[0],
-                        self.v_proj.weight_shape()[0],
-                    ])?
-                    .try_into()
-                    .map_err(|_| Error::Invalid("attention: fused q/k/v split".into()))?;
-                (self.q_proj, self.k_proj, self.v_proj) = (q, k, v);
+            (Some((_, layout)), Some(qkv)) => {
+                let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+                [self.q_proj, self.k_proj, self.v_proj] = qkv_views(qkv, layout, [h * d, kvh * d, kvh * d])?;
             }
             _ => self.qkv = Linear::stack(&mut [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj])?,
         }
@@ -344,6 +349,19 @@ impl Attention {
         }
         p
     }
+}
+
+/// The query, key and value projections of a fused matrix as views of it (`rows` each): its three blocks, or
+/// for a matrix that interleaves the heads (which no separate matrix can view) empty placeholders, since such a
+/// layer always computes the fused product.
+pub(crate) fn qkv_views(qkv: &Linear, layout: QkvLayout, rows: [usize; 3]) -> Result<[Linear; 3]> {
+    let rows = match layout {
+        QkvLayout::Blocks => rows,
+        QkvLayout::PerHead => [0; 3],
+    };
+    qkv.split_rows(&rows)?
+        .try_into()
+        .map_err(|_| Error::Invalid("attention: a fused q/k/v matrix splits in three".into()))
 }
 
 /// `softmax(q kᵀ + mask) v` for queries `[B, H, T, D]` (already carrying the score scale) and keys and values

@@ -73,6 +73,43 @@ pub struct RopeConfig {
     pub scaling: RopeScaling,
 }
 
+/// The module names of a checkpoint around its layers: `{model}.embed_tokens`, `{model}.layers.N.{attention}`,
+/// `{model}.{final_norm}`, `{head}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModuleNames {
+    /// The decoder's module (`model`; GPT-NeoX: `gpt_neox`).
+    pub model: &'static str,
+    /// The token embedding inside it (`embed_tokens`; `embed_in`).
+    pub embed: &'static str,
+    /// The attention inside each layer (`self_attn`; `attention`).
+    pub attention: &'static str,
+    /// The final norm inside the decoder (`norm`; Phi's `final_layernorm`, GPT-NeoX's `final_layer_norm`).
+    pub final_norm: &'static str,
+    /// The output head (`lm_head`; `embed_out`).
+    pub head: &'static str,
+}
+
+impl ModuleNames {
+    /// Llama's names, which most families share.
+    pub const LLAMA: ModuleNames = ModuleNames {
+        model: "model",
+        embed: "embed_tokens",
+        attention: "self_attn",
+        final_norm: "norm",
+        head: "lm_head",
+    };
+}
+
+/// The row order of a fused q/k/v checkpoint matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkvLayout {
+    /// All query rows, then all key rows, then all value rows (Phi-3).
+    Blocks,
+    /// Head by head, each head's query, key and value rows together (GPT-NeoX; as many key/value heads as
+    /// query heads).
+    PerHead,
+}
+
 /// Where a decoder layer norms its attention and MLP branches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormPlacement {
@@ -87,6 +124,9 @@ pub enum NormPlacement {
     /// One input norm read by attention and MLP side by side, both outputs added to the residual stream
     /// (Cohere's and Phi's parallel block: `x + attn(norm(x)) + mlp(norm(x))`).
     Parallel,
+    /// Attention and MLP side by side, each with its own input norm (GPT-NeoX's parallel residual:
+    /// `x + attn(norm1(x)) + mlp(norm2(x))`).
+    ParallelTwoNorms,
 }
 
 /// How a mixture-of-experts block routes each token to `top_k` of its experts.
@@ -178,13 +218,14 @@ pub struct ModelConfig {
     pub interleaved_rope: bool,
     /// The module names of the attention's query, key, value and output projections (Phi's output: `dense`).
     pub attention_names: [&'static str; 4],
-    /// The checkpoint holds q, k and v as one matrix under this module name (Phi-3's `qkv_proj`).
-    pub fused_qkv: Option<&'static str>,
+    /// The checkpoint holds q, k and v as one matrix under this module name (Phi-3's `qkv_proj`), in this
+    /// row order.
+    pub fused_qkv: Option<(&'static str, QkvLayout)>,
     /// The checkpoint holds the MLP's gate and up projections as one matrix under this name (Phi-3's
     /// `gate_up_proj`, gate rows first).
     pub fused_gate_up: Option<&'static str>,
-    /// The final norm's module name under `model.` (`norm`, Phi's `final_layernorm`).
-    pub final_norm_name: &'static str,
+    /// The module names around the layers (`model.embed_tokens`, ..., GPT-NeoX's `gpt_neox.embed_in`).
+    pub names: ModuleNames,
     /// The output head has a bias (Phi).
     pub lm_head_bias: bool,
     /// The logits are multiplied by it (Cohere's `logit_scale`; 1 elsewhere).
@@ -270,7 +311,7 @@ impl ModelConfig {
             attention_names: ["q_proj", "k_proj", "v_proj", "o_proj"],
             fused_qkv: None,
             fused_gate_up: None,
-            final_norm_name: "norm",
+            names: ModuleNames::LLAMA,
             lm_head_bias: false,
             logit_scale: 1.0,
             attention_softcap: None,
@@ -363,7 +404,7 @@ impl ModelConfig {
         };
         let norms = match self.norm_placement {
             NormPlacement::Parallel => 1,
-            NormPlacement::Pre | NormPlacement::Post => 2,
+            NormPlacement::Pre | NormPlacement::Post | NormPlacement::ParallelTwoNorms => 2,
             NormPlacement::Sandwich => 4,
         };
         layers * (attention + norms * norm) + feed_forward + vocab * hidden + norm + head
@@ -590,6 +631,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(32000),
             tie_word_embeddings: false,
         },
+        Family::GptNeox => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: Some(0),
+            eos_token_id: Some(2),
+            tie_word_embeddings: false,
+        },
     }
 }
 
@@ -634,7 +683,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let rms_norm_eps = match family {
         Family::Olmo => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
-        Family::Stablelm | Family::Cohere | Family::Phi => f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Stablelm | Family::Cohere | Family::Phi | Family::GptNeox => {
+            f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5)
+        }
         Family::Nemotron => f.or("norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5),
         // The config classes' defaults: 1e-5 for these, 1e-6 for the others.
         Family::Olmo2
@@ -675,6 +726,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (b, b, false)
         }
         Family::Phi => (true, true, true),
+        Family::GptNeox => {
+            let b = f.or("attention_bias", Some(true), BOOL)?.unwrap_or(true);
+            (b, b, true)
+        }
         Family::Qwen2 => (true, false, false),
         Family::Qwen2Moe => (f.or("qkv_bias", Some(true), BOOL)?.unwrap_or(true), false, false),
         // EXAONE 4's projections never have biases.
@@ -697,6 +752,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let default_act = match family {
         Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Starcoder2 => "gelu_pytorch_tanh",
         Family::Phi => "gelu_new",
+        Family::GptNeox => "gelu",
         Family::Arcee | Family::Nemotron => "relu2",
         _ => "silu",
     };
@@ -850,21 +906,37 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             Family::Olmo2 | Family::Exaone4 | Family::Olmo3 => NormPlacement::Post,
             Family::Gemma2 | Family::Gemma3Text => NormPlacement::Sandwich,
             Family::Cohere | Family::Phi => NormPlacement::Parallel,
+            Family::GptNeox if f.or("use_parallel_residual", Some(true), BOOL)?.unwrap_or(true) => {
+                NormPlacement::ParallelTwoNorms
+            }
             _ => NormPlacement::Pre,
         },
         interleaved_rope: family == Family::Cohere,
         attention_names: match family {
-            Family::Phi => ["q_proj", "k_proj", "v_proj", "dense"],
+            Family::Phi | Family::GptNeox => ["q_proj", "k_proj", "v_proj", "dense"],
             _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
         },
-        final_norm_name: if family == Family::Phi {
-            "final_layernorm"
-        } else {
-            "norm"
+        names: match family {
+            Family::Phi => ModuleNames {
+                final_norm: "final_layernorm",
+                ..ModuleNames::LLAMA
+            },
+            Family::GptNeox => ModuleNames {
+                model: "gpt_neox",
+                embed: "embed_in",
+                attention: "attention",
+                final_norm: "final_layer_norm",
+                head: "embed_out",
+            },
+            _ => ModuleNames::LLAMA,
         },
         lm_head_bias: family == Family::Phi,
         logit_scale,
-        fused_qkv: (family == Family::Phi3).then_some("qkv_proj"),
+        fused_qkv: match family {
+            Family::Phi3 => Some(("qkv_proj", QkvLayout::Blocks)),
+            Family::GptNeox => Some(("query_key_value", QkvLayout::PerHead)),
+            _ => None,
+        },
         fused_gate_up: (family == Family::Phi3).then_some("gate_up_proj"),
         attention_softcap,
         final_logit_softcap,
@@ -884,23 +956,28 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Nemotron
         ),
         norm_kind: match family {
-            Family::Olmo | Family::Starcoder2 | Family::Stablelm | Family::Nemotron | Family::Cohere | Family::Phi => {
-                NormKind::Layer
-            }
+            Family::Olmo
+            | Family::Starcoder2
+            | Family::Stablelm
+            | Family::Nemotron
+            | Family::Cohere
+            | Family::Phi
+            | Family::GptNeox => NormKind::Layer,
             _ => NormKind::Rms,
         },
         norm_weight: family != Family::Olmo,
         norm_bias: matches!(
             family,
-            Family::Starcoder2 | Family::Stablelm | Family::Nemotron | Family::Phi
+            Family::Starcoder2 | Family::Stablelm | Family::Nemotron | Family::Phi | Family::GptNeox
         ),
         mlp_gated: !matches!(
             family,
-            Family::Starcoder2 | Family::Arcee | Family::Nemotron | Family::Phi
+            Family::Starcoder2 | Family::Arcee | Family::Nemotron | Family::Phi | Family::GptNeox
         ),
         mlp_names: match family {
             Family::Starcoder2 => ["gate_proj", "c_fc", "c_proj"],
             Family::Phi => ["gate_proj", "fc1", "fc2"],
+            Family::GptNeox => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
             _ => ["gate_proj", "up_proj", "down_proj"],
         },
         moe: moe(f, family, num_hidden_layers, intermediate_size)?,
@@ -1078,7 +1155,8 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::Olmoe
         | Family::Nemotron
         | Family::Cohere
-        | Family::Phi => {
+        | Family::Phi
+        | Family::GptNeox => {
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
@@ -1168,17 +1246,25 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
     let default = match family {
         Family::Stablelm => 0.25,
         Family::Nemotron | Family::Phi => 0.5,
+        Family::GptNeox => 0.25,
         _ => 1.0,
     };
     let factor = match nested {
         Some(p) => p,
+        // GPT-NeoX's classic configs call it `rotary_pct`.
+        None if family == Family::GptNeox && f.map.contains_key("rotary_pct") => {
+            f.or("rotary_pct", Some(default), F64)?.unwrap_or(default)
+        }
         None => f.or("partial_rotary_factor", Some(default), F64)?.unwrap_or(default),
     };
     if factor == 1.0 {
         return Ok(head_dim);
     }
     let dim = (head_dim as f64 * factor) as usize;
-    if !matches!(family, Family::Stablelm | Family::Nemotron | Family::Phi | Family::Phi3) {
+    if !matches!(
+        family,
+        Family::Stablelm | Family::Nemotron | Family::Phi | Family::Phi3 | Family::GptNeox
+    ) {
         return Err(f.error(
             "partial_rotary_factor",
             "partial rotary embeddings are not supported for this family",
@@ -1208,7 +1294,11 @@ fn rope_configs(
         Family::Gemma3Text => (1_000_000.0, 10000.0),
         _ => (10000.0, 10000.0),
     };
-    let top_theta = f.or("rope_theta", None, F64)?;
+    // GPT-NeoX's classic configs call it `rotary_emb_base`.
+    let top_theta = match f.or("rope_theta", None, F64)? {
+        None if family == Family::GptNeox => f.or("rotary_emb_base", None, F64)?,
+        theta => theta,
+    };
     let per_type = match f.object("rope_parameters")? {
         Some(p) if p.map.values().any(Value::is_object) => Some(p),
         _ => None,

@@ -4,8 +4,8 @@
 use hierarchos_core::quant::QTensor;
 use hierarchos_core::{Device, Tensor};
 
-use crate::attention::{Attention, AttentionContext};
-use crate::config::{ModelConfig, NormPlacement};
+use crate::attention::{Attention, AttentionContext, qkv_views};
+use crate::config::{ModelConfig, NormPlacement, QkvLayout};
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
 use crate::feed_forward::FeedForward;
@@ -121,15 +121,17 @@ impl DecoderLayer {
     /// The linear layers with their paths inside the layer (`self_attn.q_proj`, ..., `mlp.down_proj`), in
     /// module order.
     fn linears(&self) -> Vec<(String, &Linear)> {
+        let module = self.self_attn.module;
         let attention = self.self_attn.linears().into_iter();
-        let attention = attention.map(|(n, l)| (format!("self_attn.{n}"), l));
+        let attention = attention.map(|(n, l)| (format!("{module}.{n}"), l));
         attention.chain(self.mlp.linears()).collect()
     }
 
     /// [`DecoderLayer::linears`], mutable.
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let module = self.self_attn.module;
         let attention = self.self_attn.linears_mut().into_iter();
-        let attention = attention.map(|(n, l)| (format!("self_attn.{n}"), l));
+        let attention = attention.map(|(n, l)| (format!("{module}.{n}"), l));
         attention.chain(self.mlp.linears_mut()).collect()
     }
 
@@ -140,7 +142,7 @@ impl DecoderLayer {
             |name: &str, norm: &Option<Norm>| norm.as_ref().map_or_else(Vec::new, |n| prefixed(name, n.parameters()));
         [
             optional(input, &self.input_layernorm),
-            prefixed("self_attn", self.self_attn.parameters()),
+            prefixed(self.self_attn.module, self.self_attn.parameters()),
             optional(attention_output, &self.attention_output_norm),
             optional(mlp_input, &self.mlp_input_norm),
             self.mlp.parameters(),
@@ -236,15 +238,23 @@ impl CausalLm {
                  (the key/value heads must divide the heads; none may be 0)"
             )));
         }
+        let names = c.names;
+        let embed_name = format!("{}.{}.weight", names.model, names.embed);
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
+            let p = format!("{}.layers.{i}", names.model);
+            let a = format!("{p}.{}", names.attention);
             let m = format!("{p}.mlp");
             let [q_name, k_name, v_name, o_name] = c.attention_names;
             // Separate q/k/v projections stacked for inference, or the views of one fused checkpoint matrix.
             let (q_proj, k_proj, v_proj, qkv) = match c.fused_qkv {
-                Some(name) => {
+                Some((name, layout)) => {
+                    if layout == QkvLayout::PerHead && kvh != h {
+                        return Err(Error::Invalid(format!(
+                            "{a}.{name}: a fused matrix with heads interleaved needs as many key/value heads as \
+                             query heads ({kvh} and {h})"
+                        )));
+                    }
                     let rows = [h * d, kvh * d, kvh * d];
                     let fused = linear(
                         tensor,
@@ -254,10 +264,7 @@ impl CausalLm {
                         hidden,
                         c.attention_bias,
                     )?;
-                    let [q, k, v]: [Linear; 3] = fused
-                        .split_rows(&rows)?
-                        .try_into()
-                        .map_err(|_| Error::Invalid("fused q/k/v: three parts".into()))?;
+                    let [q, k, v] = qkv_views(&fused, layout, rows)?;
                     (q, k, v, Some(fused))
                 }
                 None => {
@@ -345,9 +352,12 @@ impl CausalLm {
                 (None, None)
             };
             // Which of the input and MLP-input norms (pre) and of the output norms (post) the layers have.
-            let parallel = c.norm_placement == NormPlacement::Parallel;
+            let parallel = matches!(
+                c.norm_placement,
+                NormPlacement::Parallel | NormPlacement::ParallelTwoNorms
+            );
             let (pre, post) = match c.norm_placement {
-                NormPlacement::Pre | NormPlacement::Parallel => (true, false),
+                NormPlacement::Pre | NormPlacement::Parallel | NormPlacement::ParallelTwoNorms => (true, false),
                 NormPlacement::Post => (false, true),
                 NormPlacement::Sandwich => (true, true),
             };
@@ -362,7 +372,7 @@ impl CausalLm {
             };
             let input_layernorm = norm(pre, "input_layernorm")?;
             let attention_output_norm = norm(post, "post_attention_layernorm")?;
-            let mlp_input_norm = norm(pre && !parallel, mlp_input_name)?;
+            let mlp_input_norm = norm(pre && c.norm_placement != NormPlacement::Parallel, mlp_input_name)?;
             let mlp_output_norm = norm(post, "post_feedforward_layernorm")?;
             layers.push(DecoderLayer {
                 input_layernorm,
@@ -379,6 +389,7 @@ impl CausalLm {
                     interleaved_rope: c.interleaved_rope,
                     names: c.attention_names,
                     fused_qkv: c.fused_qkv,
+                    module: names.attention,
                     rotary_dim: c.rotary_dim,
                     num_heads: h,
                     num_kv_heads: kvh,
@@ -394,13 +405,13 @@ impl CausalLm {
             });
         }
         let embed_tokens = Embedding {
-            weight: tensor("model.embed_tokens.weight", &[c.vocab_size, hidden])?,
+            weight: tensor(&embed_name, &[c.vocab_size, hidden])?,
         };
-        let final_norm = block_norm(tensor, format!("model.{}", c.final_norm_name), hidden, c)?;
+        let final_norm = block_norm(tensor, format!("{}.{}", names.model, names.final_norm), hidden, c)?;
         let lm_head = if c.tie_word_embeddings {
             // A tied head may still be held quantized (a GGUF file keeps the embedding matrix in a block format,
             // dequantized for lookups): the logits then read a quarter of the bytes.
-            quantized("model.embed_tokens.weight", [c.vocab_size, hidden])?.map(|q| Linear {
+            quantized(&embed_name, [c.vocab_size, hidden])?.map(|q| Linear {
                 weight: LinearWeight::Quantized(q),
                 bias: None,
                 lora: None,
@@ -409,7 +420,7 @@ impl CausalLm {
             Some(linear(
                 tensor,
                 quantized,
-                "lm_head",
+                names.head,
                 c.vocab_size,
                 hidden,
                 c.lm_head_bias,
@@ -650,11 +661,11 @@ impl CausalLm {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             for (name, l) in layer.linears() {
-                v.push((format!("model.layers.{i}.{name}"), l));
+                v.push((format!("{}.layers.{i}.{name}", self.config.names.model), l));
             }
         }
         if let Some(head) = &self.lm_head {
-            v.push(("lm_head".to_string(), head));
+            v.push((self.config.names.head.to_string(), head));
         }
         v
     }
@@ -664,11 +675,11 @@ impl CausalLm {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter_mut().enumerate() {
             for (name, l) in layer.linears_mut() {
-                v.push((format!("model.layers.{i}.{name}"), l));
+                v.push((format!("{}.layers.{i}.{name}", self.config.names.model), l));
             }
         }
         if let Some(head) = &mut self.lm_head {
-            v.push(("lm_head".to_string(), head));
+            v.push((self.config.names.head.to_string(), head));
         }
         v
     }
@@ -688,16 +699,20 @@ impl CausalLm {
     /// Every parameter with its exact Hugging Face name (`model.layers.0.self_attn.q_proj.weight`, ...); a tied
     /// output head is listed once, as `model.embed_tokens.weight`.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut p = prefixed("model.embed_tokens", self.embed_tokens.parameters());
+        let names = self.config.names;
+        let mut p = prefixed(
+            &format!("{}.{}", names.model, names.embed),
+            self.embed_tokens.parameters(),
+        );
         for (i, layer) in self.layers.iter().enumerate() {
-            p.extend(prefixed(&format!("model.layers.{i}"), layer.parameters()));
+            p.extend(prefixed(&format!("{}.layers.{i}", names.model), layer.parameters()));
         }
         p.extend(prefixed(
-            &format!("model.{}", self.config.final_norm_name),
+            &format!("{}.{}", names.model, names.final_norm),
             self.norm.parameters(),
         ));
         if let Some(head) = &self.lm_head {
-            p.extend(prefixed("lm_head", head.parameters()));
+            p.extend(prefixed(names.head, head.parameters()));
         }
         p
     }

@@ -30,7 +30,7 @@ mod tokenizer;
 pub mod train;
 pub mod weights;
 
-pub use config::{Activation, ModelConfig, MoeConfig, NormPlacement, RopeConfig, RopeScaling};
+pub use config::{Activation, ModelConfig, ModuleNames, MoeConfig, NormPlacement, QkvLayout, RopeConfig, RopeScaling};
 pub use decoder::{CausalLm, DecoderLayer, QuantSource};
 pub use embedding::Embedding;
 pub use error::{Error, Result};

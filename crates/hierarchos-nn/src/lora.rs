@@ -734,9 +734,9 @@ impl CausalLm {
 /// Tensors `(A, B)` of the adapter of the layer at a module path, given its `[out, in]` shape and rank.
 type AdapterSource<'a> = &'a mut dyn FnMut(&str, [usize; 2], usize) -> Result<(Tensor, Tensor)>;
 
-/// The decoder layer index in a module path `model.layers.N. ...`.
+/// The decoder layer index in a module path (`model.layers.N. ...`, `gpt_neox.layers.N. ...`): its first number.
 fn layer_index(path: &str) -> Option<usize> {
-    path.strip_prefix("model.layers.")?.split('.').next()?.parse().ok()
+    path.split('.').find_map(|part| part.parse().ok())
 }
 
 /// Whether `dir` holds a PEFT adapter (rather than a model).

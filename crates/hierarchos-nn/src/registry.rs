@@ -63,6 +63,9 @@ pub enum Family {
     Phi,
     /// Microsoft Phi-3, Phi-3.5 and Phi-4-mini (Llama with fused q/k/v and gate/up checkpoint matrices).
     Phi3,
+    /// EleutherAI GPT-NeoX and Pythia (parallel residual with two LayerNorms, partial rotary, fused q/k/v with
+    /// heads interleaved).
+    GptNeox,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -105,7 +108,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 26] = [
+pub const ARCHITECTURES: [Architecture; 27] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -331,6 +334,17 @@ pub const ARCHITECTURES: [Architecture; 26] = [
                    residual dropout of training is not applied",
         gap: None,
     },
+    Architecture {
+        family: Family::GptNeox,
+        status: Status::Validated,
+        fixtures: &["gpt_neox", "gpt_neox_sequential"],
+        features: "the parallel residual (use_parallel_residual: attention and MLP each with its own LayerNorm of \
+                   the layer's input, both added to it), LayerNorm with weight and bias, rotary on the first \
+                   rotary_pct of each head (default 0.25), q, k and v in one matrix with each head's rows \
+                   together (query_key_value), biases everywhere, a plain GELU MLP, the gpt_neox.* and \
+                   embed_out names",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -376,6 +390,7 @@ impl Family {
             Family::Cohere => "cohere",
             Family::Phi => "phi",
             Family::Phi3 => "phi3",
+            Family::GptNeox => "gpt_neox",
         }
     }
 
