@@ -97,6 +97,8 @@ LORA = {
     "phi3": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj", "o_proj"]),
     "gpt_neox": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "gpt_neox_sequential": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
+    # PEFT turns fan_in_fan_out on for GPT-2's Conv1D layers.
+    "gpt2": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -438,6 +440,17 @@ FIXTURES = {
         "GPT-NeoX with use_parallel_residual false: the MLP's LayerNorm reads the stream after the attention's "
         "residual add",
     ),
+    "gpt2": (
+        "GPT2Config",
+        dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=256,
+             activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+             attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False),
+        True,
+        "GPT-2: learned absolute positions (wpe) and no rotary, LayerNorms ln_1 / ln_2 / ln_f with bias, Conv1D "
+        "weights stored [in, out], q, k and v in one matrix (c_attn; the adapter targets it with PEFT's "
+        "fan_in_fan_out), tanh-GELU MLP c_fc -> c_proj, the n_embd / n_layer / n_head keys; untied (tied, every "
+        "seed repeated tokens)",
+    ),
 }
 
 
@@ -495,7 +508,7 @@ def randomize(model, seed, damped_rows):
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or (".ln_" in name and name.endswith(".weight")):
                 # Gemma's and Nemotron's norms scale by 1 + weight.
                 value = (0.0 if model.config.model_type in GEMMAS + ("nemotron",) else 1.0) + 0.2 * noise
             elif name.endswith(".bias"):
@@ -503,8 +516,12 @@ def randomize(model, seed, damped_rows):
             elif "embed_tokens" in name and model.config.model_type in GEMMAS:
                 # Gemma multiplies the embeddings by sqrt(hidden_size) on the way in.
                 value = 0.25 * noise / math.sqrt(model.config.hidden_size)
-            elif "embed_tokens" in name or name.startswith("lm_head"):
+            elif "embed_tokens" in name or name.startswith("lm_head") or name == "transformer.wte.weight":
                 value = 0.25 * noise
+            elif model.config.model_type == "gpt2" and name.endswith(".weight") and p.dim() == 2:
+                # Conv1D weights are [in, out]; c_proj writes into the residual stream.
+                gain = RESIDUAL_GAIN if name.endswith("c_proj.weight") else 1.0
+                value = gain * noise / math.sqrt(p.shape[0])
             elif name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
                 value = RESIDUAL_GAIN * noise / math.sqrt(p.shape[-1])
             else:
@@ -815,7 +832,8 @@ def make_fixture(name, out_root, tok_cache):
     save_tokenizer(tok, add_bos, config.eos_token_id, out)
 
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, **eager(config)).eval()
-    if reloaded.config.rope_parameters != config.rope_parameters:
+    # (GPT-2 has no rotary embedding.)
+    if getattr(reloaded.config, "rope_parameters", None) != getattr(config, "rope_parameters", None):
         raise SystemExit(f"{name}: reloaded rope {reloaded.config.rope_parameters} != {config.rope_parameters}")
     with torch.no_grad():
         reload_err = (reloaded(ids, use_cache=False).logits.double() - hf32).abs().max().item()

@@ -432,9 +432,9 @@ fn malformed_configs() {
     err("{not json", &["not valid JSON"]);
     err("[1, 2]", &["not a JSON object"]);
     err(r#"{"vocab_size": 10}"#, &["model_type", "missing"]);
-    match err(&tiny("gpt2", ""), &["gpt2", "llama", "mistral", "qwen2", "qwen3"]) {
+    match err(&tiny("bloom", ""), &["bloom", "llama", "mistral", "qwen2", "qwen3"]) {
         Error::UnknownModelType { found, supported, .. } => {
-            assert_eq!(found, "gpt2");
+            assert_eq!(found, "bloom");
             assert_eq!(supported, hierarchos::nn::supported_model_types().join(", "));
             assert!(supported.starts_with("llama, mistral, qwen2, qwen3, "), "{supported}");
         }
@@ -892,5 +892,43 @@ fn gpt_neox_options() {
     assert_eq!(
         (sequential.norm_placement, sequential.rotary_dim),
         (NormPlacement::Pre, 4)
+    );
+}
+
+/// GPT-2: its own key names, the MLP width from n_inner (4 x n_embd when null), Conv1D weights, learned
+/// positions and no rotary on any layer; per-layer score scaling is refused.
+#[test]
+fn gpt2_options() {
+    let c = parse(
+        r#"{"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 3, "n_head": 4,
+            "n_positions": 64, "n_inner": null}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.max_position_embeddings
+        ),
+        (32, 3, 4, 64)
+    );
+    assert_eq!((c.intermediate_size, c.head_dim), (128, 8));
+    assert!(c.conv1d && c.position_embeddings && c.tie_word_embeddings);
+    assert_eq!(c.nope_layers, vec![0, 1, 2]);
+    assert_eq!(
+        (c.names.model, c.names.layers, c.names.input_norm),
+        ("transformer", "h", "ln_1")
+    );
+    assert_eq!(c.hidden_act, Activation::GeluTanh);
+    let unscaled = parse(
+        r#"{"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 1, "n_head": 4,
+            "scale_attn_weights": false}"#,
+    );
+    assert_eq!(unscaled.unwrap().attention_multiplier, Some(1.0));
+    err(
+        r#"{"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 1, "n_head": 4,
+            "scale_attn_by_inverse_layer_idx": true}"#,
+        &["scale_attn_by_inverse_layer_idx"],
     );
 }

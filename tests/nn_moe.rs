@@ -122,6 +122,7 @@ fn block(c: Case, v: &Values) -> (Moe, Vec<Tensor>) {
         weight: LinearWeight::Dense(w.clone()),
         bias: None,
         lora: None,
+        transposed: false,
     };
     let mut tensors = vec![t(&v.x, &[1, c.tokens, c.hidden]), t(&v.router, &[c.experts, c.hidden])];
     let mlp = |p: &[Vec<f32>; 3], width: usize, tensors: &mut Vec<Tensor>| {

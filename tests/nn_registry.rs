@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 27] = [
+    let cases: [(&str, &str, u64); 28] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -348,6 +348,15 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": true,
                 "hidden_act": "gelu", "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 0}"#,
             405_334_016,
+        ),
+        (
+            "openai-community/gpt2",
+            r#"{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 50257, "n_embd": 768,
+                "n_layer": 12, "n_head": 12, "n_positions": 1024, "n_ctx": 1024, "n_inner": null,
+                "layer_norm_epsilon": 1e-05, "activation_function": "gelu_new", "scale_attn_weights": true,
+                "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "bos_token_id": 50256,
+                "eos_token_id": 50256}"#,
+            124_439_808,
         ),
     ];
     for (name, json, published) in cases {

@@ -77,10 +77,18 @@ pub struct RopeConfig {
 /// `{model}.{final_norm}`, `{head}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModuleNames {
-    /// The decoder's module (`model`; GPT-NeoX: `gpt_neox`).
+    /// The decoder's module (`model`; GPT-NeoX: `gpt_neox`, GPT-2: `transformer`).
     pub model: &'static str,
-    /// The token embedding inside it (`embed_tokens`; `embed_in`).
+    /// The token embedding inside it (`embed_tokens`; `embed_in`, `wte`).
     pub embed: &'static str,
+    /// The learned position embedding inside it, where the model has one (GPT-2's `wpe`).
+    pub positions: &'static str,
+    /// The list of layers inside it (`layers`; GPT-2: `h`).
+    pub layers: &'static str,
+    /// A layer's input norm (`input_layernorm`; GPT-2: `ln_1`).
+    pub input_norm: &'static str,
+    /// A pre-norm layer's MLP-input norm (`post_attention_layernorm`; GPT-2: `ln_2`).
+    pub mlp_input_norm: &'static str,
     /// The attention inside each layer (`self_attn`; `attention`).
     pub attention: &'static str,
     /// The final norm inside the decoder (`norm`; Phi's `final_layernorm`, GPT-NeoX's `final_layer_norm`).
@@ -94,6 +102,10 @@ impl ModuleNames {
     pub const LLAMA: ModuleNames = ModuleNames {
         model: "model",
         embed: "embed_tokens",
+        positions: "embed_positions",
+        layers: "layers",
+        input_norm: "input_layernorm",
+        mlp_input_norm: "post_attention_layernorm",
         attention: "self_attn",
         final_norm: "norm",
         head: "lm_head",
@@ -226,6 +238,11 @@ pub struct ModelConfig {
     pub fused_gate_up: Option<&'static str>,
     /// The module names around the layers (`model.embed_tokens`, ..., GPT-NeoX's `gpt_neox.embed_in`).
     pub names: ModuleNames,
+    /// The layers' projection weights are stored `[in, out]` (GPT-2's `Conv1D`).
+    pub conv1d: bool,
+    /// Learned absolute position embeddings are added to the token embeddings (GPT-2's `wpe`, of
+    /// `max_position_embeddings` rows).
+    pub position_embeddings: bool,
     /// The output head has a bias (Phi).
     pub lm_head_bias: bool,
     /// The logits are multiplied by it (Cohere's `logit_scale`; 1 elsewhere).
@@ -312,6 +329,8 @@ impl ModelConfig {
             fused_qkv: None,
             fused_gate_up: None,
             names: ModuleNames::LLAMA,
+            conv1d: false,
+            position_embeddings: false,
             lm_head_bias: false,
             logit_scale: 1.0,
             attention_softcap: None,
@@ -407,7 +426,12 @@ impl ModelConfig {
             NormPlacement::Pre | NormPlacement::Post | NormPlacement::ParallelTwoNorms => 2,
             NormPlacement::Sandwich => 4,
         };
-        layers * (attention + norms * norm) + feed_forward + vocab * hidden + norm + head
+        let positions = if self.position_embeddings {
+            self.max_position_embeddings as u64 * hidden
+        } else {
+            0
+        };
+        layers * (attention + norms * norm) + feed_forward + vocab * hidden + positions + norm + head
     }
 }
 
@@ -639,6 +663,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(2),
             tie_word_embeddings: false,
         },
+        Family::Gpt2 => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 1024,
+            bos_token_id: Some(50256),
+            eos_token_id: Some(50256),
+            tie_word_embeddings: true,
+        },
     }
 }
 
@@ -651,11 +683,30 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         }
         Ok(v)
     };
+    let gpt2 = family == Family::Gpt2;
+    // GPT-2's config.json keeps its own names (transformers maps them as attributes).
+    let key = |name: &'static str| -> &'static str {
+        match (gpt2, name) {
+            (true, "hidden_size") => "n_embd",
+            (true, "num_hidden_layers") => "n_layer",
+            (true, "num_attention_heads") => "n_head",
+            (true, "max_position_embeddings") => "n_positions",
+            _ => name,
+        }
+    };
     let vocab_size = positive("vocab_size")?;
-    let hidden_size = positive("hidden_size")?;
-    let intermediate_size = positive("intermediate_size")?;
-    let num_hidden_layers = positive("num_hidden_layers")?;
-    let num_attention_heads = positive("num_attention_heads")?;
+    let hidden_size = positive(key("hidden_size"))?;
+    // GPT-2's MLP is 4 x n_embd unless n_inner says otherwise.
+    let intermediate_size = match gpt2 {
+        true => match f.or("n_inner", None, USIZE)? {
+            Some(0) => return Err(f.error("n_inner", "must be positive")),
+            Some(n) => n,
+            None => 4 * hidden_size,
+        },
+        false => positive("intermediate_size")?,
+    };
+    let num_hidden_layers = positive(key("num_hidden_layers"))?;
+    let num_attention_heads = positive(key("num_attention_heads"))?;
     let num_key_value_heads = f
         .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
         .unwrap_or(num_attention_heads);
@@ -677,12 +728,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         None => hidden_size / num_attention_heads,
     };
     let max_position_embeddings = f
-        .or("max_position_embeddings", Some(d.max_position_embeddings), USIZE)?
+        .or(key("max_position_embeddings"), Some(d.max_position_embeddings), USIZE)?
         .unwrap_or(d.max_position_embeddings);
     // OLMo's LayerNorm has its epsilon fixed at 1e-5.
     let rms_norm_eps = match family {
         Family::Olmo => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Gpt2 => f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Stablelm | Family::Cohere | Family::Phi | Family::GptNeox => {
             f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5)
         }
@@ -725,7 +777,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
-        Family::Phi => (true, true, true),
+        Family::Phi | Family::Gpt2 => (true, true, true),
         Family::GptNeox => {
             let b = f.or("attention_bias", Some(true), BOOL)?.unwrap_or(true);
             (b, b, true)
@@ -753,12 +805,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Starcoder2 => "gelu_pytorch_tanh",
         Family::Phi => "gelu_new",
         Family::GptNeox => "gelu",
+        Family::Gpt2 => "gelu_new",
         Family::Arcee | Family::Nemotron => "relu2",
         _ => "silu",
     };
-    // Gemma 2's and 3's MLPs take `hidden_activation`.
+    // Gemma 2's and 3's MLPs take `hidden_activation`, GPT-2's `activation_function`.
     let act_key = match family {
         Family::Gemma2 | Family::Gemma3Text => "hidden_activation",
+        Family::Gpt2 => "activation_function",
         _ => "hidden_act",
     };
     let act = f.or(act_key, Some(default_act.to_string()), STRING)?;
@@ -798,8 +852,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         _ => multiplier("embedding_multiplier")?,
     };
     let residual_multiplier = multiplier("residual_multiplier")?;
+    // GPT-2 may leave its scores unscaled, or scale them down layer by layer (not supported).
+    if gpt2 && f.or("scale_attn_by_inverse_layer_idx", Some(false), BOOL)? == Some(true) {
+        return Err(f.error("scale_attn_by_inverse_layer_idx", "is not supported yet"));
+    }
     let attention_multiplier = match family {
         Family::Granite => Some(multiplier("attention_multiplier")?),
+        Family::Gpt2 if f.or("scale_attn_weights", Some(true), BOOL)? == Some(false) => Some(1.0),
         Family::Gemma2 | Family::Gemma3Text => {
             let scalar = f.or("query_pre_attn_scalar", Some(256.0), F64)?.unwrap_or(256.0);
             if !(scalar > 0.0 && scalar.is_finite()) {
@@ -827,6 +886,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let nope_layers = match family {
         Family::Exaone4 if windows.window.is_some() => windows.full_layers.clone(),
         Family::Exaone4 if windows.configured => (0..num_hidden_layers).collect(),
+        // GPT-2 has positions in its embeddings, no rotary anywhere.
+        Family::Gpt2 => (0..num_hidden_layers).collect(),
         _ => smollm3_nope,
     };
     // Gemma's bidirectional attention (an encoder-style option) is not causal: refused.
@@ -914,6 +975,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         interleaved_rope: family == Family::Cohere,
         attention_names: match family {
             Family::Phi | Family::GptNeox => ["q_proj", "k_proj", "v_proj", "dense"],
+            Family::Gpt2 => ["q_proj", "k_proj", "v_proj", "c_proj"],
             _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
         },
         names: match family {
@@ -927,6 +989,18 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 attention: "attention",
                 final_norm: "final_layer_norm",
                 head: "embed_out",
+                ..ModuleNames::LLAMA
+            },
+            Family::Gpt2 => ModuleNames {
+                model: "transformer",
+                embed: "wte",
+                positions: "wpe",
+                layers: "h",
+                attention: "attn",
+                input_norm: "ln_1",
+                mlp_input_norm: "ln_2",
+                final_norm: "ln_f",
+                head: "lm_head",
             },
             _ => ModuleNames::LLAMA,
         },
@@ -935,9 +1009,12 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         fused_qkv: match family {
             Family::Phi3 => Some(("qkv_proj", QkvLayout::Blocks)),
             Family::GptNeox => Some(("query_key_value", QkvLayout::PerHead)),
+            Family::Gpt2 => Some(("c_attn", QkvLayout::Blocks)),
             _ => None,
         },
         fused_gate_up: (family == Family::Phi3).then_some("gate_up_proj"),
+        conv1d: gpt2,
+        position_embeddings: gpt2,
         attention_softcap,
         final_logit_softcap,
         sliding_window: windows.window,
@@ -962,20 +1039,21 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             | Family::Nemotron
             | Family::Cohere
             | Family::Phi
-            | Family::GptNeox => NormKind::Layer,
+            | Family::GptNeox
+            | Family::Gpt2 => NormKind::Layer,
             _ => NormKind::Rms,
         },
         norm_weight: family != Family::Olmo,
         norm_bias: matches!(
             family,
-            Family::Starcoder2 | Family::Stablelm | Family::Nemotron | Family::Phi | Family::GptNeox
+            Family::Starcoder2 | Family::Stablelm | Family::Nemotron | Family::Phi | Family::GptNeox | Family::Gpt2
         ),
         mlp_gated: !matches!(
             family,
-            Family::Starcoder2 | Family::Arcee | Family::Nemotron | Family::Phi | Family::GptNeox
+            Family::Starcoder2 | Family::Arcee | Family::Nemotron | Family::Phi | Family::GptNeox | Family::Gpt2
         ),
         mlp_names: match family {
-            Family::Starcoder2 => ["gate_proj", "c_fc", "c_proj"],
+            Family::Starcoder2 | Family::Gpt2 => ["gate_proj", "c_fc", "c_proj"],
             Family::Phi => ["gate_proj", "fc1", "fc2"],
             Family::GptNeox => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
             _ => ["gate_proj", "up_proj", "down_proj"],
@@ -1156,7 +1234,8 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::Nemotron
         | Family::Cohere
         | Family::Phi
-        | Family::GptNeox => {
+        | Family::GptNeox
+        | Family::Gpt2 => {
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,

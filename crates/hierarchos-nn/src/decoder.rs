@@ -35,6 +35,9 @@ pub struct DecoderLayer {
     pub mlp: FeedForward,
     /// Norm of the MLP output before its residual add (`post_feedforward_layernorm`).
     pub mlp_output_norm: Option<Norm>,
+    /// The checkpoint names of the input, attention-output, MLP-input and MLP-output norms (`input_layernorm`,
+    /// ...; GPT-2's `ln_1` and `ln_2`).
+    pub norm_names: [&'static str; 4],
     /// Attention and MLP side by side (Cohere, Phi): the MLP reads the layer's input (normed by `mlp_input_norm`,
     /// else the attention's input norm), and both outputs are added to the residual stream.
     pub parallel: bool,
@@ -137,7 +140,7 @@ impl DecoderLayer {
 
     /// The parameters with their Hugging Face names relative to the layer.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        let [input, attention_output, mlp_input, mlp_output] = self.norm_names();
+        let [input, attention_output, mlp_input, mlp_output] = self.norm_names;
         let optional =
             |name: &str, norm: &Option<Norm>| norm.as_ref().map_or_else(Vec::new, |n| prefixed(name, n.parameters()));
         [
@@ -149,21 +152,6 @@ impl DecoderLayer {
             optional(mlp_output, &self.mlp_output_norm),
         ]
         .concat()
-    }
-
-    /// The Hugging Face names of the input, attention output, MLP input and MLP output norms: `post_attention_`
-    /// names the MLP's input norm unless the attention output has its own norm.
-    fn norm_names(&self) -> [&'static str; 4] {
-        let mlp_input = match self.attention_output_norm {
-            Some(_) => "pre_feedforward_layernorm",
-            None => "post_attention_layernorm",
-        };
-        [
-            "input_layernorm",
-            "post_attention_layernorm",
-            mlp_input,
-            "post_feedforward_layernorm",
-        ]
     }
 
     /// The layer's norms (of the residual stream and of queries and keys), for freezing.
@@ -187,6 +175,8 @@ pub struct CausalLm {
     config: ModelConfig,
     /// `model.embed_tokens`.
     pub embed_tokens: Embedding,
+    /// Learned absolute position embeddings added to the token embeddings (GPT-2's `transformer.wpe`).
+    pub embed_positions: Option<Embedding>,
     /// `model.layers.N`.
     pub layers: Vec<DecoderLayer>,
     /// `model.norm`, the final norm.
@@ -242,7 +232,7 @@ impl CausalLm {
         let embed_name = format!("{}.{}.weight", names.model, names.embed);
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
-            let p = format!("{}.layers.{i}", names.model);
+            let p = format!("{}.{}.{i}", names.model, names.layers);
             let a = format!("{p}.{}", names.attention);
             let m = format!("{p}.mlp");
             let [q_name, k_name, v_name, o_name] = c.attention_names;
@@ -263,6 +253,7 @@ impl CausalLm {
                         rows.iter().sum(),
                         hidden,
                         c.attention_bias,
+                        c.conv1d,
                     )?;
                     let [q, k, v] = qkv_views(&fused, layout, rows)?;
                     (q, k, v, Some(fused))
@@ -275,6 +266,7 @@ impl CausalLm {
                         h * d,
                         hidden,
                         c.attention_bias,
+                        c.conv1d,
                     )?;
                     let mut k = linear(
                         tensor,
@@ -283,6 +275,7 @@ impl CausalLm {
                         kvh * d,
                         hidden,
                         c.attention_bias,
+                        c.conv1d,
                     )?;
                     let mut v = linear(
                         tensor,
@@ -291,6 +284,7 @@ impl CausalLm {
                         kvh * d,
                         hidden,
                         c.attention_bias,
+                        c.conv1d,
                     )?;
                     let qkv = Linear::stack(&mut [&mut q, &mut k, &mut v])?;
                     (q, k, v, qkv)
@@ -303,6 +297,7 @@ impl CausalLm {
                 hidden,
                 h * d,
                 c.o_proj_bias,
+                c.conv1d,
             )?;
             let feed_forward = match &c.moe {
                 Some(moe) if !moe.dense_layers.contains(&i) => {
@@ -326,13 +321,29 @@ impl CausalLm {
                             let names = ["gate_proj", "up_proj", "down_proj"];
                             Ok((
                                 mlp(tensor, quantized, &format!("{b}.shared_expert"), width, names, c)?,
-                                linear(tensor, quantized, &format!("{b}.shared_expert_gate"), 1, hidden, false)?,
+                                linear(
+                                    tensor,
+                                    quantized,
+                                    &format!("{b}.shared_expert_gate"),
+                                    1,
+                                    hidden,
+                                    false,
+                                    false,
+                                )?,
                             ))
                         })
                         .transpose()?;
                     FeedForward::Moe(Moe {
                         name: moe.block_name,
-                        gate: linear(tensor, quantized, &format!("{b}.gate"), moe.num_experts, hidden, false)?,
+                        gate: linear(
+                            tensor,
+                            quantized,
+                            &format!("{b}.gate"),
+                            moe.num_experts,
+                            hidden,
+                            false,
+                            false,
+                        )?,
                         experts,
                         top_k: moe.top_k,
                         normalize_top_k: moe.normalize_top_k,
@@ -361,19 +372,24 @@ impl CausalLm {
                 NormPlacement::Post => (false, true),
                 NormPlacement::Sandwich => (true, true),
             };
-            let mlp_input_name = if post {
-                "pre_feedforward_layernorm"
-            } else {
-                "post_attention_layernorm"
-            };
+            let norm_names = [
+                names.input_norm,
+                "post_attention_layernorm",
+                if post {
+                    "pre_feedforward_layernorm"
+                } else {
+                    names.mlp_input_norm
+                },
+                "post_feedforward_layernorm",
+            ];
             let mut norm = |on: bool, name: &str| -> Result<Option<Norm>> {
                 on.then(|| block_norm(tensor, format!("{p}.{name}"), hidden, c))
                     .transpose()
             };
-            let input_layernorm = norm(pre, "input_layernorm")?;
-            let attention_output_norm = norm(post, "post_attention_layernorm")?;
-            let mlp_input_norm = norm(pre && c.norm_placement != NormPlacement::Parallel, mlp_input_name)?;
-            let mlp_output_norm = norm(post, "post_feedforward_layernorm")?;
+            let input_layernorm = norm(pre, norm_names[0])?;
+            let attention_output_norm = norm(post, norm_names[1])?;
+            let mlp_input_norm = norm(pre && c.norm_placement != NormPlacement::Parallel, norm_names[2])?;
+            let mlp_output_norm = norm(post, norm_names[3])?;
             layers.push(DecoderLayer {
                 input_layernorm,
                 self_attn: Attention {
@@ -400,6 +416,7 @@ impl CausalLm {
                 mlp_input_norm,
                 mlp: feed_forward,
                 mlp_output_norm,
+                norm_names,
                 parallel,
                 residual_multiplier: (c.residual_multiplier != 1.0).then_some(c.residual_multiplier),
             });
@@ -407,6 +424,15 @@ impl CausalLm {
         let embed_tokens = Embedding {
             weight: tensor(&embed_name, &[c.vocab_size, hidden])?,
         };
+        let embed_positions = c
+            .position_embeddings
+            .then(|| -> Result<Embedding> {
+                let name = format!("{}.{}.weight", names.model, names.positions);
+                Ok(Embedding {
+                    weight: tensor(&name, &[c.max_position_embeddings, hidden])?,
+                })
+            })
+            .transpose()?;
         let final_norm = block_norm(tensor, format!("{}.{}", names.model, names.final_norm), hidden, c)?;
         let lm_head = if c.tie_word_embeddings {
             // A tied head may still be held quantized (a GGUF file keeps the embedding matrix in a block format,
@@ -415,6 +441,7 @@ impl CausalLm {
                 weight: LinearWeight::Quantized(q),
                 bias: None,
                 lora: None,
+                transposed: false,
             })
         } else {
             Some(linear(
@@ -424,11 +451,13 @@ impl CausalLm {
                 c.vocab_size,
                 hidden,
                 c.lm_head_bias,
+                false,
             )?)
         };
         Ok(CausalLm {
             config: c.clone(),
             embed_tokens,
+            embed_positions,
             layers,
             norm: final_norm,
             lm_head,
@@ -594,6 +623,17 @@ impl CausalLm {
         if c.embedding_multiplier != 1.0 {
             x = x.mul_scalar(c.embedding_multiplier)?;
         }
+        if let Some(positions) = &self.embed_positions {
+            let table = positions.weight.shape()[0];
+            if start + t > table {
+                return Err(Error::Invalid(format!(
+                    "forward: positions {start}..{} pass the {table} of the model's position embeddings",
+                    start + t
+                )));
+            }
+            let at: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
+            x = x.add(&positions.forward(&Tensor::from_slice(&at, &[t], self.device())?)?)?;
+        }
         let normed = if !self.layers.is_empty() && self.layers.iter().all(DecoderLayer::fuses) {
             for (i, layer) in self.layers.iter().enumerate() {
                 x = layer.forward_fused(&x, ctx_of(i), cache.as_deref().map(|c| (c, i)))?;
@@ -661,7 +701,10 @@ impl CausalLm {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
             for (name, l) in layer.linears() {
-                v.push((format!("{}.layers.{i}.{name}", self.config.names.model), l));
+                v.push((
+                    format!("{}.{}.{i}.{name}", self.config.names.model, self.config.names.layers),
+                    l,
+                ));
             }
         }
         if let Some(head) = &self.lm_head {
@@ -675,7 +718,10 @@ impl CausalLm {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter_mut().enumerate() {
             for (name, l) in layer.linears_mut() {
-                v.push((format!("{}.layers.{i}.{name}", self.config.names.model), l));
+                v.push((
+                    format!("{}.{}.{i}.{name}", self.config.names.model, self.config.names.layers),
+                    l,
+                ));
             }
         }
         if let Some(head) = &mut self.lm_head {
@@ -704,8 +750,17 @@ impl CausalLm {
             &format!("{}.{}", names.model, names.embed),
             self.embed_tokens.parameters(),
         );
+        if let Some(positions) = &self.embed_positions {
+            p.extend(prefixed(
+                &format!("{}.{}", names.model, names.positions),
+                positions.parameters(),
+            ));
+        }
         for (i, layer) in self.layers.iter().enumerate() {
-            p.extend(prefixed(&format!("{}.layers.{i}", names.model), layer.parameters()));
+            p.extend(prefixed(
+                &format!("{}.{}.{i}", names.model, names.layers),
+                layer.parameters(),
+            ));
         }
         p.extend(prefixed(
             &format!("{}.{}", names.model, names.final_norm),
@@ -737,15 +792,21 @@ fn linear(
     out: usize,
     inp: usize,
     bias: bool,
+    transposed: bool,
 ) -> Result<Linear> {
     let weight_name = format!("{name}.weight");
-    let weight = match quantized(&weight_name, [out, inp])? {
+    let shape = if transposed { [inp, out] } else { [out, inp] };
+    let from_quantized = match transposed {
+        true => None,
+        false => quantized(&weight_name, [out, inp])?,
+    };
+    let weight = match from_quantized {
         Some(q) if q.shape() == [out, inp] => LinearWeight::Quantized(q),
         Some(q) => return Err(wrong_shape(&weight_name, &q.shape(), &[out, inp])),
         None => {
-            let w = tensor(&weight_name, &[out, inp])?;
-            if w.shape() != [out, inp] {
-                return Err(wrong_shape(&weight_name, w.shape(), &[out, inp]));
+            let w = tensor(&weight_name, &shape)?;
+            if w.shape() != shape {
+                return Err(wrong_shape(&weight_name, w.shape(), &shape));
             }
             LinearWeight::Dense(w)
         }
@@ -758,6 +819,7 @@ fn linear(
             None
         },
         lora: None,
+        transposed,
     })
 }
 
@@ -773,8 +835,17 @@ fn mlp(
 ) -> Result<Mlp> {
     let [gate_name, up_name, down_name] = names;
     let hidden = c.hidden_size;
-    let mut load =
-        |part: &str, out: usize, inp: usize| linear(tensor, quantized, &format!("{name}.{part}"), out, inp, c.mlp_bias);
+    let mut load = |part: &str, out: usize, inp: usize| {
+        linear(
+            tensor,
+            quantized,
+            &format!("{name}.{part}"),
+            out,
+            inp,
+            c.mlp_bias,
+            c.conv1d,
+        )
+    };
     let fused_gate_up = c.fused_gate_up.filter(|_| c.mlp_gated);
     let (gate_proj, up_proj, gate_up) = match fused_gate_up {
         Some(fused_name) => {

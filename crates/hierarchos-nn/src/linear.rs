@@ -26,6 +26,9 @@ pub struct Linear {
     pub bias: Option<Tensor>,
     /// A LoRA adapter whose low-rank update is added to the output (unless merged into `weight`).
     pub lora: Option<Lora>,
+    /// The dense weight is stored `[in_features, out_features]`, as GPT-2's `Conv1D` checkpoints hold it (the
+    /// parameter keeps the checkpoint's layout, so that it trains and saves as transformers has it).
+    pub transposed: bool,
 }
 
 impl Linear {
@@ -50,12 +53,14 @@ impl Linear {
             weight: LinearWeight::Dense(weight),
             bias,
             lora: None,
+            transposed: false,
         })
     }
 
     /// `x Wᵀ + b` over the last dimension of `x`, plus the adapter's update when it has an unmerged one.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
+            LinearWeight::Dense(w) if self.transposed => x.matmul(w)?,
             LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
             LinearWeight::Quantized(q) => x.matmul_q(q)?,
         };
@@ -134,6 +139,9 @@ impl Linear {
             !matches!(dtype, DType::F16 | DType::BF16) || sizes.iter().all(|n| n % 2 == 0)
         };
         let sizes: Vec<usize> = rows.iter().map(|r| r * cols).collect();
+        if layers.iter().any(|l| l.transposed) {
+            return Ok(None);
+        }
         let with_bias = first.bias.is_some();
         let same_weights = match &first.weight {
             LinearWeight::Dense(w) => {
@@ -196,6 +204,7 @@ impl Linear {
             weight,
             bias,
             lora: None,
+            transposed: false,
         }))
     }
 
@@ -208,11 +217,13 @@ impl Linear {
         for &n in rows {
             parts.push(Linear {
                 weight: match &self.weight {
+                    LinearWeight::Dense(w) if self.transposed => LinearWeight::Dense(w.narrow(1, at, n)?),
                     LinearWeight::Dense(w) => LinearWeight::Dense(w.narrow(0, at, n)?),
                     LinearWeight::Quantized(q) => LinearWeight::Quantized(q.narrow_rows(at, n)?),
                 },
                 bias: self.bias.as_ref().map(|b| b.narrow(0, at, n)).transpose()?,
                 lora: None,
+                transposed: self.transposed,
             });
             at += n;
         }
@@ -242,6 +253,7 @@ impl Linear {
     /// `[out_features, in_features]`.
     pub fn weight_shape(&self) -> [usize; 2] {
         match &self.weight {
+            LinearWeight::Dense(w) if self.transposed => [w.shape()[1], w.shape()[0]],
             LinearWeight::Dense(w) => [w.shape()[0], w.shape()[1]],
             LinearWeight::Quantized(q) => q.shape(),
         }

@@ -166,6 +166,8 @@ fn bias_none() -> String {
 /// adapter was initialized (a trained adapter's tensors say all there is). Any other field Hierarchos does not
 /// interpret must hold its default (null, false, empty), or the adapter is refused: it would compute something
 /// else here than in PEFT (DoRA, trained biases, extra trained modules, newer LoRA variants...).
+/// `fan_in_fan_out` is one of the ignored: PEFT resets it to each layer's own layout (GPT-2's `Conv1D` weights
+/// are stored `[in, out]`), and a merge here follows each layer's layout too.
 const IGNORED_FIELDS: [&str; 15] = [
     "inference_mode",
     "init_lora_weights",
@@ -270,13 +272,6 @@ impl LoraConfig {
             Some(Value::String(p)) if p == "layers" => {}
             Some(Value::Array(a)) if a.iter().all(|v| v == "layers") => {}
             Some(other) => return Err(format!("layers_pattern {other} is not supported")),
-        }
-        if self
-            .other
-            .get("fan_in_fan_out")
-            .is_some_and(|v| v == &Value::Bool(true))
-        {
-            return Err("fan_in_fan_out (transposed Conv1D weights) is not supported".into());
         }
         if matches!(self.target_modules, TargetModules::Pattern(_)) && self.layers_to_transform.is_some() {
             return Err(
@@ -627,7 +622,11 @@ impl CausalLm {
             let LinearWeight::Dense(w) = &layer.weight else {
                 return Err(Error::Invalid(format!("{path}: cannot merge into a quantized weight")));
             };
-            let delta = lora.delta()?;
+            // A `[in, out]` weight (GPT-2's Conv1D) takes the `[out, in]` update transposed.
+            let delta = match layer.transposed {
+                true => lora.delta()?.t()?,
+                false => lora.delta()?,
+            };
             let shifted = no_grad(|| {
                 let w32 = w.to_dtype(DType::F32)?;
                 let sum = if merge { w32.add(&delta)? } else { w32.sub(&delta)? };
@@ -700,6 +699,9 @@ impl CausalLm {
             Ok(c)
         };
         self.embed_tokens.weight = cast(&self.embed_tokens.weight)?;
+        if let Some(positions) = &mut self.embed_positions {
+            positions.weight = cast(&positions.weight)?;
+        }
         for (_, layer) in self.linears_mut() {
             if let LinearWeight::Dense(w) = &layer.weight {
                 layer.weight = LinearWeight::Dense(cast(w)?);
@@ -718,6 +720,9 @@ impl CausalLm {
     /// Freezes the model's own parameters: they collect no gradients and get no optimizer state.
     pub fn freeze_base(&mut self) {
         self.embed_tokens.weight = self.embed_tokens.weight.detach();
+        if let Some(positions) = &mut self.embed_positions {
+            positions.weight = positions.weight.detach();
+        }
         self.norm.detach();
         for layer in &mut self.layers {
             layer.norms_mut().for_each(Norm::detach);

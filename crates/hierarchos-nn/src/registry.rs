@@ -66,6 +66,9 @@ pub enum Family {
     /// EleutherAI GPT-NeoX and Pythia (parallel residual with two LayerNorms, partial rotary, fused q/k/v with
     /// heads interleaved).
     GptNeox,
+    /// OpenAI GPT-2 (learned absolute positions, no rotary, LayerNorm with bias, `Conv1D` weights stored
+    /// `[in, out]`, fused q/k/v).
+    Gpt2,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -108,7 +111,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 27] = [
+pub const ARCHITECTURES: [Architecture; 28] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -345,6 +348,17 @@ pub const ARCHITECTURES: [Architecture; 27] = [
                    embed_out names",
         gap: None,
     },
+    Architecture {
+        family: Family::Gpt2,
+        status: Status::Validated,
+        fixtures: &["gpt2"],
+        features: "learned absolute position embeddings (wpe) added to the token embeddings and no rotary, \
+                   LayerNorm with weight and bias (ln_1, ln_2, ln_f), Conv1D weights kept as stored ([in, out]), \
+                   q, k and v in one matrix (c_attn), a plain tanh-GELU MLP (c_fc, c_proj), biases everywhere, \
+                   tied head, the transformer.h.N names and the n_embd / n_layer / n_head / n_positions / n_inner \
+                   keys; scale_attn_by_inverse_layer_idx fails closed",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -391,6 +405,7 @@ impl Family {
             Family::Phi => "phi",
             Family::Phi3 => "phi3",
             Family::GptNeox => "gpt_neox",
+            Family::Gpt2 => "gpt2",
         }
     }
 
