@@ -6,10 +6,10 @@ MLP 128, vocab 300) with a byte-level BPE tokenizer trained on the public-domain
 the Hub serves models, plus references computed in float64 on the CPU:
 
 - reference.safetensors: `input_ids` [2, 24] i64, `logits` [2, 24, V] f64, `greedy_ids` [2, 12] i64,
-  `greedy_logits` [2, 12, V] f64 (the logits each greedy token was picked from), and the parameters after two
-  AdamW steps on the causal-LM loss, the first on `input_ids[0]` (batch A), the second on `input_ids[1]` (batch
-  B) (`adamw/<name>`, `adamw_damped/<name>`, f64) with the loss before each step (`adamw_losses`,
-  `adamw_damped_losses`, [2] f64).
+  `greedy_logits` [2, 12, V] f64 (the logits each greedy token was picked from), and what two damped AdamW steps
+  on the causal-LM loss (the first on `input_ids[0]`, batch A, the second on `input_ids[1]`, batch B) computed in
+  float64 add to each saved parameter (`adamw_damped_delta/<name>`, f32: the saved value plus it is the float64
+  result within 1e-10) with the loss before each step (`adamw_damped_losses`, [2] f64).
 - reference.json: prompts, decoded greedy text, tokenizer round trips, a rendered chat template, diagnostics
   (among them how far PyTorch's own f32 lands from the references).
 - lora/: a LoRA adapter made and trained with PEFT (random A and B, three AdamW steps; settings per family in
@@ -57,7 +57,6 @@ MIN_ROUTING_MARGIN = 1e-5
 # or a tied model's logits favour repeating the last token.
 RESIDUAL_GAIN = 2.0
 ADAMW = {
-    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01),
     "adamw_damped": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-3, weight_decay=0.1),
 }
 
@@ -843,10 +842,15 @@ def make_fixture(name, out_root, tok_cache):
     tensors = {"input_ids": ids, "logits": logits, "greedy_ids": greedy_ids, "greedy_logits": greedy_logits}
     losses = {}
     adamw_f32 = {}
+    saved = safetensors.torch.load_file(str(out / "model.safetensors"))
     for prefix, settings in ADAMW.items():
         trained = float64_model(model32)
         params, step_losses = adamw_steps(trained, ids, settings)
-        tensors.update({f"{prefix}/{n}": p for n, p in saved_names(trained, params).items()})
+        for n, p in saved_names(trained, params).items():
+            delta = (p - saved[n].to(torch.float64)).to(torch.float32)
+            if (saved[n].to(torch.float64) + delta.to(torch.float64) - p).abs().max() > 1e-9:
+                raise SystemExit(f"{name}: {n} does not keep its float64 result as an f32 step")
+            tensors[f"{prefix}_delta/{n}"] = delta
         tensors[f"{prefix}_losses"] = step_losses
         losses[prefix] = step_losses.tolist()
         # PyTorch's own f32 training on the same steps, against the float64 truth: the scale of error an f32
@@ -985,12 +989,13 @@ Files in each folder:
   - `logits` [2, 24, 300] f64: logits of every prompt position.
   - `greedy_ids` [2, 12] i64: 12 greedy tokens (argmax of the full-prefix logits; no EOS stop, and none of
     them is `<s>` or `</s>`); `greedy_logits` [2, 12, 300] f64: the logits each was picked from.
-  - `adamw/<param>` and `adamw_damped/<param>` f64: every parameter (names as in `named_parameters()`, so
-    tied models have no `lm_head.weight`; MoE experts by the names `save_pretrained` writes, one tensor per expert) after two `torch.optim.AdamW` steps, lr 1e-3, betas (0.9, 0.999),
-    with eps 1e-8 / weight decay 0.01 (`adamw`) and eps 1e-3 / weight decay 0.1 (`adamw_damped`); weight decay
-    applies to every parameter. Step 1 trains on `input_ids[0]` (batch A), step 2 on `input_ids[1]` (batch B);
-    the loss is the mean cross-entropy of `logits[:, t]` against `input_ids[:, t+1]` over the batch's 23
-    positions; `adamw_losses` / `adamw_damped_losses` [2] f64 hold the loss before each step.
+  - `adamw_damped_delta/<param>` f32: how far each parameter moved in two `torch.optim.AdamW` steps computed in
+    float64 (lr 1e-3, betas (0.9, 0.999), eps 1e-3, weight decay 0.1 on every parameter), from its value in
+    `model.safetensors`: that value plus the delta is the float64 result within 1e-10 (the change is stored in
+    f32 to keep the fixtures small). Names as `save_pretrained` writes them (tied models have no
+    `lm_head.weight`; MoE experts one tensor per expert). Step 1 trains on `input_ids[0]` (batch A), step 2 on
+    `input_ids[1]` (batch B); the loss is the mean cross-entropy of `logits[:, t]` against `input_ids[:, t+1]` over
+    the batch's 23 positions; `adamw_damped_losses` [2] f64 holds the loss before each step.
 - `lora/`: a LoRA adapter made and trained by PEFT (`get_peft_model` with `init_lora_weights=False`, B scaled
   by 1/2, three f32 AdamW steps at lr 1e-2 on both prompts, then `save_pretrained`): `adapter_config.json` and
   `adapter_model.safetensors` as PEFT writes them. Each family's adapter uses other settings (`LORA` in the script; `lora.settings` in reference.json): targets by name list,

@@ -53,7 +53,7 @@ fn two_adamw_steps_match_pytorch_float64() {
             eprintln!("{name}: loss {k} relative error {rel:.2e}");
             assert!(rel <= LOSS_RTOL, "{name}: loss {k} = {got}, reference {want}");
         }
-        let want = reference_tensors(&dir, "adamw_damped/");
+        let want = adamw_damped_reference(&dir);
         let got: Vec<(String, Tensor)> = {
             let mut g = params.clone();
             g.sort_by(|a, b| a.0.cmp(&b.0));

@@ -19,26 +19,57 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
-/// Every f64 tensor of `dir/reference.safetensors` whose name starts with `prefix`, by the rest of the name,
-/// sorted by it.
+/// Every tensor of `dir/reference.safetensors` whose name starts with `prefix`, by the rest of the name, sorted
+/// by it, as f64.
 pub fn reference_tensors(dir: &Path, prefix: &str) -> Vec<(String, Vec<f64>)> {
-    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    tensors_of(&dir.join("reference.safetensors"), prefix)
+}
+
+/// The f32 or f64 tensors of a safetensors file whose names start with `prefix`, as in [`reference_tensors`].
+fn tensors_of(file: &Path, prefix: &str) -> Vec<(String, Vec<f64>)> {
+    let bytes = std::fs::read(file).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut out: Vec<(String, Vec<f64>)> = st
         .tensors()
         .into_iter()
         .filter_map(|(name, t)| {
             let rest = name.strip_prefix(prefix)?.to_string();
-            let v = t
-                .data()
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect();
+            let v = match t.dtype() {
+                safetensors::Dtype::F64 => t
+                    .data()
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+                safetensors::Dtype::F32 => t
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                    .collect(),
+                other => panic!("{name}: {other:?} is not a reference dtype"),
+            };
             Some((rest, v))
         })
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
+}
+
+/// Every parameter after the fixture's two damped AdamW steps in float64, by name, sorted: the saved f32
+/// parameters plus the steps' f32 changes (`adamw_damped_delta/<name>`; the sum is within 1e-10 of
+/// transformers' float64 result, see tests/fixtures/README.md).
+pub fn adamw_damped_reference(dir: &Path) -> Vec<(String, Vec<f64>)> {
+    let initial = tensors_of(&dir.join("model.safetensors"), "");
+    let deltas = reference_tensors(dir, "adamw_damped_delta/");
+    deltas
+        .into_iter()
+        .map(|(name, delta)| {
+            let (_, start) = initial
+                .iter()
+                .find(|(n, _)| *n == name)
+                .unwrap_or_else(|| panic!("{name} is not in model.safetensors"));
+            (name, start.iter().zip(&delta).map(|(a, d)| a + d).collect())
+        })
+        .collect()
 }
 
 /// The two prompts of the fixture, `[2, 24]` token ids.
