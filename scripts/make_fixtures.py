@@ -98,6 +98,8 @@ LORA = {
     "gpt_neox_sequential": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     # PEFT turns fan_in_fan_out on for GPT-2's Conv1D layers.
     "gpt2": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
+    "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
+    "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -172,6 +174,10 @@ LLAMA3_ROPE = {
 NEOX = dict({k: v for k, v in COMMON.items() if k != "num_key_value_heads"}, hidden_act="gelu",
             max_position_embeddings=256, layer_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=None,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+FALCON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_hidden_size=128,
+              activation="gelu", layer_norm_epsilon=1e-5, max_position_embeddings=256, alibi=False,
+              bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 # name -> (config class name, config arguments, tokenizer adds BOS, what the fixture covers)
 FIXTURES = {
     "llama": (
@@ -450,6 +456,20 @@ FIXTURES = {
         "fan_in_fan_out), tanh-GELU MLP c_fc -> c_proj, the n_embd / n_layer / n_head keys; untied (tied, every "
         "seed repeated tokens)",
     ),
+    "falcon": (
+        "FalconConfig",
+        dict(FALCON, new_decoder_architecture=False, multi_query=True, parallel_attn=True, bias=False),
+        True,
+        "Falcon (7B layout): multi-query attention (one key/value head) with q, k and v in one matrix, a parallel "
+        "block reading one LayerNorm, no biases",
+    ),
+    "falcon_new": (
+        "FalconConfig",
+        dict(FALCON, new_decoder_architecture=True, num_kv_heads=2, bias=True),
+        True,
+        "Falcon's new decoder architecture (40B/180B layout): q, k and v grouped by each of 2 key/value heads in "
+        "one matrix, attention and MLP in parallel each with its LayerNorm (ln_attn, ln_mlp), biases everywhere",
+    ),
 }
 
 
@@ -659,7 +679,8 @@ def float64_model(model32):
     model = copy.deepcopy(model32).double().eval()
     for module in model.modules():
         kind = type(module).__name__
-        if kind.endswith("Attention"):
+        # (Falcon's attention runs its own softmax in the model's dtype: float64 already.)
+        if kind.endswith("Attention") and hasattr(sys.modules[type(module).__module__], "eager_attention_forward"):
             route_eager_attention(sys.modules[type(module).__module__])
             module.float64_reference = True
         elif kind.endswith("RMSNorm"):

@@ -882,7 +882,7 @@ fn gpt_neox_options() {
     let c = parse(&tiny("gpt_neox", r#""rotary_pct": 0.5, "rotary_emb_base": 500"#)).unwrap();
     assert_eq!((c.rotary_dim, c.rope.theta), (8, 500.0));
     assert_eq!(c.norm_placement, NormPlacement::ParallelTwoNorms);
-    assert_eq!(c.fused_qkv.map(|f| f.1), Some(QkvLayout::PerHead));
+    assert_eq!(c.fused_qkv.map(|f| f.1), Some(QkvLayout::Grouped));
     assert_eq!(
         (c.names.model, c.names.embed, c.names.head),
         ("gpt_neox", "embed_in", "embed_out")
@@ -931,4 +931,44 @@ fn gpt2_options() {
             "scale_attn_by_inverse_layer_idx": true}"#,
         &["scale_attn_by_inverse_layer_idx"],
     );
+}
+
+/// Falcon's three layer layouts: multi-query with one LayerNorm in parallel (7B), the new decoder architecture's
+/// grouped key/value heads with two LayerNorms, and a sequential block; ALiBi is refused.
+#[test]
+fn falcon_layouts() {
+    let base = r#""num_hidden_layers": 2, "alibi": false"#;
+    let seven = parse(&tiny("falcon", base)).unwrap();
+    assert_eq!(
+        (seven.num_key_value_heads, seven.norm_placement),
+        (1, NormPlacement::Parallel)
+    );
+    assert_eq!(
+        (seven.intermediate_size, seven.names.input_norm),
+        (256, "input_layernorm")
+    );
+    assert_eq!(seven.fused_qkv, Some(("query_key_value", QkvLayout::Grouped)));
+    let new = parse(&tiny(
+        "falcon",
+        &format!(r#"{base}, "new_decoder_architecture": true, "num_kv_heads": 2, "ffn_hidden_size": 96"#),
+    ))
+    .unwrap();
+    assert_eq!(
+        (new.num_key_value_heads, new.norm_placement),
+        (2, NormPlacement::ParallelTwoNorms)
+    );
+    assert_eq!(
+        (new.names.input_norm, new.names.mlp_input_norm, new.intermediate_size),
+        ("ln_attn", "ln_mlp", 96)
+    );
+    let sequential = parse(&tiny(
+        "falcon",
+        &format!(r#"{base}, "parallel_attn": false, "multi_query": false"#),
+    ))
+    .unwrap();
+    assert_eq!(
+        (sequential.num_key_value_heads, sequential.norm_placement),
+        (4, NormPlacement::Pre)
+    );
+    err(&tiny("falcon", r#""alibi": true"#), &["alibi"]);
 }

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 28] = [
+    let cases: [(&str, &str, u64); 29] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -357,6 +357,14 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "bos_token_id": 50256,
                 "eos_token_id": 50256}"#,
             124_439_808,
+        ),
+        (
+            "tiiuae/falcon-7b",
+            r#"{"architectures": ["FalconForCausalLM"], "model_type": "falcon", "vocab_size": 65024,
+                "hidden_size": 4544, "num_hidden_layers": 32, "num_attention_heads": 71,
+                "multi_query": true, "parallel_attn": true, "new_decoder_architecture": false, "bias": false,
+                "alibi": false, "layer_norm_epsilon": 1e-05, "bos_token_id": 11, "eos_token_id": 11}"#,
+            6_921_720_704,
         ),
     ];
     for (name, json, published) in cases {

@@ -158,12 +158,13 @@ impl Attention {
             Some(qkv) if fused.is_some() || (!differentiable && qkv.holds(&projections)) => {
                 let y = qkv.forward_fused(x, norm, None, None)?;
                 match self.fused_qkv {
-                    Some((_, QkvLayout::PerHead)) => {
-                        let y = y.reshape(&[b, t, h, 3 * d])?;
-                        let part = |i: usize| -> Result<Tensor> {
-                            Ok(y.narrow(-1, i * d, d)?.contiguous()?.reshape(&[b, t, h * d])?)
+                    Some((_, QkvLayout::Grouped)) => {
+                        let g = h / kvh;
+                        let y = y.reshape(&[b, t, kvh, g + 2, d])?;
+                        let part = |at: usize, n: usize| -> Result<Tensor> {
+                            Ok(y.narrow(3, at, n)?.contiguous()?.reshape(&[b, t, kvh * n * d])?)
                         };
-                        (part(0)?, part(1)?, part(2)?)
+                        (part(0, g)?, part(g, 1)?, part(g + 1, 1)?)
                     }
                     _ => (
                         y.narrow(-1, 0, h * d)?,
@@ -352,12 +353,12 @@ impl Attention {
 }
 
 /// The query, key and value projections of a fused matrix as views of it (`rows` each): its three blocks, or
-/// for a matrix that interleaves the heads (which no separate matrix can view) empty placeholders, since such a
+/// for a matrix grouped by key/value head (which no separate matrix can view) empty placeholders, since such a
 /// layer always computes the fused product.
 pub(crate) fn qkv_views(qkv: &Linear, layout: QkvLayout, rows: [usize; 3]) -> Result<[Linear; 3]> {
     let rows = match layout {
         QkvLayout::Blocks => rows,
-        QkvLayout::PerHead => [0; 3],
+        QkvLayout::Grouped => [0; 3],
     };
     qkv.split_rows(&rows)?
         .try_into()

@@ -117,9 +117,9 @@ impl ModuleNames {
 pub enum QkvLayout {
     /// All query rows, then all key rows, then all value rows (Phi-3).
     Blocks,
-    /// Head by head, each head's query, key and value rows together (GPT-NeoX; as many key/value heads as
-    /// query heads).
-    PerHead,
+    /// Key/value head by key/value head: the rows of the query heads that share it, then its key rows and its
+    /// value rows (Falcon; GPT-NeoX, with one query head per key/value head, is `q, k, v` head by head).
+    Grouped,
 }
 
 /// Where a decoder layer norms its attention and MLP branches.
@@ -671,6 +671,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(50256),
             tie_word_embeddings: true,
         },
+        Family::Falcon => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: Some(11),
+            eos_token_id: Some(11),
+            tie_word_embeddings: true,
+        },
     }
 }
 
@@ -696,20 +704,32 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     };
     let vocab_size = positive("vocab_size")?;
     let hidden_size = positive(key("hidden_size"))?;
-    // GPT-2's MLP is 4 x n_embd unless n_inner says otherwise.
-    let intermediate_size = match gpt2 {
-        true => match f.or("n_inner", None, USIZE)? {
-            Some(0) => return Err(f.error("n_inner", "must be positive")),
+    // GPT-2's and Falcon's MLPs are 4 x hidden unless n_inner / ffn_hidden_size say otherwise.
+    let width_key = match family {
+        Family::Gpt2 => Some("n_inner"),
+        Family::Falcon => Some("ffn_hidden_size"),
+        _ => None,
+    };
+    let intermediate_size = match width_key {
+        Some(k) => match f.or(k, None, USIZE)? {
+            Some(0) => return Err(f.error(k, "must be positive")),
             Some(n) => n,
             None => 4 * hidden_size,
         },
-        false => positive("intermediate_size")?,
+        None => positive("intermediate_size")?,
     };
     let num_hidden_layers = positive(key("num_hidden_layers"))?;
     let num_attention_heads = positive(key("num_attention_heads"))?;
-    let num_key_value_heads = f
-        .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
-        .unwrap_or(num_attention_heads);
+    // Falcon: grouped key/value heads in the new decoder architecture, else one (multi-query) or one per head.
+    let falcon_new = family == Family::Falcon && f.or("new_decoder_architecture", Some(false), BOOL)? == Some(true);
+    let num_key_value_heads = match family {
+        Family::Falcon if falcon_new => f.or("num_kv_heads", None, USIZE)?.unwrap_or(num_attention_heads),
+        Family::Falcon if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
+        Family::Falcon => num_attention_heads,
+        _ => f
+            .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
+            .unwrap_or(num_attention_heads),
+    };
     if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
         return Err(f.error(
             "num_key_value_heads",
@@ -734,7 +754,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let rms_norm_eps = match family {
         Family::Olmo => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
-        Family::Gpt2 => f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Gpt2 | Family::Falcon => f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Stablelm | Family::Cohere | Family::Phi | Family::GptNeox => {
             f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5)
         }
@@ -778,6 +798,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (b, b, false)
         }
         Family::Phi | Family::Gpt2 => (true, true, true),
+        Family::Falcon => {
+            let b = flag("bias")?;
+            (b, b, b)
+        }
         Family::GptNeox => {
             let b = f.or("attention_bias", Some(true), BOOL)?.unwrap_or(true);
             (b, b, true)
@@ -806,6 +830,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Phi => "gelu_new",
         Family::GptNeox => "gelu",
         Family::Gpt2 => "gelu_new",
+        Family::Falcon => "gelu",
         Family::Arcee | Family::Nemotron => "relu2",
         _ => "silu",
     };
@@ -813,6 +838,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let act_key = match family {
         Family::Gemma2 | Family::Gemma3Text => "hidden_activation",
         Family::Gpt2 => "activation_function",
+        Family::Falcon => "activation",
         _ => "hidden_act",
     };
     let act = f.or(act_key, Some(default_act.to_string()), STRING)?;
@@ -852,6 +878,19 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         _ => multiplier("embedding_multiplier")?,
     };
     let residual_multiplier = multiplier("residual_multiplier")?;
+    // Falcon's layers: the new decoder architecture's two parallel LayerNorms (or one), else a parallel block with
+    // one LayerNorm (Falcon-7B) or a sequential one; ALiBi positions are not supported.
+    let falcon_placement = match f.or("num_ln_in_parallel_attn", None, USIZE)? {
+        _ if family != Family::Falcon => NormPlacement::Pre,
+        Some(1) if falcon_new => NormPlacement::Parallel,
+        None | Some(2) if falcon_new => NormPlacement::ParallelTwoNorms,
+        Some(n) if falcon_new => return Err(f.error("num_ln_in_parallel_attn", &format!("{n} is not 1 or 2"))),
+        _ if f.or("parallel_attn", Some(true), BOOL)? == Some(true) => NormPlacement::Parallel,
+        _ => NormPlacement::Pre,
+    };
+    if family == Family::Falcon && f.or("alibi", Some(false), BOOL)? == Some(true) {
+        return Err(f.error("alibi", "ALiBi position biases are not supported yet"));
+    }
     // GPT-2 may leave its scores unscaled, or scale them down layer by layer (not supported).
     if gpt2 && f.or("scale_attn_by_inverse_layer_idx", Some(false), BOOL)? == Some(true) {
         return Err(f.error("scale_attn_by_inverse_layer_idx", "is not supported yet"));
@@ -967,6 +1006,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             Family::Olmo2 | Family::Exaone4 | Family::Olmo3 => NormPlacement::Post,
             Family::Gemma2 | Family::Gemma3Text => NormPlacement::Sandwich,
             Family::Cohere | Family::Phi => NormPlacement::Parallel,
+            Family::Falcon => falcon_placement,
             Family::GptNeox if f.or("use_parallel_residual", Some(true), BOOL)?.unwrap_or(true) => {
                 NormPlacement::ParallelTwoNorms
             }
@@ -974,7 +1014,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         },
         interleaved_rope: family == Family::Cohere,
         attention_names: match family {
-            Family::Phi | Family::GptNeox => ["q_proj", "k_proj", "v_proj", "dense"],
+            Family::Phi | Family::GptNeox | Family::Falcon => ["q_proj", "k_proj", "v_proj", "dense"],
             Family::Gpt2 => ["q_proj", "k_proj", "v_proj", "c_proj"],
             _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
         },
@@ -989,6 +1029,24 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 attention: "attention",
                 final_norm: "final_layer_norm",
                 head: "embed_out",
+                ..ModuleNames::LLAMA
+            },
+            Family::Falcon => ModuleNames {
+                model: "transformer",
+                embed: "word_embeddings",
+                layers: "h",
+                attention: "self_attention",
+                final_norm: "ln_f",
+                input_norm: if falcon_placement == NormPlacement::ParallelTwoNorms {
+                    "ln_attn"
+                } else {
+                    "input_layernorm"
+                },
+                mlp_input_norm: if falcon_placement == NormPlacement::ParallelTwoNorms {
+                    "ln_mlp"
+                } else {
+                    "post_attention_layernorm"
+                },
                 ..ModuleNames::LLAMA
             },
             Family::Gpt2 => ModuleNames {
@@ -1008,7 +1066,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         logit_scale,
         fused_qkv: match family {
             Family::Phi3 => Some(("qkv_proj", QkvLayout::Blocks)),
-            Family::GptNeox => Some(("query_key_value", QkvLayout::PerHead)),
+            Family::GptNeox | Family::Falcon => Some(("query_key_value", QkvLayout::Grouped)),
             Family::Gpt2 => Some(("c_attn", QkvLayout::Blocks)),
             _ => None,
         },
@@ -1040,22 +1098,35 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             | Family::Cohere
             | Family::Phi
             | Family::GptNeox
-            | Family::Gpt2 => NormKind::Layer,
+            | Family::Gpt2
+            | Family::Falcon => NormKind::Layer,
             _ => NormKind::Rms,
         },
         norm_weight: family != Family::Olmo,
         norm_bias: matches!(
             family,
-            Family::Starcoder2 | Family::Stablelm | Family::Nemotron | Family::Phi | Family::GptNeox | Family::Gpt2
+            Family::Starcoder2
+                | Family::Stablelm
+                | Family::Nemotron
+                | Family::Phi
+                | Family::GptNeox
+                | Family::Gpt2
+                | Family::Falcon
         ),
         mlp_gated: !matches!(
             family,
-            Family::Starcoder2 | Family::Arcee | Family::Nemotron | Family::Phi | Family::GptNeox | Family::Gpt2
+            Family::Starcoder2
+                | Family::Arcee
+                | Family::Nemotron
+                | Family::Phi
+                | Family::GptNeox
+                | Family::Gpt2
+                | Family::Falcon
         ),
         mlp_names: match family {
             Family::Starcoder2 | Family::Gpt2 => ["gate_proj", "c_fc", "c_proj"],
             Family::Phi => ["gate_proj", "fc1", "fc2"],
-            Family::GptNeox => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
+            Family::GptNeox | Family::Falcon => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
             _ => ["gate_proj", "up_proj", "down_proj"],
         },
         moe: moe(f, family, num_hidden_layers, intermediate_size)?,
@@ -1235,7 +1306,8 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::Cohere
         | Family::Phi
         | Family::GptNeox
-        | Family::Gpt2 => {
+        | Family::Gpt2
+        | Family::Falcon => {
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,

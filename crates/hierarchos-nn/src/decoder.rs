@@ -5,7 +5,7 @@ use hierarchos_core::quant::QTensor;
 use hierarchos_core::{Device, Tensor};
 
 use crate::attention::{Attention, AttentionContext, qkv_views};
-use crate::config::{ModelConfig, NormPlacement, QkvLayout};
+use crate::config::{ModelConfig, NormPlacement};
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
 use crate::feed_forward::FeedForward;
@@ -239,12 +239,6 @@ impl CausalLm {
             // Separate q/k/v projections stacked for inference, or the views of one fused checkpoint matrix.
             let (q_proj, k_proj, v_proj, qkv) = match c.fused_qkv {
                 Some((name, layout)) => {
-                    if layout == QkvLayout::PerHead && kvh != h {
-                        return Err(Error::Invalid(format!(
-                            "{a}.{name}: a fused matrix with heads interleaved needs as many key/value heads as \
-                             query heads ({kvh} and {h})"
-                        )));
-                    }
                     let rows = [h * d, kvh * d, kvh * d];
                     let fused = linear(
                         tensor,

@@ -69,6 +69,9 @@ pub enum Family {
     /// OpenAI GPT-2 (learned absolute positions, no rotary, LayerNorm with bias, `Conv1D` weights stored
     /// `[in, out]`, fused q/k/v).
     Gpt2,
+    /// TII Falcon (fused q/k/v grouped by key/value head, multi-query or grouped, parallel blocks with one or two
+    /// LayerNorms).
+    Falcon,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -111,7 +114,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 28] = [
+pub const ARCHITECTURES: [Architecture; 29] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -359,6 +362,17 @@ pub const ARCHITECTURES: [Architecture; 28] = [
                    keys; scale_attn_by_inverse_layer_idx fails closed",
         gap: None,
     },
+    Architecture {
+        family: Family::Falcon,
+        status: Status::Validated,
+        fixtures: &["falcon", "falcon_new"],
+        features: "q, k and v in one matrix grouped by key/value head (multi_query: one key/value head; the new \
+                   decoder architecture: num_kv_heads), a parallel block with one LayerNorm (Falcon-7B) or two \
+                   (ln_attn, ln_mlp) or a sequential block (parallel_attn false), LayerNorm with bias, biases as \
+                   bias says, a plain GELU MLP (ffn_hidden_size), the transformer.h.N.self_attention names; ALiBi \
+                   (alibi) fails closed",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -406,6 +420,7 @@ impl Family {
             Family::Phi3 => "phi3",
             Family::GptNeox => "gpt_neox",
             Family::Gpt2 => "gpt2",
+            Family::Falcon => "falcon",
         }
     }
 
