@@ -719,13 +719,19 @@ fn per_layer_type_windows_and_rotary() {
             .sliding_rope
             .is_none()
     );
-    err(
-        &tiny(
-            "olmo3",
-            r#""rope_parameters": {"full_attention": {"rope_type": "default"}}"#,
-        ),
-        &["sliding_attention", "missing"],
+    // A block without theta takes the top-level one; a missing block is default RoPE (as transformers fills it).
+    let partial = parse(&tiny(
+        "olmo3",
+        r#""rope_theta": 1000.0, "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0}}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        (partial.rope.theta, partial.rope.scaling),
+        (1000.0, RopeScaling::Linear { factor: 2.0 })
     );
+    let sliding = partial.sliding_rope.unwrap();
+    assert_eq!((sliding.theta, sliding.scaling), (500000.0, RopeScaling::Default));
+    err(&tiny("phi", r#""tie_word_embeddings": true"#), &["tie_word_embeddings"]);
     err(
         &tiny(
             "llama",

@@ -423,3 +423,42 @@ fn a_failed_load_leaves_the_model_as_it_was_and_merges_restack() {
     assert!(stacked, "merged Q/K/V run as one product again");
     assert!(max_diff(&hierarchos::core::no_grad(|| lm.forward(&ids, None)).unwrap(), &want) <= LOGIT_ATOL);
 }
+
+/// `all-linear` adapts what PEFT's does with transformers 5: never the output head (whatever its name, e.g.
+/// GPT-NeoX's `embed_out`), nor a mixture of experts' router and routed experts (parameters there, not linear
+/// modules), while Qwen2-MoE's shared expert and its gate are linear modules and get adapters.
+#[test]
+fn all_linear_leaves_out_heads_routers_and_experts() {
+    let adapted = |fixture_name: &str| -> Vec<String> {
+        let mut lm = base(&fixture(fixture_name));
+        lm.add_lora(&LoraConfig::new(2, 4.0, 0.0, TargetModules::parse("all-linear")), 1)
+            .unwrap();
+        lm.linears()
+            .into_iter()
+            .filter(|(_, l)| l.lora.is_some())
+            .map(|(path, _)| path)
+            .collect()
+    };
+    let neox = adapted("gpt_neox");
+    assert!(
+        neox.contains(&"gpt_neox.layers.0.attention.query_key_value".to_string()),
+        "{neox:?}"
+    );
+    assert!(!neox.iter().any(|p| p == "embed_out"), "{neox:?}");
+    let qwen = adapted("qwen2_moe");
+    assert!(
+        qwen.contains(&"model.layers.0.mlp.shared_expert_gate".to_string()),
+        "{qwen:?}"
+    );
+    assert!(
+        qwen.contains(&"model.layers.0.mlp.shared_expert.up_proj".to_string()),
+        "{qwen:?}"
+    );
+    assert!(qwen.contains(&"model.layers.1.mlp.up_proj".to_string()), "{qwen:?}");
+    assert!(
+        !qwen.iter().any(|p| p.ends_with("mlp.gate") || p.contains(".experts.")),
+        "{qwen:?}"
+    );
+    let mixtral = adapted("mixtral");
+    assert!(mixtral.iter().all(|p| p.contains(".self_attn.")), "{mixtral:?}");
+}

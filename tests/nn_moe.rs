@@ -323,8 +323,19 @@ fn bad_moe_settings_are_refused_with_the_field() {
         assert!(err.to_string().contains(field), "{extra}: {err}");
     }
     let err = parse(&format!(
-        r#"{{"model_type": "qwen2_moe", {BASE}, "mlp_only_layers": [9]}}"#
+        r#"{{"model_type": "qwen2_moe", {BASE}, "mlp_only_layers": ["x"]}}"#
     ))
     .unwrap_err();
     assert!(err.to_string().contains("mlp_only_layers"), "{err}");
+    let err = parse(&format!(
+        r#"{{"model_type": "olmoe", {BASE}, "output_router_logits": true}}"#
+    ))
+    .unwrap_err();
+    assert!(err.to_string().contains("output_router_logits"), "{err}");
+    // Layers past the last one name no layer, as in transformers.
+    let c = parse(&format!(
+        r#"{{"model_type": "qwen2_moe", {BASE}, "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [1, 9]}}"#
+    ))
+    .unwrap();
+    assert_eq!(c.moe.unwrap().dense_layers, vec![1]);
 }

@@ -947,6 +947,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             return Err(f.error(key, "is not supported yet"));
         }
     }
+    // Phi ties only the head's weight, not its bias: not built.
+    if family == Family::Phi && tie_word_embeddings {
+        return Err(f.error(
+            "tie_word_embeddings",
+            "a tied Phi head (with its own bias) is not supported",
+        ));
+    }
     let logit_scale = match family {
         Family::Cohere => match f.or("logit_scale", Some(0.0625), F64)?.unwrap_or(1.0) {
             s if s.is_finite() && s > 0.0 => s,
@@ -1182,12 +1189,11 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
         let step = count("decoder_sparse_step", 1)?;
         let listed = match f.map.get("mlp_only_layers") {
             None | Some(Value::Null) => Vec::new(),
+            // Indices past the last layer name no layer (transformers ignores them too).
             Some(Value::Array(items)) => items
                 .iter()
                 .map(|v| {
-                    (USIZE.read)(v)
-                        .filter(|&i| i < layers)
-                        .ok_or_else(|| f.error("mlp_only_layers", &format!("{v} is not a layer index")))
+                    (USIZE.read)(v).ok_or_else(|| f.error("mlp_only_layers", &format!("{v} is not a layer index")))
                 })
                 .collect::<Result<Vec<usize>>>()?,
             Some(other) => return Err(f.error("mlp_only_layers", &format!("expected a list, found {other}"))),
@@ -1198,9 +1204,16 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
     } else {
         Vec::new()
     };
-    // The router's training noise would make training differ from transformers'; refused rather than ignored.
+    // The router's training noise and its load-balancing loss would make training differ from transformers';
+    // refused rather than ignored.
     if family == Family::Mixtral && f.or("router_jitter_noise", Some(0.0), F64)?.unwrap_or(0.0) != 0.0 {
         return Err(f.error("router_jitter_noise", "router noise is not supported; set it to 0"));
+    }
+    if f.or("output_router_logits", Some(false), BOOL)? == Some(true) {
+        return Err(f.error(
+            "output_router_logits",
+            "the router's load-balancing loss is not supported; set it to false",
+        ));
     }
     Ok(Some(MoeConfig {
         num_experts,
@@ -1459,14 +1472,23 @@ fn rope_configs(
             return Err(f.error("rope_parameters", "per-layer-type rope parameters are not supported"));
         }
         Some(p) => {
-            let block = |name: &str, default: f64| -> Result<RopeConfig> {
-                let b = p.object(name)?.ok_or_else(|| p.error(name, "missing"))?;
-                let theta = b.or("rope_theta", Some(default), F64)?;
-                rope_config(f, Some(b), theta, max_position_embeddings)
+            // A block without `rope_theta` takes the top-level one (the full-attention layers), Gemma 3's
+            // `rope_local_base_freq` (the sliding ones) or the default; a missing block is default RoPE.
+            let block = |name: &str, fallback: Option<f64>| -> Result<RopeConfig> {
+                let b = p.object(name)?;
+                let theta = match &b {
+                    Some(b) => b.or("rope_theta", None, F64)?,
+                    None => None,
+                };
+                rope_config(f, b, theta.or(fallback), max_position_embeddings)
+            };
+            let local = match family {
+                Family::Gemma3Text => f.or("rope_local_base_freq", None, F64)?,
+                _ => None,
             };
             (
-                block("full_attention", full_default)?,
-                block("sliding_attention", sliding_default)?,
+                block("full_attention", Some(top_theta.unwrap_or(full_default)))?,
+                block("sliding_attention", Some(local.unwrap_or(sliding_default)))?,
             )
         }
         None => {

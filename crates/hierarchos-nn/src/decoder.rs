@@ -707,6 +707,19 @@ impl CausalLm {
         v
     }
 
+    /// Whether PEFT's `all-linear` leaves out the layer at `path`, as it does with transformers 5: the output head,
+    /// and a mixture of experts' router and routed experts (parameters there, not linear modules).
+    pub(crate) fn outside_all_linear(&self, path: &str) -> bool {
+        if path == self.config.names.head {
+            return true;
+        }
+        self.config.moe.as_ref().is_some_and(|moe| {
+            let block = format!(".{}.", moe.block_name);
+            path.split_once(&block)
+                .is_some_and(|(_, inner)| inner == "gate" || inner.starts_with("experts."))
+        })
+    }
+
     /// [`CausalLm::linears`], mutable.
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut v = Vec::new();
@@ -729,8 +742,16 @@ impl CausalLm {
     pub(crate) fn restack(&mut self) -> Result<()> {
         for layer in &mut self.layers {
             layer.self_attn.restack()?;
-            if let FeedForward::Mlp(m) = &mut layer.mlp {
-                m.restack()?;
+            match &mut layer.mlp {
+                FeedForward::Mlp(m) => m.restack()?,
+                FeedForward::Moe(moe) => {
+                    for expert in &mut moe.experts {
+                        expert.restack()?;
+                    }
+                    if let Some((shared, _)) = &mut moe.shared_expert {
+                        shared.restack()?;
+                    }
+                }
             }
         }
         Ok(())

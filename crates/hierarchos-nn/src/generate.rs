@@ -230,6 +230,15 @@ pub async fn generate_async(
         )));
     }
     sampling.validate()?;
+    if let Some(positions) = &lm.embed_positions {
+        let table = positions.weight.shape()[0];
+        if prompt_ids.len() + max_new_tokens > table {
+            return Err(Error::Invalid(format!(
+                "generate: {} prompt and {max_new_tokens} new tokens pass the model's {table} positions",
+                prompt_ids.len()
+            )));
+        }
+    }
     let mut cache = lm.new_cache(1, prompt_ids.len() + max_new_tokens)?;
     let mut stream = stop.tokenizer.map(|t| t.decode_stream(true));
     let mut history = prompt_ids.to_vec();

@@ -266,11 +266,11 @@ impl LoraConfig {
                 return Err(format!("{key} = {value} is not supported (Hierarchos runs plain LoRA)"));
             }
         }
-        // Which decoder layer a module is in comes from `model.layers.N.`; PEFT's default pattern finds the same.
+        // Which decoder layer a module is in is the first number of its path (`model.layers.N.`, GPT-2's
+        // `transformer.h.N.`): what PEFT's default pattern, or a pattern naming the list of layers, finds.
         match self.other.get("layers_pattern") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(p)) if p == "layers" => {}
-            Some(Value::Array(a)) if a.iter().all(|v| v == "layers") => {}
+            None | Some(Value::Null) | Some(Value::String(_)) => {}
+            Some(Value::Array(a)) if a.iter().all(Value::is_string) => {}
             Some(other) => return Err(format!("layers_pattern {other} is not supported")),
         }
         if matches!(self.target_modules, TargetModules::Pattern(_)) && self.layers_to_transform.is_some() {
@@ -282,6 +282,11 @@ impl LoraConfig {
             pattern_regex(pattern).map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    /// Whether the targets are PEFT's `all-linear`.
+    pub fn all_linear(&self) -> bool {
+        matches!(&self.target_modules, TargetModules::Pattern(p) if p.eq_ignore_ascii_case(ALL_LINEAR))
     }
 
     /// Whether the layer at module path `path` (in decoder layer `layer`, if any) gets an adapter.
@@ -487,7 +492,7 @@ impl CausalLm {
         let stream = Arc::new(DropoutStream::default());
         let mut adapters = Vec::new();
         for (path, layer) in self.linears() {
-            if !config.targets(&path, layer_index(&path))? {
+            if !config.targets(&path, layer_index(&path))? || (config.all_linear() && self.outside_all_linear(&path)) {
                 continue;
             }
             if let LinearWeight::Quantized(_) = layer.weight {

@@ -109,7 +109,8 @@ impl Moe {
         for (expert, &count) in self.experts.iter().zip(&routing.counts) {
             // An expert no token chose still joins a training graph, with zero rows: its gradient is then zero,
             // not absent, and AdamW decays and moves it as transformers' (3-D expert tensors) does.
-            if count > 0 || (grad_enabled() && expert.up_proj.requires_grad()) {
+            let trains = || expert.linears().iter().any(|(_, l)| l.requires_grad());
+            if count > 0 || (grad_enabled() && trains()) {
                 outputs.push(expert.forward(&routed.narrow(0, start, count)?, None, None)?);
                 start += count;
             }
