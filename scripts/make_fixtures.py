@@ -93,6 +93,7 @@ LORA = {
     "gemma3_text": dict(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "down_proj"]),
     "cohere": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
     "phi": dict(r=4, lora_alpha=8, target_modules=["q_proj", "dense", "fc1"]),
+    "cohere_qk_norm": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "up_proj"]),
     "phi3": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj", "o_proj"]),
     "gpt_neox": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "gpt_neox_sequential": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
@@ -409,6 +410,15 @@ FIXTURES = {
         True,
         "Cohere (Command R): parallel block (attention and MLP read one LayerNorm of weight without bias), rotary "
         "on interleaved pairs, logits times logit_scale 0.5, tied embeddings",
+    ),
+    "cohere_qk_norm": (
+        "CohereConfig",
+        dict(COMMON, max_position_embeddings=256, layer_norm_eps=1e-5, logit_scale=0.5, use_qk_norm=True,
+             tie_word_embeddings=True, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "Cohere with use_qk_norm (Command R+): a LayerNorm of each query and key head with its own weight "
+        "(q_norm [4, 16], k_norm [2, 16]) before rotary",
     ),
     "phi": (
         "PhiConfig",

@@ -841,7 +841,8 @@ fn cohere_and_phi_options() {
     );
     assert!(cohere.interleaved_rope && cohere.tie_word_embeddings);
     assert_eq!(cohere.logit_scale, 0.0625);
-    err(&tiny("cohere", r#""use_qk_norm": true"#), &["use_qk_norm"]);
+    let qk = parse(&tiny("cohere", r#""use_qk_norm": true"#)).unwrap();
+    assert!(qk.qk_norm && qk.qk_norm_per_head_layer && !qk.qk_norm_over_heads);
     err(&tiny("cohere", r#""logit_scale": 0"#), &["logit_scale"]);
 
     let phi = parse(&tiny("phi", r#""partial_rotary_factor": 0.25"#)).unwrap();

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 29] = [
+    let cases: [(&str, &str, u64); 30] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -365,6 +365,16 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "multi_query": true, "parallel_attn": true, "new_decoder_architecture": false, "bias": false,
                 "alibi": false, "layer_norm_epsilon": 1e-05, "bos_token_id": 11, "eos_token_id": 11}"#,
             6_921_720_704,
+        ),
+        (
+            "CohereForAI/c4ai-command-r-plus",
+            r#"{"architectures": ["CohereForCausalLM"], "model_type": "cohere", "vocab_size": 256000,
+                "hidden_size": 12288, "intermediate_size": 33792, "num_hidden_layers": 64,
+                "num_attention_heads": 96, "num_key_value_heads": 8, "max_position_embeddings": 8192,
+                "layer_norm_eps": 1e-05, "logit_scale": 0.8333333333333334, "rope_theta": 75000000.0,
+                "use_qk_norm": true, "attention_bias": false, "tie_word_embeddings": true,
+                "bos_token_id": 5, "eos_token_id": 255001, "pad_token_id": 0, "hidden_act": "silu"}"#,
+            104_000_000_000,
         ),
     ];
     for (name, json, published) in cases {

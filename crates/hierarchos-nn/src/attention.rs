@@ -136,7 +136,10 @@ impl Attention {
         let (h, kvh, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         // The q/k norms take each head (Qwen3: weights of D) or the whole projection (OLMo 2: of n·D).
         let heads = |y: Tensor, n: usize, norm: &Option<Norm>| -> Result<Tensor> {
-            let whole = norm.as_ref().filter(|m| m.width() != Some(d));
+            // (A weight per head, `[n, D]`, normalizes each head: Cohere.)
+            let whole = norm
+                .as_ref()
+                .filter(|m| m.width() != Some(d) && m.weight.as_ref().is_some_and(|w| w.rank() == 1));
             let y = match whole {
                 Some(m) => m.forward(&y)?,
                 None => y,

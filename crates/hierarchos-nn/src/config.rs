@@ -224,6 +224,9 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// The q/k norms span the whole projections (OLMo 2: weights of `heads · head_dim`), not one head (Qwen3).
     pub qk_norm_over_heads: bool,
+    /// The q/k norms are LayerNorms of each head with a weight per head (`[heads, head_dim]`; Cohere's
+    /// `use_qk_norm`), not RMSNorms sharing one weight.
+    pub qk_norm_per_head_layer: bool,
     /// Where the layers norm the residual stream's branches.
     pub norm_placement: NormPlacement,
     /// Rotary pairs are adjacent dimensions `(2i, 2i + 1)` (Cohere), not `(i, i + d/2)`.
@@ -323,6 +326,7 @@ impl ModelConfig {
             mlp_bias: false,
             qk_norm: false,
             qk_norm_over_heads: false,
+            qk_norm_per_head_layer: false,
             norm_placement: NormPlacement::Pre,
             interleaved_rope: false,
             attention_names: ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -390,7 +394,7 @@ impl ModelConfig {
         let q = (self.num_attention_heads * self.head_dim) as u64;
         let kv = (self.num_key_value_heads * self.head_dim) as u64;
         let bias = |on: bool, n: u64| if on { n } else { 0 };
-        let qk_norm = match (self.qk_norm, self.qk_norm_over_heads) {
+        let qk_norm = match (self.qk_norm, self.qk_norm_over_heads || self.qk_norm_per_head_layer) {
             (false, _) => 0,
             (true, false) => 2 * self.head_dim as u64,
             (true, true) => q + kv,
@@ -939,7 +943,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let unsupported: &[&str] = match family {
         Family::Stablelm => &["qk_layernorm", "use_parallel_residual"],
         Family::Phi => &["qk_layernorm"],
-        Family::Cohere => &["use_qk_norm"],
+        Family::Cohere => &[],
         _ => &[],
     };
     for key in unsupported {
@@ -954,6 +958,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             "a tied Phi head (with its own bias) is not supported",
         ));
     }
+    let cohere_qk_norm = family == Family::Cohere && f.or("use_qk_norm", Some(false), BOOL)? == Some(true);
     let logit_scale = match family {
         Family::Cohere => match f.or("logit_scale", Some(0.0625), F64)?.unwrap_or(1.0) {
             s if s.is_finite() && s > 0.0 => s,
@@ -1007,8 +1012,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::Olmoe
                 | Family::Olmo3
                 | Family::Gemma3Text
-        ),
+        ) || cohere_qk_norm,
         qk_norm_over_heads: matches!(family, Family::Olmo2 | Family::Olmoe | Family::Olmo3),
+        qk_norm_per_head_layer: cohere_qk_norm,
         norm_placement: match family {
             Family::Olmo2 | Family::Exaone4 | Family::Olmo3 => NormPlacement::Post,
             Family::Gemma2 | Family::Gemma3Text => NormPlacement::Sandwich,

@@ -347,8 +347,13 @@ impl CausalLm {
                 _ => FeedForward::Mlp(mlp(tensor, quantized, &m, c.intermediate_size, c.mlp_names, c)?),
             };
             let (q_norm, k_norm) = if c.qk_norm {
-                // Per head (Qwen3) or over the whole projection (OLMo 2).
-                let (q, k) = if c.qk_norm_over_heads { (h * d, kvh * d) } else { (d, d) };
+                // Per head with one weight (Qwen3) or a weight per head (Cohere's LayerNorm), or over the whole
+                // projection (OLMo 2).
+                let (q, k): (&[usize], &[usize]) = match (c.qk_norm_over_heads, c.qk_norm_per_head_layer) {
+                    (true, _) => (&[h * d], &[kvh * d]),
+                    (false, true) => (&[h, d], &[kvh, d]),
+                    (false, false) => (&[d], &[d]),
+                };
                 (
                     Some(qk_norm(tensor, format!("{a}.q_norm"), q, c)?),
                     Some(qk_norm(tensor, format!("{a}.k_norm"), k, c)?),
@@ -909,10 +914,14 @@ fn block_norm(tensor: TensorSource, name: String, dim: usize, c: &ModelConfig) -
 }
 
 /// The RMSNorm `name` of queries or keys (always with a weight).
-fn qk_norm(tensor: TensorSource, name: String, dim: usize, c: &ModelConfig) -> Result<Norm> {
+fn qk_norm(tensor: TensorSource, name: String, shape: &[usize], c: &ModelConfig) -> Result<Norm> {
     Ok(Norm {
-        kind: NormKind::Rms,
-        weight: Some(tensor(&format!("{name}.weight"), &[dim])?),
+        kind: if c.qk_norm_per_head_layer {
+            NormKind::Layer
+        } else {
+            NormKind::Rms
+        },
+        weight: Some(tensor(&format!("{name}.weight"), shape)?),
         bias: None,
         eps: c.rms_norm_eps,
         unit_offset: c.norm_unit_offset,

@@ -31,8 +31,21 @@ pub struct Norm {
 }
 
 impl Norm {
-    /// Normalizes the last dimension of `x`.
+    /// Normalizes the last dimension of `x`. A weight of more than one dimension (Cohere's q/k norms: one row per
+    /// head) multiplies the normalized values of its trailing dimensions.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(w) = self.weight.as_ref().filter(|w| w.rank() > 1) {
+            let plain = Norm {
+                weight: None,
+                unit_offset: false,
+                ..self.clone()
+            };
+            let scale = match self.unit_offset {
+                true => w.add_scalar(1.0)?,
+                false => w.clone(),
+            };
+            return plain.forward(x)?.mul(&scale);
+        }
         let scale = self.scale()?;
         match self.kind {
             NormKind::Rms => x.rms_norm(scale.as_deref(), self.eps),

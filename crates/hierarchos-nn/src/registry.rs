@@ -313,11 +313,11 @@ pub const ARCHITECTURES: [Architecture; 29] = [
     Architecture {
         family: Family::Cohere,
         status: Status::Validated,
-        fixtures: &["cohere"],
+        fixtures: &["cohere", "cohere_qk_norm"],
         features: "a parallel block (attention and MLP both read the one input norm, both added to the residual), \
                    LayerNorm with weight and no bias (layer_norm_eps), rotary on interleaved pairs of dimensions, \
-                   logits multiplied by logit_scale, tied head; the per-head q/k LayerNorm (use_qk_norm) fails \
-                   closed",
+                   logits multiplied by logit_scale, tied head; with use_qk_norm (Command R+), a LayerNorm of each \
+                   query and key head with a weight per head",
         gap: None,
     },
     Architecture {
