@@ -81,6 +81,7 @@ LORA = {
     "exaone4_hybrid": dict(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj"]),
     "seed_oss": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "up_proj"]),
     "stablelm": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
+    "stablelm_parallel": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "down_proj"]),
     # transformers 5 holds the routed experts as 3-D parameters, not linear modules: adapters target the rest.
     "mixtral": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "o_proj"]),
     "qwen2_moe": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "shared_expert_gate"]),
@@ -315,6 +316,15 @@ FIXTURES = {
         True,
         "StableLM: LayerNorm with weight and bias, rotary on the first half of each head (partial_rotary_factor "
         "0.5: 8 of 16 dimensions), biases on q, k and v (use_qkv_bias)",
+    ),
+    "stablelm_parallel": (
+        "StableLmConfig",
+        dict(COMMON, max_position_embeddings=256, layer_norm_eps=1e-5, use_qkv_bias=False, partial_rotary_factor=0.25,
+             qk_layernorm=True, use_parallel_residual=True, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+        True,
+        "StableLM 2 12B's layout: parallel residual (attention and MLP read one LayerNorm), a LayerNorm of each "
+        "query and key head with its own weight (q_layernorm.norms.N), rotary on a quarter of each head",
     ),
     "mixtral": (
         "MixtralConfig",

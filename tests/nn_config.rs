@@ -603,10 +603,14 @@ fn family_options() {
     let nested =
         r#""num_key_value_heads": 4, "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}"#;
     assert_eq!(parse(&tiny("stablelm", nested)).unwrap().rotary_dim, 8);
-    err(
-        &tiny("stablelm", r#""num_key_value_heads": 4, "qk_layernorm": true"#),
-        &["qk_layernorm", "not supported"],
-    );
+    let twelve = parse(&tiny(
+        "stablelm",
+        r#""num_key_value_heads": 4, "qk_layernorm": true, "use_parallel_residual": true"#,
+    ))
+    .unwrap();
+    assert!(twelve.qk_norm && twelve.qk_norm_per_head_layer && twelve.qk_norm_split);
+    assert_eq!(twelve.qk_norm_names, ["q_layernorm", "k_layernorm"]);
+    assert_eq!(twelve.norm_placement, NormPlacement::Parallel);
     err(
         &tiny("stablelm", r#""num_key_value_heads": 4, "partial_rotary_factor": 0.1"#),
         &["partial_rotary_factor", "even"],

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 30] = [
+    let cases: [(&str, &str, u64); 31] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -375,6 +375,17 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "use_qk_norm": true, "attention_bias": false, "tie_word_embeddings": true,
                 "bos_token_id": 5, "eos_token_id": 255001, "pad_token_id": 0, "hidden_act": "silu"}"#,
             104_000_000_000,
+        ),
+        (
+            "stabilityai/stablelm-2-12b",
+            r#"{"architectures": ["StableLmForCausalLM"], "model_type": "stablelm", "vocab_size": 100352,
+                "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 4096,
+                "layer_norm_eps": 1e-05, "rope_theta": 10000, "partial_rotary_factor": 0.25,
+                "use_qkv_bias": false, "qk_layernorm": true, "use_parallel_residual": true,
+                "tie_word_embeddings": false, "bos_token_id": 100257, "eos_token_id": 100257,
+                "hidden_act": "silu"}"#,
+            12_100_000_000,
         ),
     ];
     for (name, json, published) in cases {

@@ -48,6 +48,8 @@ pub struct Attention {
     pub fused_qkv: Option<(&'static str, QkvLayout)>,
     /// The attention's module name in the layer (`self_attn`, GPT-NeoX's `attention`).
     pub module: &'static str,
+    /// The module names of `q_norm` and `k_norm` (StableLM's `q_layernorm`, `k_layernorm`).
+    pub norm_names: [&'static str; 2],
     /// The leading dimensions of each head that rotate (all of them, or StableLM's partial rotary); the rest
     /// pass through.
     pub rotary_dim: usize,
@@ -345,11 +347,12 @@ impl Attention {
             .into_iter()
             .flat_map(|(name, l)| prefixed(name, l.parameters()))
             .collect();
+        let [q_norm, k_norm] = self.norm_names;
         if let Some(n) = &self.q_norm {
-            p.extend(prefixed("q_norm", n.parameters()));
+            p.extend(prefixed(q_norm, n.parameters()));
         }
         if let Some(n) = &self.k_norm {
-            p.extend(prefixed("k_norm", n.parameters()));
+            p.extend(prefixed(k_norm, n.parameters()));
         }
         p
     }

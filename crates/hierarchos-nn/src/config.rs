@@ -227,6 +227,10 @@ pub struct ModelConfig {
     /// The q/k norms are LayerNorms of each head with a weight per head (`[heads, head_dim]`; Cohere's
     /// `use_qk_norm`), not RMSNorms sharing one weight.
     pub qk_norm_per_head_layer: bool,
+    /// Each head's q/k norm weight is its own parameter (StableLM's `q_layernorm.norms.N.weight`).
+    pub qk_norm_split: bool,
+    /// The module names of the q/k norms (`q_norm`, `k_norm`; StableLM: `q_layernorm`, `k_layernorm`).
+    pub qk_norm_names: [&'static str; 2],
     /// Where the layers norm the residual stream's branches.
     pub norm_placement: NormPlacement,
     /// Rotary pairs are adjacent dimensions `(2i, 2i + 1)` (Cohere), not `(i, i + d/2)`.
@@ -327,6 +331,8 @@ impl ModelConfig {
             qk_norm: false,
             qk_norm_over_heads: false,
             qk_norm_per_head_layer: false,
+            qk_norm_split: false,
+            qk_norm_names: ["q_norm", "k_norm"],
             norm_placement: NormPlacement::Pre,
             interleaved_rope: false,
             attention_names: ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -941,7 +947,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // StableLM's and Phi's q/k LayerNorms, StableLM's parallel residual (StableLM 2 12B) and Cohere's per-head
     // q/k LayerNorm are not built yet.
     let unsupported: &[&str] = match family {
-        Family::Stablelm => &["qk_layernorm", "use_parallel_residual"],
+        Family::Stablelm => &[],
         Family::Phi => &["qk_layernorm"],
         Family::Cohere => &[],
         _ => &[],
@@ -959,6 +965,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         ));
     }
     let cohere_qk_norm = family == Family::Cohere && f.or("use_qk_norm", Some(false), BOOL)? == Some(true);
+    let stablelm_qk_norm = family == Family::Stablelm && f.or("qk_layernorm", Some(false), BOOL)? == Some(true);
     let logit_scale = match family {
         Family::Cohere => match f.or("logit_scale", Some(0.0625), F64)?.unwrap_or(1.0) {
             s if s.is_finite() && s > 0.0 => s,
@@ -1012,13 +1019,22 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::Olmoe
                 | Family::Olmo3
                 | Family::Gemma3Text
-        ) || cohere_qk_norm,
+        ) || cohere_qk_norm
+            || stablelm_qk_norm,
         qk_norm_over_heads: matches!(family, Family::Olmo2 | Family::Olmoe | Family::Olmo3),
-        qk_norm_per_head_layer: cohere_qk_norm,
+        qk_norm_per_head_layer: cohere_qk_norm || stablelm_qk_norm,
+        qk_norm_split: stablelm_qk_norm,
+        qk_norm_names: match family {
+            Family::Stablelm => ["q_layernorm", "k_layernorm"],
+            _ => ["q_norm", "k_norm"],
+        },
         norm_placement: match family {
             Family::Olmo2 | Family::Exaone4 | Family::Olmo3 => NormPlacement::Post,
             Family::Gemma2 | Family::Gemma3Text => NormPlacement::Sandwich,
             Family::Cohere | Family::Phi => NormPlacement::Parallel,
+            Family::Stablelm if f.or("use_parallel_residual", Some(false), BOOL)? == Some(true) => {
+                NormPlacement::Parallel
+            }
             Family::Falcon => falcon_placement,
             Family::GptNeox if f.or("use_parallel_residual", Some(true), BOOL)?.unwrap_or(true) => {
                 NormPlacement::ParallelTwoNorms

@@ -354,9 +354,10 @@ impl CausalLm {
                     (false, true) => (&[h, d], &[kvh, d]),
                     (false, false) => (&[d], &[d]),
                 };
+                let [q_norm_name, k_norm_name] = c.qk_norm_names;
                 (
-                    Some(qk_norm(tensor, format!("{a}.q_norm"), q, c)?),
-                    Some(qk_norm(tensor, format!("{a}.k_norm"), k, c)?),
+                    Some(qk_norm(tensor, format!("{a}.{q_norm_name}"), q, c)?),
+                    Some(qk_norm(tensor, format!("{a}.{k_norm_name}"), k, c)?),
                 )
             } else {
                 (None, None)
@@ -404,6 +405,7 @@ impl CausalLm {
                     interleaved_rope: c.interleaved_rope,
                     names: c.attention_names,
                     fused_qkv: c.fused_qkv,
+                    norm_names: c.qk_norm_names,
                     module: names.attention,
                     rotary_dim: c.rotary_dim,
                     num_heads: h,
@@ -910,20 +912,33 @@ fn block_norm(tensor: TensorSource, name: String, dim: usize, c: &ModelConfig) -
         bias: param(c.norm_bias, "bias")?,
         eps: c.rms_norm_eps,
         unit_offset: c.norm_unit_offset,
+        head_weights: Vec::new(),
     })
 }
 
-/// The RMSNorm `name` of queries or keys (always with a weight).
+/// The norm `name` of queries or keys (always with weights): an RMSNorm, or with `qk_norm_per_head_layer` a
+/// LayerNorm of each head whose `[heads, head_dim]` weight is one parameter or, with `qk_norm_split`, one per head
+/// (`name.norms.N.weight`).
 fn qk_norm(tensor: TensorSource, name: String, shape: &[usize], c: &ModelConfig) -> Result<Norm> {
+    let (weight, head_weights) = match (c.qk_norm_split, shape) {
+        (true, &[heads, d]) => (
+            None,
+            (0..heads)
+                .map(|i| tensor(&format!("{name}.norms.{i}.weight"), &[d]))
+                .collect::<Result<Vec<_>>>()?,
+        ),
+        _ => (Some(tensor(&format!("{name}.weight"), shape)?), Vec::new()),
+    };
     Ok(Norm {
         kind: if c.qk_norm_per_head_layer {
             NormKind::Layer
         } else {
             NormKind::Rms
         },
-        weight: Some(tensor(&format!("{name}.weight"), shape)?),
+        weight,
         bias: None,
         eps: c.rms_norm_eps,
         unit_offset: c.norm_unit_offset,
+        head_weights,
     })
 }

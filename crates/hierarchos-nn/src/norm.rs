@@ -28,16 +28,28 @@ pub struct Norm {
     pub eps: f64,
     /// Gemma's form: the normalized values are scaled by `1 + weight` (formed in f32, as transformers does).
     pub unit_offset: bool,
+    /// One weight `[head_dim]` per head, each its own parameter (StableLM's per-head q/k LayerNorms,
+    /// `norms.N.weight`), in place of `weight`; stacked `[heads, head_dim]` for each use.
+    pub head_weights: Vec<Tensor>,
 }
 
 impl Norm {
     /// Normalizes the last dimension of `x`. A weight of more than one dimension (Cohere's q/k norms: one row per
     /// head) multiplies the normalized values of its trailing dimensions.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.head_weights.is_empty() {
+            let stacked = Norm {
+                weight: Some(Tensor::stack(&self.head_weights, 0)?),
+                head_weights: Vec::new(),
+                ..self.clone()
+            };
+            return stacked.forward(x);
+        }
         if let Some(w) = self.weight.as_ref().filter(|w| w.rank() > 1) {
             let plain = Norm {
                 weight: None,
                 unit_offset: false,
+                head_weights: Vec::new(),
                 ..self.clone()
             };
             let scale = match self.unit_offset {
@@ -78,17 +90,26 @@ impl Norm {
         self.weight.as_ref().map(Tensor::numel)
     }
 
-    /// The parameters with their Hugging Face names.
+    /// The parameters with their Hugging Face names (`weight`, `bias`, or the per-head `norms.N.weight`).
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        let heads = self
+            .head_weights
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (format!("norms.{i}.weight"), w.clone()));
         [("weight", &self.weight), ("bias", &self.bias)]
             .into_iter()
             .filter_map(|(name, t)| t.as_ref().map(|t| (name.to_string(), t.clone())))
+            .chain(heads)
             .collect()
     }
 
     /// Stops gradients into the parameters (a frozen base under an adapter).
     pub fn detach(&mut self) {
         for t in [&mut self.weight, &mut self.bias].into_iter().flatten() {
+            *t = t.detach();
+        }
+        for t in &mut self.head_weights {
             *t = t.detach();
         }
     }

@@ -220,10 +220,11 @@ pub const ARCHITECTURES: [Architecture; 29] = [
     Architecture {
         family: Family::Stablelm,
         status: Status::Validated,
-        fixtures: &["stablelm"],
+        fixtures: &["stablelm", "stablelm_parallel"],
         features: "LayerNorm with weight and bias (layer_norm_eps), rotary on the first partial_rotary_factor of \
-                   each head (default 0.25), q/k/v biases with use_qkv_bias; qk_layernorm and the parallel \
-                   residual (StableLM 2 12B) fail closed",
+                   each head (default 0.25), q/k/v biases with use_qkv_bias; StableLM 2 12B's parallel residual \
+                   (use_parallel_residual) and LayerNorm of each query and key head with its own weight \
+                   (qk_layernorm)",
         gap: None,
     },
     Architecture {
