@@ -1014,7 +1014,7 @@ Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (everything runs
 CPU may change the last bits of the float64 references (runs on the H200 machine and on a 2-core x86 box
 differed by at most 2e-13); the model, tokenizer and adapter files come out byte for byte the same.
 
-Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA), MLP 128 (SiLU; Gemma's and StarCoder2's tanh GELU, Arcee's and Nemotron's ReLU²; the MoE fixtures' experts as listed), vocab 300, f32 weights
+Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA; GPT-2 and GPT-NeoX 4, Falcon as its row says), MLP 128 (SiLU unless the row says otherwise; the MoE fixtures' experts as listed), vocab 300, f32 weights
 (all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
 trained on a few public-domain paragraphs.
 
