@@ -102,6 +102,7 @@ LORA = {
     "gpt2": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
     "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
+    "glm": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "gate_up_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -489,6 +490,14 @@ FIXTURES = {
         True,
         "Falcon's new decoder architecture (40B/180B layout): q, k and v grouped by each of 2 key/value heads in "
         "one matrix, attention and MLP in parallel each with its LayerNorm (ln_attn, ln_mlp), biases everywhere",
+    ),
+    "glm": (
+        "GlmConfig",
+        dict(COMMON, head_dim=16, max_position_embeddings=256, attention_bias=True, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+        True,
+        "GLM-4: rotary on interleaved pairs of the first half of each head (partial_rotary_factor 0.5), biases on "
+        "q, k and v only, gate and up in one matrix (gate_up_proj), RMSNorm eps 1.5625e-7 (the default)",
     ),
 }
 

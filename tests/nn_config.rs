@@ -983,3 +983,15 @@ fn falcon_layouts() {
     );
     err(&tiny("falcon", r#""alibi": true"#), &["alibi"]);
 }
+
+/// GLM-4: interleaved rotary on half of each head, q/k/v biases without an output bias, fused gate/up, its
+/// small default epsilon.
+#[test]
+fn glm_options() {
+    let c = parse(&tiny("glm", r#""num_key_value_heads": 2, "head_dim": 16"#)).unwrap();
+    assert!(c.interleaved_rope && c.attention_bias && !c.o_proj_bias && !c.mlp_bias);
+    assert_eq!(
+        (c.rotary_dim, c.fused_gate_up, c.rms_norm_eps),
+        (8, Some("gate_up_proj"), 1.5625e-7)
+    );
+}

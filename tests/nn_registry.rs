@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 31] = [
+    let cases: [(&str, &str, u64); 32] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -386,6 +386,16 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "tie_word_embeddings": false, "bos_token_id": 100257, "eos_token_id": 100257,
                 "hidden_act": "silu"}"#,
             12_100_000_000,
+        ),
+        (
+            "THUDM/glm-4-9b-chat-hf",
+            r#"{"architectures": ["GlmForCausalLM"], "model_type": "glm", "vocab_size": 151552,
+                "hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40,
+                "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+                "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5, "attention_bias": true, "tie_word_embeddings": false,
+                "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329, "hidden_act": "silu"}"#,
+            9_400_000_000,
         ),
     ];
     for (name, json, published) in cases {

@@ -689,6 +689,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(11),
             tie_word_embeddings: true,
         },
+        Family::Glm => Defaults {
+            num_key_value_heads: Some(2),
+            head_dim: Some(128),
+            max_position_embeddings: 131072,
+            bos_token_id: None,
+            eos_token_id: Some(151329),
+            tie_word_embeddings: false,
+        },
     }
 }
 
@@ -765,6 +773,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Olmo => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Gpt2 | Family::Falcon => f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Glm => f.or("rms_norm_eps", Some(1.5625e-7), F64)?.unwrap_or(1.5625e-7),
         Family::Stablelm | Family::Cohere | Family::Phi | Family::GptNeox => {
             f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5)
         }
@@ -818,6 +827,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         }
         Family::Qwen2 => (true, false, false),
         Family::Qwen2Moe => (f.or("qkv_bias", Some(true), BOOL)?.unwrap_or(true), false, false),
+        Family::Glm => (f.or("attention_bias", Some(true), BOOL)?.unwrap_or(true), false, false),
         // EXAONE 4's projections never have biases.
         Family::Exaone4 => (false, false, false),
         Family::Stablelm => (flag("use_qkv_bias")?, false, false),
@@ -1041,7 +1051,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             }
             _ => NormPlacement::Pre,
         },
-        interleaved_rope: family == Family::Cohere,
+        interleaved_rope: matches!(family, Family::Cohere | Family::Glm),
         attention_names: match family {
             Family::Phi | Family::GptNeox | Family::Falcon => ["q_proj", "k_proj", "v_proj", "dense"],
             Family::Gpt2 => ["q_proj", "k_proj", "v_proj", "c_proj"],
@@ -1099,7 +1109,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             Family::Gpt2 => Some(("c_attn", QkvLayout::Blocks)),
             _ => None,
         },
-        fused_gate_up: (family == Family::Phi3).then_some("gate_up_proj"),
+        fused_gate_up: matches!(family, Family::Phi3 | Family::Glm).then_some("gate_up_proj"),
         conv1d: gpt2,
         position_embeddings: gpt2,
         attention_softcap,
@@ -1342,7 +1352,8 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::Phi
         | Family::GptNeox
         | Family::Gpt2
-        | Family::Falcon => {
+        | Family::Falcon
+        | Family::Glm => {
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
@@ -1431,7 +1442,7 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
     };
     let default = match family {
         Family::Stablelm => 0.25,
-        Family::Nemotron | Family::Phi => 0.5,
+        Family::Nemotron | Family::Phi | Family::Glm => 0.5,
         Family::GptNeox => 0.25,
         _ => 1.0,
     };
@@ -1449,7 +1460,7 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
     let dim = (head_dim as f64 * factor) as usize;
     if !matches!(
         family,
-        Family::Stablelm | Family::Nemotron | Family::Phi | Family::Phi3 | Family::GptNeox
+        Family::Stablelm | Family::Nemotron | Family::Phi | Family::Phi3 | Family::GptNeox | Family::Glm
     ) {
         return Err(f.error(
             "partial_rotary_factor",

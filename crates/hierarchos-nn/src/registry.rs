@@ -72,6 +72,8 @@ pub enum Family {
     /// TII Falcon (fused q/k/v grouped by key/value head, multi-query or grouped, parallel blocks with one or two
     /// LayerNorms).
     Falcon,
+    /// THUDM GLM-4 (chat-hf): interleaved partial rotary, q/k/v biases, fused gate/up.
+    Glm,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -114,7 +116,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 29] = [
+pub const ARCHITECTURES: [Architecture; 30] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -374,6 +376,15 @@ pub const ARCHITECTURES: [Architecture; 29] = [
                    (alibi) fails closed",
         gap: None,
     },
+    Architecture {
+        family: Family::Glm,
+        status: Status::Validated,
+        fixtures: &["glm"],
+        features: "rotary on interleaved pairs of the first partial_rotary_factor of each head (default 0.5), \
+                   biases on q, k and v (attention_bias), gate and up in one matrix (gate_up_proj), RMSNorm eps \
+                   1.5625e-7 by default",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -422,6 +433,7 @@ impl Family {
             Family::GptNeox => "gpt_neox",
             Family::Gpt2 => "gpt2",
             Family::Falcon => "falcon",
+            Family::Glm => "glm",
         }
     }
 
