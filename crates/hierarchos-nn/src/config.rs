@@ -98,6 +98,11 @@ pub struct ModuleNames {
 }
 
 impl ModuleNames {
+    /// The module path of layer `i` (`model.layers.3`, GPT-2's `transformer.h.3`).
+    pub fn layer(&self, i: usize) -> String {
+        format!("{}.{}.{i}", self.model, self.layers)
+    }
+
     /// Llama's names, which most families share.
     pub const LLAMA: ModuleNames = ModuleNames {
         model: "model",

@@ -15,7 +15,7 @@ use crate::lora::LoraConfig;
 use crate::mlp::Mlp;
 use crate::moe::Moe;
 use crate::norm::{Norm, NormKind};
-use crate::rope::RotaryEmbedding;
+use crate::rope::{RopeTables, RotaryEmbedding};
 use crate::weights::Weights;
 
 /// One decoder block: pre-norm (Llama) `x + attn(norm(x))`, then `x + mlp(norm(x))`; post-norm (OLMo 2)
@@ -124,18 +124,16 @@ impl DecoderLayer {
     /// The linear layers with their paths inside the layer (`self_attn.q_proj`, ..., `mlp.down_proj`), in
     /// module order.
     fn linears(&self) -> Vec<(String, &Linear)> {
-        let module = self.self_attn.module;
-        let attention = self.self_attn.linears().into_iter();
-        let attention = attention.map(|(n, l)| (format!("{module}.{n}"), l));
-        attention.chain(self.mlp.linears()).collect()
+        let mut v = prefixed(self.self_attn.module, self.self_attn.linears());
+        v.extend(self.mlp.linears());
+        v
     }
 
     /// [`DecoderLayer::linears`], mutable.
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let module = self.self_attn.module;
-        let attention = self.self_attn.linears_mut().into_iter();
-        let attention = attention.map(|(n, l)| (format!("{module}.{n}"), l));
-        attention.chain(self.mlp.linears_mut()).collect()
+        let mut v = prefixed(self.self_attn.module, self.self_attn.linears_mut());
+        v.extend(self.mlp.linears_mut());
+        v
     }
 
     /// The parameters with their Hugging Face names relative to the layer.
@@ -232,7 +230,7 @@ impl CausalLm {
         let embed_name = format!("{}.{}.weight", names.model, names.embed);
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
-            let p = format!("{}.{}.{i}", names.model, names.layers);
+            let p = names.layer(i);
             let a = format!("{p}.{}", names.attention);
             let m = format!("{p}.mlp");
             let [q_name, k_name, v_name, o_name] = c.attention_names;
@@ -593,15 +591,24 @@ impl CausalLm {
                 })
             })
             .collect();
-        let rotated = self.rotary.device_tables(start, t, scale, self.device())?;
-        let sliding_rotated = match (&self.sliding_rotary, kinds.iter().any(|&(w, r)| r && w.is_some())) {
-            (Some(rotary), true) => Some(rotary.device_tables(start, t, scale, self.device())?),
-            _ => None,
+        // The rotary tables the kinds present read, each built once: identity (no rotary), the sliding layers'
+        // own (OLMo 3, Gemma 3), or the model's.
+        let table_of = |&(window, rotary): &(Option<usize>, bool)| match (rotary, &self.sliding_rotary) {
+            (false, _) => 0,
+            (true, Some(_)) if window.is_some() => 1,
+            _ => 2,
         };
-        let unrotated = match kinds.iter().any(|&(_, rotary)| !rotary) {
-            true => Some(self.rotary.identity_tables(t, scale, self.device())?),
-            false => None,
-        };
+        let mut tables: [Option<RopeTables>; 3] = [None, None, None];
+        for kind in &kinds {
+            let at = table_of(kind);
+            if tables[at].is_none() {
+                tables[at] = Some(match (at, &self.sliding_rotary) {
+                    (0, _) => self.rotary.identity_tables(t, scale, self.device())?,
+                    (1, Some(sliding)) => sliding.device_tables(start, t, scale, self.device())?,
+                    _ => self.rotary.device_tables(start, t, scale, self.device())?,
+                });
+            }
+        }
         let contexts: Vec<AttentionContext> = kinds
             .iter()
             .map(|&(window, rotary)| {
@@ -611,11 +618,7 @@ impl CausalLm {
                     _ => 0,
                 };
                 let (q_start, k_start) = if cache.is_some() { (start, key_start) } else { (0, 0) };
-                let tables = match (rotary, &unrotated, &sliding_rotated) {
-                    (false, Some(u), _) => u.clone(),
-                    (true, _, Some(s)) if window.is_some() => s.clone(),
-                    _ => rotated.clone(),
-                };
+                let tables = tables[table_of(&(window, rotary))].clone().expect("built above");
                 AttentionContext::new(tables, q_start, k_start, window, scale)
             })
             .collect();
@@ -701,12 +704,7 @@ impl CausalLm {
     pub fn linears(&self) -> Vec<(String, &Linear)> {
         let mut v = Vec::new();
         for (i, layer) in self.layers.iter().enumerate() {
-            for (name, l) in layer.linears() {
-                v.push((
-                    format!("{}.{}.{i}.{name}", self.config.names.model, self.config.names.layers),
-                    l,
-                ));
-            }
+            v.extend(prefixed(&self.config.names.layer(i), layer.linears()));
         }
         if let Some(head) = &self.lm_head {
             v.push((self.config.names.head.to_string(), head));
@@ -730,13 +728,9 @@ impl CausalLm {
     /// [`CausalLm::linears`], mutable.
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut v = Vec::new();
+        let names = self.config.names;
         for (i, layer) in self.layers.iter_mut().enumerate() {
-            for (name, l) in layer.linears_mut() {
-                v.push((
-                    format!("{}.{}.{i}.{name}", self.config.names.model, self.config.names.layers),
-                    l,
-                ));
-            }
+            v.extend(prefixed(&names.layer(i), layer.linears_mut()));
         }
         if let Some(head) = &mut self.lm_head {
             v.push((self.config.names.head.to_string(), head));
@@ -779,10 +773,7 @@ impl CausalLm {
             ));
         }
         for (i, layer) in self.layers.iter().enumerate() {
-            p.extend(prefixed(
-                &format!("{}.{}.{i}", names.model, names.layers),
-                layer.parameters(),
-            ));
+            p.extend(prefixed(&names.layer(i), layer.parameters()));
         }
         p.extend(prefixed(
             &format!("{}.{}", names.model, names.final_norm),

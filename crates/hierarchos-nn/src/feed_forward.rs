@@ -60,18 +60,9 @@ impl FeedForward {
     /// The linear layers with their module paths inside the layer (`mlp.gate_proj`,
     /// `block_sparse_moe.experts.0.w1`, ...), in module order.
     pub fn linears(&self) -> Vec<(String, &Linear)> {
-        let block = self.name();
         match self {
-            FeedForward::Mlp(mlp) => mlp
-                .linears()
-                .into_iter()
-                .map(|(n, l)| (format!("{block}.{n}"), l))
-                .collect(),
-            FeedForward::Moe(moe) => moe
-                .linears()
-                .into_iter()
-                .map(|(n, l)| (format!("{block}.{n}"), l))
-                .collect(),
+            FeedForward::Mlp(mlp) => prefixed(self.name(), mlp.linears()),
+            FeedForward::Moe(moe) => prefixed(self.name(), moe.linears()),
         }
     }
 
@@ -79,16 +70,8 @@ impl FeedForward {
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let block = self.name();
         match self {
-            FeedForward::Mlp(mlp) => mlp
-                .linears_mut()
-                .into_iter()
-                .map(|(n, l)| (format!("{block}.{n}"), l))
-                .collect(),
-            FeedForward::Moe(moe) => moe
-                .linears_mut()
-                .into_iter()
-                .map(|(n, l)| (format!("{block}.{n}"), l))
-                .collect(),
+            FeedForward::Mlp(mlp) => prefixed(block, mlp.linears_mut()),
+            FeedForward::Moe(moe) => prefixed(block, moe.linears_mut()),
         }
     }
 

@@ -306,8 +306,8 @@ fn stack_rows(parts: &mut [&mut Tensor]) -> Result<Tensor> {
     Ok(stacked)
 }
 
-/// `params` with their names put under `prefix` (`weight` in `q_proj` becomes `q_proj.weight`), so that a module's
-/// parameter list is its children's, named the way Hugging Face names them.
-pub(crate) fn prefixed(prefix: &str, params: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
-    params.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
+/// `items` (parameters, layers) with their names put under `prefix` (`weight` in `q_proj` becomes
+/// `q_proj.weight`), so that a module's list is its children's, named the way Hugging Face names them.
+pub(crate) fn prefixed<N: std::fmt::Display, T>(prefix: &str, items: Vec<(N, T)>) -> Vec<(String, T)> {
+    items.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
 }

@@ -57,11 +57,16 @@ impl TargetModules {
         }
     }
 
+    /// Whether this is PEFT's `all-linear`.
+    fn is_all_linear(&self) -> bool {
+        matches!(self, TargetModules::Pattern(p) if p.eq_ignore_ascii_case(ALL_LINEAR))
+    }
+
     /// How `path` matches: exactly (a pattern, `all-linear`, or a name equal to the whole path), by a name
     /// suffix, or not at all. PEFT applies `layers_to_transform` to suffix matches only.
     fn matches(&self, path: &str) -> Result<Match> {
         Ok(match self {
-            TargetModules::Pattern(p) if p.eq_ignore_ascii_case(ALL_LINEAR) => Match::exact(path != "lm_head"),
+            _ if self.is_all_linear() => Match::exact(path != "lm_head"),
             TargetModules::Pattern(p) => Match::exact(full_match(p)?.is_match(path)),
             TargetModules::Names(names) if names.iter().any(|n| n == path) => Match::Exact,
             TargetModules::Names(names) => {
@@ -286,7 +291,7 @@ impl LoraConfig {
 
     /// Whether the targets are PEFT's `all-linear`.
     pub fn all_linear(&self) -> bool {
-        matches!(&self.target_modules, TargetModules::Pattern(p) if p.eq_ignore_ascii_case(ALL_LINEAR))
+        self.target_modules.is_all_linear()
     }
 
     /// Whether the layer at module path `path` (in decoder layer `layer`, if any) gets an adapter.

@@ -138,20 +138,10 @@ impl Moe {
     pub fn linears(&self) -> Vec<(String, &Linear)> {
         let mut v = vec![("gate".to_string(), &self.gate)];
         for (i, expert) in self.experts.iter().enumerate() {
-            v.extend(
-                expert
-                    .linears()
-                    .into_iter()
-                    .map(|(n, l)| (format!("experts.{i}.{n}"), l)),
-            );
+            v.extend(prefixed(&format!("experts.{i}"), expert.linears()));
         }
         if let Some((shared, gate)) = &self.shared_expert {
-            v.extend(
-                shared
-                    .linears()
-                    .into_iter()
-                    .map(|(n, l)| (format!("shared_expert.{n}"), l)),
-            );
+            v.extend(prefixed("shared_expert", shared.linears()));
             v.push(("shared_expert_gate".to_string(), gate));
         }
         v
@@ -161,20 +151,10 @@ impl Moe {
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut v = vec![("gate".to_string(), &mut self.gate)];
         for (i, expert) in self.experts.iter_mut().enumerate() {
-            v.extend(
-                expert
-                    .linears_mut()
-                    .into_iter()
-                    .map(|(n, l)| (format!("experts.{i}.{n}"), l)),
-            );
+            v.extend(prefixed(&format!("experts.{i}"), expert.linears_mut()));
         }
         if let Some((shared, gate)) = &mut self.shared_expert {
-            v.extend(
-                shared
-                    .linears_mut()
-                    .into_iter()
-                    .map(|(n, l)| (format!("shared_expert.{n}"), l)),
-            );
+            v.extend(prefixed("shared_expert", shared.linears_mut()));
             v.push(("shared_expert_gate".to_string(), gate));
         }
         v

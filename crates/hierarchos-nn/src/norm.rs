@@ -37,31 +37,18 @@ impl Norm {
     /// Normalizes the last dimension of `x`. A weight of more than one dimension (Cohere's q/k norms: one row per
     /// head) multiplies the normalized values of its trailing dimensions.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if !self.head_weights.is_empty() {
-            let stacked = Norm {
-                weight: Some(Tensor::stack(&self.head_weights, 0)?),
-                head_weights: Vec::new(),
-                ..self.clone()
-            };
-            return stacked.forward(x);
-        }
-        if let Some(w) = self.weight.as_ref().filter(|w| w.rank() > 1) {
-            let plain = Norm {
-                weight: None,
-                unit_offset: false,
-                head_weights: Vec::new(),
-                ..self.clone()
-            };
-            let scale = match self.unit_offset {
-                true => w.add_scalar(1.0)?,
-                false => w.clone(),
-            };
-            return plain.forward(x)?.mul(&scale);
-        }
         let scale = self.scale()?;
-        match self.kind {
-            NormKind::Rms => x.rms_norm(scale.as_deref(), self.eps),
-            NormKind::Layer => x.layer_norm(scale.as_deref(), self.bias.as_ref(), self.eps),
+        let (fused, after) = match scale {
+            Some(s) if s.rank() > 1 => (None, Some(s)),
+            s => (s, None),
+        };
+        let y = match self.kind {
+            NormKind::Rms => x.rms_norm(fused.as_deref(), self.eps)?,
+            NormKind::Layer => x.layer_norm(fused.as_deref(), self.bias.as_ref(), self.eps)?,
+        };
+        match after {
+            Some(s) => y.mul(&s),
+            None => Ok(y),
         }
     }
 
@@ -75,13 +62,16 @@ impl Norm {
         }
     }
 
-    /// What the normalized values are multiplied by: the weight, `1 + weight` (a new tensor, through which
-    /// gradients reach the weight), or nothing.
+    /// What the normalized values are multiplied by: the weight (the per-head weights stacked), `1 + weight` (a new
+    /// tensor, through which gradients reach the weight), or nothing.
     pub fn scale(&self) -> Result<Option<Cow<'_, Tensor>>> {
-        Ok(match &self.weight {
+        let weight = match self.head_weights.is_empty() {
+            true => self.weight.as_ref().map(Cow::Borrowed),
+            false => Some(Cow::Owned(Tensor::stack(&self.head_weights, 0)?)),
+        };
+        Ok(match weight {
             Some(w) if self.unit_offset => Some(Cow::Owned(w.add_scalar(1.0)?)),
-            Some(w) => Some(Cow::Borrowed(w)),
-            None => None,
+            w => w,
         })
     }
 
