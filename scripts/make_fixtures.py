@@ -103,6 +103,8 @@ LORA = {
     "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     "glm": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "gate_up_proj"]),
+    "deepseek_v3": dict(r=4, lora_alpha=8, target_modules=["q_a_proj", "kv_b_proj", "o_proj"]),
+    "deepseek_v3_lite": dict(r=8, lora_alpha=12, target_modules=["q_proj", "kv_a_proj_with_mqa", "o_proj"]),
 }
 LORA_ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -499,6 +501,34 @@ FIXTURES = {
         "GLM-4: rotary on interleaved pairs of the first half of each head (partial_rotary_factor 0.5), biases on "
         "q, k and v only, gate and up in one matrix (gate_up_proj), RMSNorm eps 1.5625e-7 (the default)",
     ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(COMMON, num_key_value_heads=4, max_position_embeddings=256, q_lora_rank=24, kv_lora_rank=16,
+             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8, n_group=4, topk_group=2,
+             num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1,
+             routed_scaling_factor=2.5, norm_topk_prob=True, rope_interleave=True, pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        True,
+        "DeepSeek-V3: multi-head latent attention (queries through rank 24 with an RMSNorm, keys and values "
+        "expanded per head from a normed latent of 16, one rotary key of 8 shared by all heads, rotary on "
+        "interleaved pairs, value heads of 12 beside query/key heads of 24); layer 0 a dense MLP "
+        "(first_k_dense_replace 1), layer 1 a sigmoid router with a correction bias choosing 2 of 4 groups of 2 "
+        "experts, then 3 experts (MLP 32) in them, renormalized and scaled by 2.5, plus 2 shared experts (MLP 64)",
+    ),
+    "deepseek_v3_lite": (
+        "DeepseekV3Config",
+        dict(COMMON, num_key_value_heads=4, max_position_embeddings=256, q_lora_rank=None, kv_lora_rank=16,
+             qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=20, n_routed_experts=4, n_group=1, topk_group=1,
+             num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=0,
+             routed_scaling_factor=1.0, norm_topk_prob=False, rope_interleave=False, pad_token_id=None,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                              "original_max_position_embeddings": 16, "mscale": 0.8, "mscale_all_dim": 0.6}),
+        True,
+        "DeepSeek-V2-Lite's layout in DeepSeek-V3: multi-head latent attention with one q_proj (no q_lora_rank), "
+        "rotary on halves (rope_interleave false) with YaRN (factor 4, mscale 0.8, mscale_all_dim 0.6: cos/sin "
+        "and the softmax scale both change), value heads of 20 wider than query/key heads of 16; every layer "
+        "routes to 2 of 4 experts in one group, probabilities not renormalized, plus 1 shared expert",
+    ),
 }
 
 
@@ -577,6 +607,10 @@ def randomize(model, seed, damped_rows):
             if p is output:
                 value[damped_rows] *= 0.25
             p.copy_(value.to(p.dtype))
+        # DeepSeek-V3's routing correction is a buffer, not a parameter: set so that it changes the choices.
+        for name, b in sorted(model.named_buffers()):
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen, dtype=torch.float64))
 
 
 def rms_norm64(self, x):
@@ -617,6 +651,34 @@ def router64(self, hidden_states):
     return logits, top, index
 
 
+def grouped_router64(self, hidden_states):
+    """DeepSeek-V3's router in float64 (transformers' runs in float32): sigmoid scores plus the correction bias
+    choose the `topk_group` groups with the best sums of their two best experts, then the `top_k` best experts in
+    those groups; the chosen experts' scores (without the bias), renormalized when `norm_topk_prob`, times
+    `routed_scaling_factor`, weight them. ROUTING records the smallest gap at either choice."""
+    logits = F.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    scores = logits.sigmoid()
+    choice = scores + self.e_score_correction_bias
+    groups = choice.view(-1, self.num_group, self.num_experts // self.num_group).topk(2, dim=-1)[0].sum(dim=-1)
+    if self.num_group > self.topk_group:
+        ranked = groups.sort(dim=-1, descending=True).values
+        gap = (ranked[:, self.topk_group - 1] - ranked[:, self.topk_group]).min().item()
+        ROUTING["margin"] = min(ROUTING["margin"], gap)
+    group_idx = groups.topk(self.topk_group, dim=-1)[1]
+    allowed = torch.zeros_like(groups).scatter_(1, group_idx, 1).bool()
+    allowed = allowed.unsqueeze(-1).expand(-1, -1, self.num_experts // self.num_group).reshape(-1, self.num_experts)
+    choice = choice.masked_fill(~allowed, float("-inf"))
+    if self.num_experts // self.num_group * self.topk_group > self.top_k:
+        ranked = choice.sort(dim=-1, descending=True).values
+        gap = (ranked[:, self.top_k - 1] - ranked[:, self.top_k]).min().item()
+        ROUTING["margin"] = min(ROUTING["margin"], gap)
+    index = choice.topk(self.top_k, dim=-1)[1]
+    weights = scores.gather(1, index)
+    if self.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return logits, weights * self.routed_scaling_factor, index
+
+
 def saved_names(model, params):
     """`params` (by `named_parameters()` names) under the names `save_pretrained` writes: transformers 5 holds
     each MoE block's experts as 3-D tensors but saves one tensor per expert, as the Hub's checkpoints have them."""
@@ -624,6 +686,9 @@ def saved_names(model, params):
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         saved = safetensors.torch.load_file(str(Path(tmp) / "model.safetensors"))
+    # Buffers saved beside the parameters (DeepSeek-V3's routing correction) do not train.
+    buffers = {n for n, _ in model.named_buffers()}
+    saved = {n: t for n, t in saved.items() if n not in buffers}
     if set(saved) == set(params):
         return params
     if sum(t.numel() for t in saved.values()) != sum(p.numel() for p in params.values()):
@@ -658,6 +723,8 @@ def inv_freq64(config, rope=None):
     inv = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if rope["rope_type"] == "default":
         return inv
+    if rope["rope_type"] == "yarn":
+        return yarn_inv_freq64(rope, dim)
     if rope["rope_type"] != "llama3":
         raise SystemExit(f"no float64 RoPE for {rope['rope_type']}")
     factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
@@ -668,6 +735,26 @@ def inv_freq64(config, rope=None):
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old / high) & (wavelen <= old / low)
     return torch.where(medium, smoothed, scaled)
+
+
+def yarn_inv_freq64(rope, dim):
+    """YaRN's frequencies (transformers' _compute_yarn_parameters, truncated) in float64: interpolated by
+    `factor` below the correction range, extrapolated above it, a linear ramp in between."""
+    base, factor, old = rope["rope_theta"], rope["factor"], rope["original_max_position_embeddings"]
+    if not rope.get("truncate", True):
+        raise SystemExit("no float64 YaRN without truncation")
+
+    def correction_dim(rotations):
+        return dim * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(rope.get("beta_fast") or 32)), 0)
+    high = min(math.ceil(correction_dim(rope.get("beta_slow") or 1)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    pos = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    extrapolation = 1 - ramp
+    return (1 / (factor * pos)) * (1 - extrapolation) + (1 / pos) * extrapolation
 
 
 def rotary64(self, x, position_ids):
@@ -720,6 +807,8 @@ def float64_model(model32):
             module.forward = types.MethodType(cohere_layer_norm64, module)
         elif kind.endswith("TopKRouter"):
             module.forward = types.MethodType(router64, module)
+        elif kind == "DeepseekV3TopkRouter":
+            module.forward = types.MethodType(grouped_router64, module)
         elif kind.endswith("RotaryEmbedding") and hasattr(module, "layer_types"):
             module.inv_freq64 = {}
             for layer_type in module.layer_types:
@@ -1023,7 +1112,7 @@ Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (everything runs
 CPU may change the last bits of the float64 references (runs on the H200 machine and on a 2-core x86 box
 differed by at most 2e-13); the model, tokenizer and adapter files come out byte for byte the same.
 
-Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA; GPT-2 and GPT-NeoX 4, Falcon as its row says), MLP 128 (SiLU unless the row says otherwise; the MoE fixtures' experts as listed), vocab 300, f32 weights
+Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA; GPT-2, GPT-NeoX and DeepSeek-V3 4, Falcon as its row says), MLP 128 (SiLU unless the row says otherwise; the MoE fixtures' experts as listed), vocab 300, f32 weights
 (all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
 trained on a few public-domain paragraphs.
 

@@ -229,7 +229,7 @@ fn dropout_masks_the_adapter_input_while_training_only() {
     assert_eq!(eval(), eval(), "no dropout without gradients");
     // The mask keeps about half of the inputs, scaled by 2: the mean update (over 4096 draws, standard error
     // 1.6%) matches the undropped one.
-    let lora = lm.layers[0].self_attn.q_proj.lora.as_ref().unwrap();
+    let lora = lm.layers[0].self_attn.standard().unwrap().q_proj.lora.as_ref().unwrap();
     let x = Tensor::full(&[64, 64], 1.0, f32, &dev()).unwrap();
     lm.seed_lora_dropout(1, 0);
     let dropped = lora.forward(&x).unwrap().to_vec::<f32>().unwrap();
@@ -418,7 +418,7 @@ fn a_failed_load_leaves_the_model_as_it_was_and_merges_restack() {
     lm.load_adapter(&dir.join("lora"), false).unwrap();
     let want = reference_tensors(&dir, "lora/logits").remove(0).1;
     lm.merge_adapters().unwrap();
-    let a = &lm.layers[0].self_attn;
+    let a = lm.layers[0].self_attn.standard().unwrap();
     let stacked = a.qkv.as_ref().unwrap().holds(&[&a.q_proj, &a.k_proj, &a.v_proj]);
     assert!(stacked, "merged Q/K/V run as one product again");
     assert!(max_diff(&hierarchos::core::no_grad(|| lm.forward(&ids, None)).unwrap(), &want) <= LOGIT_ATOL);

@@ -821,7 +821,7 @@ fn stacked_projections_share_the_trainable_weights() {
             Ok(Tensor::from_slice(&rng.vec(n, -0.3, 0.3), shape, &dv)?.requires_grad_())
         })
         .unwrap();
-        let attn = &lm.layers[0].self_attn;
+        let attn = lm.layers[0].self_attn.standard().unwrap();
         assert!(
             attn.qkv.is_some() && lm.layers[0].mlp.mlp().is_some_and(|m| m.gate_up.is_some()),
             "{family}: stacked"
@@ -934,7 +934,7 @@ fn replaced_projection_weights_are_not_read_from_the_stacked_copy() {
     let (mut lm, mut host) = random_model(&c, &mut rng);
     let name = "model.layers.0.self_attn.q_proj.weight";
     let fresh = rng.vec(host[name].len(), -0.3, 0.3);
-    let q = &mut lm.layers[0].self_attn.q_proj;
+    let q = &mut lm.layers[0].self_attn.standard_mut().unwrap().q_proj;
     let shape = q.weight_shape();
     q.weight = LinearWeight::Dense(Tensor::from_slice(&fresh, &shape, &dev()).unwrap());
     host.insert(name.to_string(), fresh);

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use common::*;
 use hierarchos::core::{Tensor, no_grad};
-use hierarchos::nn::{Activation, Linear, LinearWeight, Mlp, ModelConfig, Moe};
+use hierarchos::nn::{Activation, Linear, LinearWeight, Mlp, ModelConfig, Moe, RouterScoring, SharedExpert};
 
 /// One block's shape and routing settings.
 #[derive(Clone, Copy, Debug)]
@@ -17,8 +17,15 @@ struct Case {
     top_k: usize,
     width: usize,
     normalize: bool,
-    /// Width of a shared expert (with its sigmoid gate).
+    /// Width of a shared expert.
     shared: Option<usize>,
+    /// The shared expert's output is scaled by a sigmoid gate (Qwen2-MoE), or not (DeepSeek-V3).
+    shared_gated: bool,
+    /// `None`: a softmax router; `Some((groups, top_groups))`: DeepSeek-V3's sigmoid router, its correction bias
+    /// and its choice among the best groups.
+    grouped: Option<(usize, usize)>,
+    /// Multiplies the chosen weights.
+    scaling: f64,
 }
 
 /// The block's values: `x` `[tokens, hidden]`, the router `[experts, hidden]`, each expert's gate, up
@@ -29,6 +36,8 @@ struct Values {
     router: Vec<f32>,
     experts: Vec<[Vec<f32>; 3]>,
     shared: Option<([Vec<f32>; 3], Vec<f32>)>,
+    /// The sigmoid router's correction bias `[experts]` (a buffer: no gradient).
+    bias: Vec<f32>,
 }
 
 fn values(rng: &mut Rng, c: Case) -> Values {
@@ -44,6 +53,7 @@ fn values(rng: &mut Rng, c: Case) -> Values {
         router: rng.vec(c.experts * c.hidden, -1.0, 1.0),
         experts: (0..c.experts).map(|_| mlp(rng, c.width)).collect(),
         shared: c.shared.map(|w| (mlp(rng, w), rng.vec(c.hidden, -1.0, 1.0))),
+        bias: rng.vec(c.experts, -0.3, 0.3),
     }
 }
 
@@ -61,36 +71,70 @@ fn mlp64(p: &[Vec<f64>; 3], x: &[f64]) -> Vec<f64> {
     matvec(&p[2], &h)
 }
 
-/// The block in float64, token by token: softmax over the router's logits, the `top_k` most probable experts
-/// (renormalized when the case says), their outputs weighted and summed, plus the gated shared expert.
-fn reference(c: Case, v: &[Vec<f64>]) -> Vec<f64> {
+/// The block in float64, token by token: the router's scores (a softmax; or a sigmoid, plus the correction
+/// `bias` for choosing, restricted to the `top_groups` groups whose two best sum highest), the `top_k` best
+/// experts (their scores renormalized when the case says, times the case's scaling), their outputs weighted and
+/// summed, plus the shared expert (gated when the case says).
+fn reference(c: Case, v: &[Vec<f64>], bias: &[f32]) -> Vec<f64> {
     let (x, router) = (&v[0], &v[1]);
     let expert = |e: usize| -> [Vec<f64>; 3] { [v[2 + 3 * e].clone(), v[3 + 3 * e].clone(), v[4 + 3 * e].clone()] };
+    let desc = |s: &[f64]| {
+        let mut ranked: Vec<usize> = (0..s.len()).collect();
+        ranked.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
+        ranked
+    };
     let mut out = Vec::with_capacity(x.len());
     for t in x.chunks_exact(c.hidden) {
         let logits = matvec(router, t);
-        let max = logits.iter().cloned().fold(f64::MIN, f64::max);
-        let exp: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
-        let total: f64 = exp.iter().sum();
-        let probs: Vec<f64> = exp.iter().map(|e| e / total).collect();
-        let mut ranked: Vec<usize> = (0..c.experts).collect();
-        ranked.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+        let (scores, allowed): (Vec<f64>, Vec<usize>) = match c.grouped {
+            None => {
+                let max = logits.iter().cloned().fold(f64::MIN, f64::max);
+                let exp: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+                let total: f64 = exp.iter().sum();
+                (exp.iter().map(|e| e / total).collect(), (0..c.experts).collect())
+            }
+            Some((groups, top_groups)) => {
+                let scores: Vec<f64> = logits.iter().map(|l| 1.0 / (1.0 + (-l).exp())).collect();
+                let choice: Vec<f64> = scores.iter().zip(bias).map(|(s, &b)| s + b as f64).collect();
+                let per = c.experts / groups;
+                let sums: Vec<f64> = choice
+                    .chunks_exact(per)
+                    .map(|g| desc(g)[..2].iter().map(|&e| g[e]).sum())
+                    .collect();
+                let allowed = desc(&sums)[..top_groups]
+                    .iter()
+                    .flat_map(|&g| g * per..(g + 1) * per)
+                    .collect();
+                (scores, allowed)
+            }
+        };
+        let for_choice: Vec<f64> = (0..c.experts)
+            .map(|e| match (allowed.contains(&e), c.grouped) {
+                (false, _) => f64::NEG_INFINITY,
+                (true, Some(_)) => scores[e] + bias[e] as f64,
+                (true, None) => scores[e],
+            })
+            .collect();
+        let ranked = desc(&for_choice);
         let chosen = &ranked[..c.top_k];
         let norm: f64 = if c.normalize {
-            chosen.iter().map(|&e| probs[e]).sum()
+            chosen.iter().map(|&e| scores[e]).sum()
         } else {
             1.0
         };
         let mut y = vec![0.0; c.hidden];
         for &e in chosen {
             for (yi, oi) in y.iter_mut().zip(mlp64(&expert(e), t)) {
-                *yi += probs[e] / norm * oi;
+                *yi += scores[e] / norm * c.scaling * oi;
             }
         }
         if c.shared.is_some() {
             let base = 2 + 3 * c.experts;
             let shared = [v[base].clone(), v[base + 1].clone(), v[base + 2].clone()];
-            let gate = 1.0 / (1.0 + (-matvec(&v[base + 3], t)[0]).exp());
+            let gate = match c.shared_gated {
+                true => 1.0 / (1.0 + (-matvec(&v[base + 3], t)[0]).exp()),
+                false => 1.0,
+            };
             for (yi, oi) in y.iter_mut().zip(mlp64(&shared, t)) {
                 *yi += gate * oi;
             }
@@ -100,16 +144,18 @@ fn reference(c: Case, v: &[Vec<f64>]) -> Vec<f64> {
     out
 }
 
-/// The values in the order `reference` takes them: x, router, each expert's three, the shared expert's three
-/// and its gate.
-fn flat(v: &Values) -> Vec<Vec<f32>> {
+/// The values with gradients in the order `reference` takes them: x, router, each expert's three, the shared
+/// expert's three and its gate (when gated).
+fn flat(c: Case, v: &Values) -> Vec<Vec<f32>> {
     let mut all = vec![v.x.clone(), v.router.clone()];
     for e in &v.experts {
         all.extend(e.iter().cloned());
     }
     if let Some((s, g)) = &v.shared {
         all.extend(s.iter().cloned());
-        all.push(g.clone());
+        if c.shared_gated {
+            all.push(g.clone());
+        }
     }
     all
 }
@@ -144,10 +190,17 @@ fn block(c: Case, v: &Values) -> (Moe, Vec<Tensor>) {
     };
     let experts = v.experts.iter().map(|p| mlp(p, c.width, &mut tensors)).collect();
     let shared = v.shared.as_ref().map(|(p, g)| {
-        let m = mlp(p, c.shared.unwrap(), &mut tensors);
-        let gate = t(g, &[1, c.hidden]);
-        tensors.push(gate.clone());
-        (m, linear(&gate))
+        let mlp = mlp(p, c.shared.unwrap(), &mut tensors);
+        let gate = c.shared_gated.then(|| {
+            let gate = t(g, &[1, c.hidden]);
+            tensors.push(gate.clone());
+            linear(&gate)
+        });
+        SharedExpert {
+            name: "shared_expert",
+            mlp,
+            gate,
+        }
     });
     let moe = Moe {
         name: "mlp",
@@ -155,6 +208,14 @@ fn block(c: Case, v: &Values) -> (Moe, Vec<Tensor>) {
         experts,
         top_k: c.top_k,
         normalize_top_k: c.normalize,
+        scoring: match c.grouped {
+            None => RouterScoring::Softmax,
+            Some((groups, top_groups)) => RouterScoring::GroupedSigmoid { groups, top_groups },
+        },
+        correction_bias: c
+            .grouped
+            .map(|_| Tensor::from_slice(&v.bias, &[c.experts], &d).unwrap()),
+        routed_scaling_factor: c.scaling,
         shared_expert: shared,
     };
     (moe, tensors)
@@ -164,7 +225,7 @@ fn to64(v: &[Vec<f32>]) -> Vec<Vec<f64>> {
     v.iter().map(|x| x.iter().map(|&a| a as f64).collect()).collect()
 }
 
-const CASES: [Case; 4] = [
+const CASES: [Case; 6] = [
     // Mixtral-like: renormalized top 2.
     Case {
         tokens: 7,
@@ -174,6 +235,9 @@ const CASES: [Case; 4] = [
         width: 6,
         normalize: true,
         shared: None,
+        shared_gated: false,
+        grouped: None,
+        scaling: 1.0,
     },
     // Qwen2-MoE-like: raw probabilities, a shared expert.
     Case {
@@ -184,6 +248,9 @@ const CASES: [Case; 4] = [
         width: 4,
         normalize: false,
         shared: Some(6),
+        shared_gated: true,
+        grouped: None,
+        scaling: 1.0,
     },
     // Top 3 of 8 over more tokens than experts.
     Case {
@@ -194,6 +261,9 @@ const CASES: [Case; 4] = [
         width: 3,
         normalize: true,
         shared: None,
+        shared_gated: false,
+        grouped: None,
+        scaling: 1.0,
     },
     // One token, one expert: most experts get no token.
     Case {
@@ -204,6 +274,36 @@ const CASES: [Case; 4] = [
         width: 5,
         normalize: false,
         shared: None,
+        shared_gated: false,
+        grouped: None,
+        scaling: 1.0,
+    },
+    // DeepSeek-V3-like: sigmoid scores, 2 of 4 groups of 2, then 3 experts, renormalized, scaled, an ungated
+    // shared expert.
+    Case {
+        tokens: 9,
+        hidden: 6,
+        experts: 8,
+        top_k: 3,
+        width: 4,
+        normalize: true,
+        shared: Some(5),
+        shared_gated: false,
+        grouped: Some((4, 2)),
+        scaling: 2.5,
+    },
+    // One group of all experts (DeepSeek-V2-Lite's layout), scores as they are.
+    Case {
+        tokens: 4,
+        hidden: 5,
+        experts: 4,
+        top_k: 2,
+        width: 3,
+        normalize: false,
+        shared: None,
+        shared_gated: false,
+        grouped: Some((1, 1)),
+        scaling: 1.5,
     },
 ];
 
@@ -215,7 +315,7 @@ fn routing_matches_a_float64_reference() {
         let (moe, tensors) = block(c, &v);
         let got = no_grad(|| moe.forward(&tensors[0])).unwrap();
         assert_eq!(got.shape(), &[1, c.tokens, c.hidden]);
-        let want = reference(c, &to64(&flat(&v)));
+        let want = reference(c, &to64(&flat(c, &v)), &v.bias);
         assert_close(&format!("{c:?}"), &got.to_vec::<f32>().unwrap(), &want, 1e-4, 1e-5);
     }
 }
@@ -233,8 +333,14 @@ fn gradients_match_float64_finite_differences() {
         let w = rng.vec(out.numel(), -1.0, 1.0);
         let wt = Tensor::from_slice(&w, out.shape(), &dev()).unwrap();
         out.mul(&wt).unwrap().sum_all().unwrap().backward().unwrap();
-        let base = to64(&flat(&v));
-        let loss = |vals: &[Vec<f64>]| -> f64 { reference(c, vals).iter().zip(&w).map(|(a, &b)| a * b as f64).sum() };
+        let base = to64(&flat(c, &v));
+        let loss = |vals: &[Vec<f64>]| -> f64 {
+            reference(c, vals, &v.bias)
+                .iter()
+                .zip(&w)
+                .map(|(a, &b)| a * b as f64)
+                .sum()
+        };
         let h = 1e-6;
         for (k, tensor) in tensors.iter().enumerate() {
             let grad = tensor
@@ -273,7 +379,8 @@ fn moe_settings_parse_with_the_config_classes_defaults() {
     let mixtral = parse(&format!(r#"{{"model_type": "mixtral", {BASE}}}"#)).unwrap();
     let m = mixtral.moe.unwrap();
     assert_eq!((m.num_experts, m.top_k, m.expert_intermediate_size), (8, 2, 128));
-    assert!(m.normalize_top_k && m.dense_layers.is_empty() && m.shared_expert_intermediate_size.is_none());
+    assert!(m.normalize_top_k && m.dense_layers.is_empty() && m.shared_expert.is_none());
+    assert_eq!((m.scoring, m.routed_scaling_factor), (RouterScoring::Softmax, 1.0));
     assert_eq!((m.block_name, m.expert_names), ("block_sparse_moe", ["w1", "w3", "w2"]));
 
     // transformers writes either spelling of the expert count.
@@ -293,8 +400,34 @@ fn moe_settings_parse_with_the_config_classes_defaults() {
     .unwrap();
     let m = qwen2.moe.unwrap();
     assert_eq!(m.dense_layers, vec![0, 2]);
-    assert_eq!(m.shared_expert_intermediate_size, Some(5632));
+    let shared = m.shared_expert.unwrap();
+    assert_eq!(
+        (shared.name, shared.intermediate_size, shared.gated),
+        ("shared_expert", 5632, true)
+    );
     assert!(!m.normalize_top_k);
+
+    // DeepSeek-V3: grouped sigmoid routing, n_shared_experts as one MLP, dense first layers.
+    let deepseek = parse(&format!(
+        r#"{{"model_type": "deepseek_v3", {BASE}, "num_key_value_heads": 4, "n_routed_experts": 16,
+            "moe_intermediate_size": 8, "n_shared_experts": 2, "first_k_dense_replace": 1}}"#
+    ))
+    .unwrap();
+    let m = deepseek.moe.unwrap();
+    assert_eq!((m.num_experts, m.top_k, m.expert_intermediate_size), (16, 8, 8));
+    assert_eq!(
+        m.scoring,
+        RouterScoring::GroupedSigmoid {
+            groups: 8,
+            top_groups: 4
+        }
+    );
+    assert!(m.normalize_top_k && m.routed_scaling_factor == 2.5 && m.dense_layers == vec![0]);
+    let shared = m.shared_expert.unwrap();
+    assert_eq!(
+        (shared.name, shared.intermediate_size, shared.gated),
+        ("shared_experts", 16, false)
+    );
 
     let olmoe = parse(&format!(
         r#"{{"model_type": "olmoe", {BASE}, "num_experts": 4, "num_experts_per_tok": 2}}"#
@@ -320,6 +453,21 @@ fn bad_moe_settings_are_refused_with_the_field() {
         (r#""router_jitter_noise": 0.1"#, "router_jitter_noise"),
     ] {
         let err = parse(&format!(r#"{{"model_type": "mixtral", {BASE}, {extra}}}"#)).unwrap_err();
+        assert!(err.to_string().contains(field), "{extra}: {err}");
+    }
+    let deepseek = r#""model_type": "deepseek_v3", "num_key_value_heads": 4, "n_routed_experts": 12"#;
+    for (extra, field) in [
+        // 12 experts in 8 groups, or in groups of 1 (the group score is the sum of the two best).
+        (r#""n_group": 8"#, "n_group"),
+        (r#""n_group": 12, "topk_group": 2, "num_experts_per_tok": 2"#, "n_group"),
+        (r#""n_group": 4, "topk_group": 5"#, "topk_group"),
+        (
+            r#""n_group": 4, "topk_group": 1, "num_experts_per_tok": 4"#,
+            "topk_group",
+        ),
+        (r#""n_group": 4, "routed_scaling_factor": 0"#, "routed_scaling_factor"),
+    ] {
+        let err = parse(&format!(r#"{{{BASE}, {deepseek}, {extra}}}"#)).unwrap_err();
         assert!(err.to_string().contains(field), "{extra}: {err}");
     }
     let err = parse(&format!(

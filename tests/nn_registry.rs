@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 32] = [
+    let cases: [(&str, &str, u64); 34] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -396,6 +396,37 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "partial_rotary_factor": 0.5, "attention_bias": true, "tie_word_embeddings": false,
                 "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329, "hidden_act": "silu"}"#,
             9_400_000_000,
+        ),
+        (
+            // The main model (the checkpoint's multi-token-prediction layer 61 is not part of it).
+            "deepseek-ai/DeepSeek-V3",
+            r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+                "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+                "num_hidden_layers": 61, "num_nextn_predict_layers": 1, "num_attention_heads": 128,
+                "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256, "ep_size": 1,
+                "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+                "v_head_dim": 128, "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8,
+                "topk_group": 4, "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3,
+                "norm_topk_prob": true, "scoring_func": "sigmoid", "hidden_act": "silu",
+                "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+                "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 4096, "type": "yarn"}, "tie_word_embeddings": false,
+                "bos_token_id": 0, "eos_token_id": 1, "attention_bias": false, "attention_dropout": 0.0}"#,
+            671_000_000_000,
+        ),
+        (
+            // DeepSeek-V2-Lite's layout (no q_lora_rank, one group) under the deepseek_v3 type.
+            "moonshotai/Moonlight-16B-A3B",
+            r#"{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 163840,
+                "hidden_size": 2048, "intermediate_size": 11264, "moe_intermediate_size": 1408,
+                "num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+                "n_shared_experts": 2, "n_routed_experts": 64, "routed_scaling_factor": 2.446, "kv_lora_rank": 512,
+                "q_lora_rank": null, "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+                "n_group": 1, "topk_group": 1, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+                "norm_topk_prob": true, "hidden_act": "silu", "max_position_embeddings": 8192,
+                "rms_norm_eps": 1e-05, "rope_theta": 50000.0, "rope_scaling": null, "tie_word_embeddings": false,
+                "bos_token_id": 163584, "eos_token_id": 163585}"#,
+            16_000_000_000,
         ),
     ];
     for (name, json, published) in cases {

@@ -200,97 +200,13 @@ impl Attention {
         };
         let v = heads(clip(v)?, kvh, &None)?;
         let (q, k) = match self.interleaved_rope {
-            true => (self.deinterleave(q)?, self.deinterleave(k)?),
+            true => (deinterleave(q, self.rotary_dim)?, deinterleave(k, self.rotary_dim)?),
             false => (q, k),
         };
-        let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
-        // The fused kernels rotate whole heads and do not soft-cap; such layers take the composed path.
-        let partial = self.rotary_dim < d;
-        let fused = !partial && self.softcap.is_none();
-        let rotate = |x: Tensor, cos: &Tensor, sin: &Tensor, pass_scale: f64| -> Result<Tensor> {
-            if !partial {
-                return Ok(x.rope(cos, sin)?);
-            }
-            let r = self.rotary_dim;
-            let rotated = x.narrow(-1, 0, r)?.rope(cos, sin)?;
-            let passed = match x.narrow(-1, r, d - r)? {
-                p if pass_scale != 1.0 => p.mul_scalar(pass_scale)?,
-                p => p,
-            };
-            Ok(Tensor::cat(&[rotated, passed], -1)?)
-        };
-        let y = match cache {
-            // The fused kernels take heads of up to MAX_HEAD_DIM; larger ones run the batched matmuls below.
-            Some((cache, layer)) if !differentiable && fused && t <= STEP_MAX_QUERIES && d <= MAX_HEAD_DIM => {
-                let (k_cache, v_cache) = cache.buffers(layer);
-                let new = NewKeys {
-                    k: &k,
-                    v: &v,
-                    tables: ctx.tables.step(),
-                };
-                q.attention_step(new, k_cache, v_cache, cache.len(), ctx.window)?
-            }
-            Some((cache, layer)) if !differentiable && fused && Tensor::rope_into_cache_fits(x.device()) => {
-                let (k_new, v_new) = cache.new_positions(layer, t)?;
-                let q = q.rope_into_cache(&k, &v, ctx.tables.step(), &k_new, &v_new)?;
-                let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;
-                if t <= FUSED_ATTENTION_MAX_QUERIES && d <= MAX_HEAD_DIM {
-                    q.cached_attention(&keys, &values, ctx.query_start, ctx.key_start, ctx.window)?
-                } else {
-                    let mask = ctx.mask(t, keys.shape()[2], x.device())?;
-                    scaled_dot_product(&q, &keys, &values, mask)?.permute(&[0, 2, 1, 3])?
-                }
-            }
-            _ => {
-                let q = rotate(
-                    q.permute(&[0, 2, 1, 3])?,
-                    &ctx.tables.cos_q,
-                    &ctx.tables.sin_q,
-                    ctx.score_scale,
-                )?;
-                let k = rotate(k.permute(&[0, 2, 1, 3])?, &ctx.tables.cos_k, &ctx.tables.sin_k, 1.0)?;
-                let v = v.permute(&[0, 2, 1, 3])?;
-                let (k, v) = match cache {
-                    Some((cache, layer)) => cache.append(layer, &k, &v, ctx.key_start)?,
-                    None if ctx.key_start == 0 => (k, v),
-                    None => {
-                        return Err(Error::Invalid(
-                            "attention: keys before the first new position need a cache".into(),
-                        ));
-                    }
-                };
-                // Anything else (16-bit activations, larger heads) takes the composed path.
-                if self.softcap.is_none() && flash_attention_fits(&q, &k, &v) {
-                    q.flash_attention(&k, &v, ctx.query_start, ctx.key_start, ctx.window)?
-                } else {
-                    let mask = ctx.mask(t, k.shape()[2], x.device())?;
-                    attend(&q, &k, &v, mask, self.softcap)?.permute(&[0, 2, 1, 3])?
-                }
-            }
-        };
+        let y = attend_heads(q, k, v, self.rotary_dim, self.softcap, differentiable, ctx, cache)?;
         Ok(self
             .o_proj
             .forward_fused(&y.reshape(&[b, t, h * d])?, None, None, residual)?)
-    }
-
-    /// Heads `[B, T, n, D]` with the pairs of adjacent rotary dimensions split into the two halves of the rotary
-    /// part (see [`Attention::interleaved_rope`]).
-    fn deinterleave(&self, y: Tensor) -> Result<Tensor> {
-        let (r, d) = (self.rotary_dim, self.head_dim);
-        let s = y.shape().to_vec();
-        let halves = |x: Tensor| -> Result<Tensor> {
-            Ok(x.reshape(&[s[0], s[1], s[2], r / 2, 2])?
-                .permute(&[0, 1, 2, 4, 3])?
-                .contiguous()?
-                .reshape(&[s[0], s[1], s[2], r])?)
-        };
-        if r == d {
-            return halves(y);
-        }
-        Ok(Tensor::cat(
-            &[halves(y.narrow(-1, 0, r)?)?, y.narrow(-1, r, d - r)?],
-            -1,
-        )?)
     }
 
     /// The linear layers with their module names (`q_proj`, ..., or the fused `qkv_proj`), in module order.
@@ -356,6 +272,109 @@ impl Attention {
         }
         p
     }
+}
+
+/// Rotary, the cache and attention for heads already projected: queries `[B, T, H, D]`, keys and values
+/// `[B, T, KVH, D]`, of which the leading `rotary_dim` dimensions of each head rotate (the rest of the queries'
+/// take the score scale). Scores are soft-capped by `softcap`; `differentiable` says whether gradients will flow,
+/// which rules out the fused inference kernels. Returns `[B, T, H, D]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_heads(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rotary_dim: usize,
+    softcap: Option<f64>,
+    differentiable: bool,
+    ctx: &AttentionContext,
+    cache: Option<(&KvCache, usize)>,
+) -> Result<Tensor> {
+    let (t, d) = (q.shape()[1], q.shape()[3]);
+    let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
+    // The fused kernels rotate whole heads and do not soft-cap; such layers take the composed path.
+    let partial = rotary_dim < d;
+    let fused = !partial && softcap.is_none();
+    let rotate = |x: Tensor, cos: &Tensor, sin: &Tensor, pass_scale: f64| -> Result<Tensor> {
+        if !partial {
+            return Ok(x.rope(cos, sin)?);
+        }
+        let r = rotary_dim;
+        let rotated = x.narrow(-1, 0, r)?.rope(cos, sin)?;
+        let passed = match x.narrow(-1, r, d - r)? {
+            p if pass_scale != 1.0 => p.mul_scalar(pass_scale)?,
+            p => p,
+        };
+        Ok(Tensor::cat(&[rotated, passed], -1)?)
+    };
+    Ok(match cache {
+        // The fused kernels take heads of up to MAX_HEAD_DIM; larger ones run the batched matmuls below.
+        Some((cache, layer)) if !differentiable && fused && t <= STEP_MAX_QUERIES && d <= MAX_HEAD_DIM => {
+            let (k_cache, v_cache) = cache.buffers(layer);
+            let new = NewKeys {
+                k: &k,
+                v: &v,
+                tables: ctx.tables.step(),
+            };
+            q.attention_step(new, k_cache, v_cache, cache.len(), ctx.window)?
+        }
+        Some((cache, layer)) if !differentiable && fused && Tensor::rope_into_cache_fits(q.device()) => {
+            let (k_new, v_new) = cache.new_positions(layer, t)?;
+            let q = q.rope_into_cache(&k, &v, ctx.tables.step(), &k_new, &v_new)?;
+            let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;
+            if t <= FUSED_ATTENTION_MAX_QUERIES && d <= MAX_HEAD_DIM {
+                q.cached_attention(&keys, &values, ctx.query_start, ctx.key_start, ctx.window)?
+            } else {
+                let mask = ctx.mask(t, keys.shape()[2], q.device())?;
+                scaled_dot_product(&q, &keys, &values, mask)?.permute(&[0, 2, 1, 3])?
+            }
+        }
+        _ => {
+            let q = rotate(
+                q.permute(&[0, 2, 1, 3])?,
+                &ctx.tables.cos_q,
+                &ctx.tables.sin_q,
+                ctx.score_scale,
+            )?;
+            let k = rotate(k.permute(&[0, 2, 1, 3])?, &ctx.tables.cos_k, &ctx.tables.sin_k, 1.0)?;
+            let v = v.permute(&[0, 2, 1, 3])?;
+            let (k, v) = match cache {
+                Some((cache, layer)) => cache.append(layer, &k, &v, ctx.key_start)?,
+                None if ctx.key_start == 0 => (k, v),
+                None => {
+                    return Err(Error::Invalid(
+                        "attention: keys before the first new position need a cache".into(),
+                    ));
+                }
+            };
+            // Anything else (16-bit activations, larger heads) takes the composed path.
+            if softcap.is_none() && flash_attention_fits(&q, &k, &v) {
+                q.flash_attention(&k, &v, ctx.query_start, ctx.key_start, ctx.window)?
+            } else {
+                let mask = ctx.mask(t, k.shape()[2], q.device())?;
+                attend(&q, &k, &v, mask, softcap)?.permute(&[0, 2, 1, 3])?
+            }
+        }
+    })
+}
+
+/// Heads `[B, T, n, D]` with the pairs of adjacent dimensions of the leading `r` (the rotary part) split into
+/// the two halves of that part (see [`Attention::interleaved_rope`]).
+pub(crate) fn deinterleave(y: Tensor, r: usize) -> Result<Tensor> {
+    let s = y.shape().to_vec();
+    let d = s[3];
+    let halves = |x: Tensor| -> Result<Tensor> {
+        Ok(x.reshape(&[s[0], s[1], s[2], r / 2, 2])?
+            .permute(&[0, 1, 2, 4, 3])?
+            .contiguous()?
+            .reshape(&[s[0], s[1], s[2], r])?)
+    };
+    if r == d {
+        return halves(y);
+    }
+    Ok(Tensor::cat(
+        &[halves(y.narrow(-1, 0, r)?)?, y.narrow(-1, r, d - r)?],
+        -1,
+    )?)
 }
 
 /// The query, key and value projections of a fused matrix as views of it (`rows` each): its three blocks, or

@@ -146,6 +146,49 @@ pub enum NormPlacement {
     ParallelTwoNorms,
 }
 
+/// The shapes of multi-head latent attention (DeepSeek-V3): keys and values are expanded per head from one
+/// compressed latent, and one rotary key is shared by all heads, so a checkpoint holds no per-head k/v projection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatentAttentionConfig {
+    /// Rank of the queries' low-rank projection (`q_a_proj`, `q_a_layernorm`, `q_b_proj`); `None`: one `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    /// Width of the normed key/value latent (`kv_lora_rank`).
+    pub kv_lora_rank: usize,
+    /// Query/key dimensions per head without rotary (`qk_nope_head_dim`).
+    pub nope_dim: usize,
+    /// Query/key dimensions per head that rotate (`qk_rope_head_dim`); the key's are shared by all heads.
+    pub rope_dim: usize,
+    /// Value dimensions per head (`v_head_dim`).
+    pub v_dim: usize,
+}
+
+/// How a router scores experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterScoring {
+    /// A softmax over all experts; the best `top_k` probabilities weight the chosen (Mixtral, Qwen-MoE, OLMoE).
+    Softmax,
+    /// A sigmoid per expert (DeepSeek-V3). The experts are chosen by score plus the checkpoint's correction bias
+    /// (`e_score_correction_bias`), among the `top_groups` of `groups` equal groups of experts whose two best
+    /// such scores sum highest; the scores without the bias weight them.
+    GroupedSigmoid {
+        /// Groups of experts (`n_group`).
+        groups: usize,
+        /// Groups each token chooses from (`topk_group`).
+        top_groups: usize,
+    },
+}
+
+/// The expert every token goes through besides its routed ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedExpertConfig {
+    /// Its module name in the block (`shared_expert`; DeepSeek-V3's `shared_experts`).
+    pub name: &'static str,
+    /// Width of its gated MLP.
+    pub intermediate_size: usize,
+    /// Its output is scaled by a sigmoid gate (Qwen2-MoE's `shared_expert_gate`, `[1, hidden]`).
+    pub gated: bool,
+}
+
 /// How a mixture-of-experts block routes each token to `top_k` of its experts.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
@@ -157,9 +200,12 @@ pub struct MoeConfig {
     pub expert_intermediate_size: usize,
     /// The chosen experts' probabilities are divided by their sum (Mixtral always; the others' `norm_topk_prob`).
     pub normalize_top_k: bool,
-    /// Width of the shared expert every token also goes through, scaled by a sigmoid gate (Qwen2-MoE's
-    /// `shared_expert_intermediate_size`); `None` without one.
-    pub shared_expert_intermediate_size: Option<usize>,
+    /// How the router scores the experts.
+    pub scoring: RouterScoring,
+    /// The chosen experts' weights are multiplied by it (DeepSeek-V3's `routed_scaling_factor`; 1 elsewhere).
+    pub routed_scaling_factor: f64,
+    /// The shared expert (Qwen2-MoE's gated `shared_expert`, DeepSeek-V3's `shared_experts`); `None` without one.
+    pub shared_expert: Option<SharedExpertConfig>,
     /// Layers with a dense MLP of `intermediate_size` in place of the experts (Qwen's `mlp_only_layers` and
     /// `decoder_sparse_step`), ascending.
     pub dense_layers: Vec<usize>,
@@ -290,6 +336,10 @@ pub struct ModelConfig {
     pub nope_layers: Vec<usize>,
     /// Every RMSNorm scales by `1 + weight` (Gemma).
     pub norm_unit_offset: bool,
+    /// Multi-head latent attention in place of the q/k/v projections (DeepSeek-V3). `head_dim` is then the wider
+    /// of the query/key and value heads (the narrower is zero-padded, so every attention kernel runs unchanged),
+    /// `rotary_dim` the rotary part and `num_key_value_heads` the heads.
+    pub latent_attention: Option<LatentAttentionConfig>,
 }
 
 impl ModelConfig {
@@ -362,6 +412,7 @@ impl ModelConfig {
             logits_scaling: 1.0,
             nope_layers: Vec::new(),
             norm_unit_offset: false,
+            latent_attention: None,
         }
     }
 
@@ -410,11 +461,26 @@ impl ModelConfig {
             (true, false) => 2 * self.head_dim as u64,
             (true, true) => q + kv,
         };
-        let attention = hidden * (q + 2 * kv)
-            + bias(self.attention_bias, q + 2 * kv)
-            + q * hidden
-            + bias(self.o_proj_bias, hidden)
-            + qk_norm;
+        let attention = match self.latent_attention {
+            None => {
+                hidden * (q + 2 * kv)
+                    + bias(self.attention_bias, q + 2 * kv)
+                    + q * hidden
+                    + bias(self.o_proj_bias, hidden)
+                    + qk_norm
+            }
+            Some(m) => {
+                let heads = self.num_attention_heads as u64;
+                let [nope, rope, v, kv_rank] = [m.nope_dim, m.rope_dim, m.v_dim, m.kv_lora_rank].map(|n| n as u64);
+                let q_out = heads * (nope + rope);
+                let query = match m.q_lora_rank.map(|r| r as u64) {
+                    Some(r) => hidden * r + bias(self.attention_bias, r) + r + r * q_out,
+                    None => hidden * q_out,
+                };
+                let latent = hidden * (kv_rank + rope) + bias(self.attention_bias, kv_rank + rope) + kv_rank;
+                query + latent + kv_rank * heads * (nope + v) + heads * v * hidden + bias(self.o_proj_bias, hidden)
+            }
+        };
         let branches = if self.mlp_gated { 2 } else { 1 };
         let mlp = (branches + 1) * hidden * inter + bias(self.mlp_bias, branches * inter + hidden);
         let norm = hidden * (self.norm_weight as u64 + self.norm_bias as u64);
@@ -425,8 +491,8 @@ impl ModelConfig {
                 let dense = m.dense_layers.len() as u64;
                 let experts = m.num_experts as u64 * 3 * hidden * m.expert_intermediate_size as u64;
                 let shared = m
-                    .shared_expert_intermediate_size
-                    .map_or(0, |s| 3 * hidden * s as u64 + hidden);
+                    .shared_expert
+                    .map_or(0, |s| 3 * hidden * s.intermediate_size as u64 + bias(s.gated, hidden));
                 let router = m.num_experts as u64 * hidden;
                 dense * mlp + (layers - dense) * (experts + shared + router)
             }
@@ -702,6 +768,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_id: Some(151329),
             tie_word_embeddings: false,
         },
+        Family::DeepseekV3 => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 4096,
+            bos_token_id: Some(0),
+            eos_token_id: Some(1),
+            tie_word_embeddings: false,
+        },
     }
 }
 
@@ -759,7 +833,19 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             &format!("{num_key_value_heads} does not divide num_attention_heads ({num_attention_heads})"),
         ));
     }
+    let latent_attention = latent_attention(f, family)?;
+    if latent_attention.is_some() && num_key_value_heads != num_attention_heads {
+        return Err(f.error(
+            "num_key_value_heads",
+            &format!(
+                "latent attention expands keys and values for every head: {num_key_value_heads} is not \
+                 num_attention_heads ({num_attention_heads})"
+            ),
+        ));
+    }
+    // (DeepSeek-V3's config.json calls its rotary part `head_dim`.)
     let head_dim = match f.or("head_dim", d.head_dim, USIZE)? {
+        _ if let Some(m) = latent_attention => (m.nope_dim + m.rope_dim).max(m.v_dim),
         Some(0) => return Err(f.error("head_dim", "must be positive")),
         Some(h) => h,
         None if hidden_size % num_attention_heads != 0 => {
@@ -797,7 +883,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         return Err(f.error("rms_norm_eps", "must be positive"));
     }
     let (rope, sliding_rope) = rope_configs(f, family, max_position_embeddings)?;
-    let rotary_dim = rotary_dim(f, family, head_dim)?;
+    let rotary_dim = match latent_attention {
+        Some(m) => m.rope_dim,
+        None => rotary_dim(f, family, head_dim)?,
+    };
     let flag = |key: &str| -> Result<bool> { Ok(f.or(key, Some(false), BOOL)?.unwrap_or(false)) };
     let tie_word_embeddings = f
         .or("tie_word_embeddings", Some(d.tie_word_embeddings), BOOL)?
@@ -817,7 +906,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         | Family::Olmo3
         | Family::Gemma2
         | Family::Gemma3Text
-        | Family::Cohere => {
+        | Family::Cohere
+        | Family::DeepseekV3 => {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
@@ -930,6 +1020,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             }
             Some(scalar.powf(-0.5))
         }
+        _ if let Some(m) = latent_attention => Some(latent_attention_scale(f, m.nope_dim + m.rope_dim)?),
         _ => None,
     };
     let softcap = |key: &str, default: Option<f64>| -> Result<Option<f64>> {
@@ -1056,7 +1147,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             }
             _ => NormPlacement::Pre,
         },
-        interleaved_rope: matches!(family, Family::Cohere | Family::Glm),
+        interleaved_rope: matches!(family, Family::Cohere | Family::Glm)
+            || (family == Family::DeepseekV3 && f.or("rope_interleave", Some(true), BOOL)? == Some(true)),
         attention_names: match family {
             Family::Phi | Family::GptNeox | Family::Falcon => ["q_proj", "k_proj", "v_proj", "dense"],
             Family::Gpt2 => ["q_proj", "k_proj", "v_proj", "c_proj"],
@@ -1176,7 +1268,61 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         moe: moe(f, family, num_hidden_layers, intermediate_size)?,
         clip_after_qk_norm: family == Family::Olmoe,
         clip_qkv,
+        latent_attention,
     })
+}
+
+/// DeepSeek-V3's latent attention shapes (`None` for the other families), with its config class's defaults.
+fn latent_attention(f: &Fields, family: Family) -> Result<Option<LatentAttentionConfig>> {
+    if family != Family::DeepseekV3 {
+        return Ok(None);
+    }
+    let dim = |key: &str, default: usize| -> Result<usize> {
+        match f.or(key, Some(default), USIZE)?.unwrap_or(default) {
+            0 => Err(f.error(key, "must be positive")),
+            n => Ok(n),
+        }
+    };
+    let q_lora_rank = match f.map.get("q_lora_rank") {
+        Some(Value::Null) => None,
+        _ => Some(dim("q_lora_rank", 1536)?),
+    };
+    let rope_dim = dim("qk_rope_head_dim", 64)?;
+    if !rope_dim.is_multiple_of(2) {
+        return Err(f.error("qk_rope_head_dim", "must be even (rotary dimensions come in pairs)"));
+    }
+    Ok(Some(LatentAttentionConfig {
+        q_lora_rank,
+        kv_lora_rank: dim("kv_lora_rank", 512)?,
+        nope_dim: dim("qk_nope_head_dim", 128)?,
+        rope_dim,
+        v_dim: dim("v_head_dim", 128)?,
+    }))
+}
+
+/// DeepSeek-V3's softmax scale for query/key heads of `qk_dim`: `1 / sqrt(qk_dim)`, times the square of YaRN's
+/// factor for `mscale_all_dim` when the rotary embedding is scaled (transformers' `yarn_apply_mscale`).
+fn latent_attention_scale(f: &Fields, qk_dim: usize) -> Result<f64> {
+    let scale = (qk_dim as f64).powf(-0.5);
+    let block = match f.object("rope_parameters")? {
+        Some(b) => Some(b),
+        None => f.object("rope_scaling")?,
+    };
+    let Some(b) = block else { return Ok(scale) };
+    let kind = match b.or("rope_type", None, STRING)? {
+        Some(kind) => Some(kind),
+        None => b.or("type", None, STRING)?,
+    };
+    if kind.is_none_or(|k| k == "default") {
+        return Ok(scale);
+    }
+    match b.or("mscale_all_dim", None, F64)? {
+        Some(all) if all != 0.0 => {
+            let m = yarn_mscale(b.required("factor", F64)?, all);
+            Ok(scale * m * m)
+        }
+        _ => Ok(scale),
+    }
 }
 
 /// The mixture-of-experts settings of the MoE families (`None` for the others), with their config classes'
@@ -1187,6 +1333,7 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
         Family::Qwen2Moe => (60, 4),
         Family::Qwen3Moe => (128, 8),
         Family::Olmoe => (64, 8),
+        Family::DeepseekV3 => (256, 8),
         _ => return Ok(None),
     };
     let count = |key: &str, default: usize| -> Result<usize> {
@@ -1196,9 +1343,10 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
         }
     };
     // transformers treats the two spellings as one attribute and writes either.
-    let experts_key = match f.map.contains_key("num_local_experts") {
-        true => "num_local_experts",
-        false => "num_experts",
+    let experts_key = match (family, f.map.contains_key("num_local_experts")) {
+        (Family::DeepseekV3, false) => "n_routed_experts",
+        (_, true) => "num_local_experts",
+        (_, false) => "num_experts",
     };
     let num_experts = count(experts_key, default_experts)?;
     let top_k = count("num_experts_per_tok", default_top_k)?;
@@ -1212,15 +1360,60 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
     let expert_intermediate_size = match family {
         Family::Qwen2Moe => count("moe_intermediate_size", 1408)?,
         Family::Qwen3Moe => count("moe_intermediate_size", 768)?,
+        Family::DeepseekV3 => count("moe_intermediate_size", 2048)?,
         _ => intermediate_size,
     };
     let normalize_top_k = match family {
         Family::Mixtral => true,
+        Family::DeepseekV3 => f.or("norm_topk_prob", Some(true), BOOL)?.unwrap_or(true),
         _ => f.or("norm_topk_prob", Some(false), BOOL)?.unwrap_or(false),
     };
-    let shared_expert_intermediate_size = match family {
-        Family::Qwen2Moe => Some(count("shared_expert_intermediate_size", 5632)?),
+    let shared_expert = match family {
+        Family::Qwen2Moe => Some(SharedExpertConfig {
+            name: "shared_expert",
+            intermediate_size: count("shared_expert_intermediate_size", 5632)?,
+            gated: true,
+        }),
+        // n_shared_experts of them run as one MLP as wide as all of them.
+        Family::DeepseekV3 => match f.or("n_shared_experts", Some(1), USIZE)?.unwrap_or(1) {
+            0 => None,
+            n => Some(SharedExpertConfig {
+                name: "shared_experts",
+                intermediate_size: n * expert_intermediate_size,
+                gated: false,
+            }),
+        },
         _ => None,
+    };
+    let scoring = match family {
+        Family::DeepseekV3 => {
+            let groups = count("n_group", 8)?;
+            let top_groups = count("topk_group", 4)?;
+            let per_group = num_experts / groups;
+            if !num_experts.is_multiple_of(groups) || per_group < 2 {
+                return Err(f.error(
+                    "n_group",
+                    &format!("{groups} groups do not split {num_experts} experts in equal groups of at least 2"),
+                ));
+            }
+            if top_groups > groups || top_k > top_groups * per_group {
+                return Err(f.error(
+                    "topk_group",
+                    &format!(
+                        "{top_groups} of {groups} groups of {per_group} experts cannot hold {top_k} chosen experts"
+                    ),
+                ));
+            }
+            RouterScoring::GroupedSigmoid { groups, top_groups }
+        }
+        _ => RouterScoring::Softmax,
+    };
+    let routed_scaling_factor = match family {
+        Family::DeepseekV3 => match f.or("routed_scaling_factor", Some(2.5), F64)?.unwrap_or(2.5) {
+            s if s > 0.0 && s.is_finite() => s,
+            _ => return Err(f.error("routed_scaling_factor", "must be positive")),
+        },
+        _ => 1.0,
     };
     let dense_layers = if qwen {
         let step = count("decoder_sparse_step", 1)?;
@@ -1238,6 +1431,9 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
         (0..layers)
             .filter(|i| listed.contains(i) || (i + 1) % step != 0)
             .collect()
+    } else if family == Family::DeepseekV3 {
+        let dense = f.or("first_k_dense_replace", Some(3), USIZE)?.unwrap_or(3);
+        (0..dense.min(layers)).collect()
     } else {
         Vec::new()
     };
@@ -1257,7 +1453,9 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
         top_k,
         expert_intermediate_size,
         normalize_top_k,
-        shared_expert_intermediate_size,
+        scoring,
+        routed_scaling_factor,
+        shared_expert,
         dense_layers,
         block_name: if family == Family::Mixtral {
             "block_sparse_moe"
@@ -1358,7 +1556,8 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::GptNeox
         | Family::Gpt2
         | Family::Falcon
-        | Family::Glm => {
+        | Family::Glm
+        | Family::DeepseekV3 => {
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,

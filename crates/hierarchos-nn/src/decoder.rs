@@ -5,17 +5,19 @@ use hierarchos_core::quant::QTensor;
 use hierarchos_core::{Device, Tensor};
 
 use crate::attention::{Attention, AttentionContext, qkv_views};
-use crate::config::{ModelConfig, NormPlacement};
+use crate::config::{ModelConfig, NormPlacement, RouterScoring};
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
 use crate::feed_forward::FeedForward;
 use crate::kv_cache::KvCache;
+use crate::latent_attention::{LatentAttention, LatentQuery};
 use crate::linear::{Linear, LinearWeight, prefixed};
 use crate::lora::LoraConfig;
 use crate::mlp::Mlp;
-use crate::moe::Moe;
+use crate::moe::{Moe, SharedExpert};
 use crate::norm::{Norm, NormKind};
 use crate::rope::{RopeTables, RotaryEmbedding};
+use crate::self_attention::SelfAttention;
 use crate::weights::Weights;
 
 /// One decoder block: pre-norm (Llama) `x + attn(norm(x))`, then `x + mlp(norm(x))`; post-norm (OLMo 2)
@@ -26,7 +28,7 @@ pub struct DecoderLayer {
     /// Norm before attention (`input_layernorm`); `None` in a post-norm layer.
     pub input_layernorm: Option<Norm>,
     /// Self-attention.
-    pub self_attn: Attention,
+    pub self_attn: SelfAttention,
     /// Norm of the attention output before its residual add (`post_attention_layernorm` of OLMo 2 and Gemma 2).
     pub attention_output_norm: Option<Norm>,
     /// Norm before the MLP (Llama's `post_attention_layernorm`, Gemma 2's `pre_feedforward_layernorm`).
@@ -124,14 +126,14 @@ impl DecoderLayer {
     /// The linear layers with their paths inside the layer (`self_attn.q_proj`, ..., `mlp.down_proj`), in
     /// module order.
     fn linears(&self) -> Vec<(String, &Linear)> {
-        let mut v = prefixed(self.self_attn.module, self.self_attn.linears());
+        let mut v = self.self_attn.linears();
         v.extend(self.mlp.linears());
         v
     }
 
     /// [`DecoderLayer::linears`], mutable.
     fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let mut v = prefixed(self.self_attn.module, self.self_attn.linears_mut());
+        let mut v = self.self_attn.linears_mut();
         v.extend(self.mlp.linears_mut());
         v
     }
@@ -143,7 +145,7 @@ impl DecoderLayer {
             |name: &str, norm: &Option<Norm>| norm.as_ref().map_or_else(Vec::new, |n| prefixed(name, n.parameters()));
         [
             optional(input, &self.input_layernorm),
-            prefixed(self.self_attn.module, self.self_attn.parameters()),
+            self.self_attn.parameters(),
             optional(attention_output, &self.attention_output_norm),
             optional(mlp_input, &self.mlp_input_norm),
             self.mlp.parameters(),
@@ -159,11 +161,10 @@ impl DecoderLayer {
             &mut self.attention_output_norm,
             &mut self.mlp_input_norm,
             &mut self.mlp_output_norm,
-            &mut self.self_attn.q_norm,
-            &mut self.self_attn.k_norm,
         ]
         .into_iter()
         .flatten()
+        .chain(self.self_attn.norms_mut())
     }
 }
 
@@ -233,64 +234,10 @@ impl CausalLm {
             let p = names.layer(i);
             let a = format!("{p}.{}", names.attention);
             let m = format!("{p}.mlp");
-            let [q_name, k_name, v_name, o_name] = c.attention_names;
-            // Separate q/k/v projections stacked for inference, or the views of one fused checkpoint matrix.
-            let (q_proj, k_proj, v_proj, qkv) = match c.fused_qkv {
-                Some((name, layout)) => {
-                    let rows = [h * d, kvh * d, kvh * d];
-                    let fused = linear(
-                        tensor,
-                        quantized,
-                        &format!("{a}.{name}"),
-                        rows.iter().sum(),
-                        hidden,
-                        c.attention_bias,
-                        c.conv1d,
-                    )?;
-                    let [q, k, v] = qkv_views(&fused, layout, rows)?;
-                    (q, k, v, Some(fused))
-                }
-                None => {
-                    let mut q = linear(
-                        tensor,
-                        quantized,
-                        &format!("{a}.{q_name}"),
-                        h * d,
-                        hidden,
-                        c.attention_bias,
-                        c.conv1d,
-                    )?;
-                    let mut k = linear(
-                        tensor,
-                        quantized,
-                        &format!("{a}.{k_name}"),
-                        kvh * d,
-                        hidden,
-                        c.attention_bias,
-                        c.conv1d,
-                    )?;
-                    let mut v = linear(
-                        tensor,
-                        quantized,
-                        &format!("{a}.{v_name}"),
-                        kvh * d,
-                        hidden,
-                        c.attention_bias,
-                        c.conv1d,
-                    )?;
-                    let qkv = Linear::stack(&mut [&mut q, &mut k, &mut v])?;
-                    (q, k, v, qkv)
-                }
+            let self_attn = match c.latent_attention {
+                Some(_) => SelfAttention::Latent(latent_attention(tensor, quantized, &a, c)?),
+                None => SelfAttention::Standard(standard_attention(tensor, quantized, &a, c)?),
             };
-            let o_proj = linear(
-                tensor,
-                quantized,
-                &format!("{a}.{o_name}"),
-                hidden,
-                h * d,
-                c.o_proj_bias,
-                c.conv1d,
-            )?;
             let feed_forward = match &c.moe {
                 Some(moe) if !moe.dense_layers.contains(&i) => {
                     let b = format!("{p}.{}", moe.block_name);
@@ -308,23 +255,30 @@ impl CausalLm {
                         })
                         .collect::<Result<Vec<Mlp>>>()?;
                     let shared_expert = moe
-                        .shared_expert_intermediate_size
-                        .map(|width| -> Result<(Mlp, Linear)> {
+                        .shared_expert
+                        .map(|shared| -> Result<SharedExpert> {
                             let names = ["gate_proj", "up_proj", "down_proj"];
-                            Ok((
-                                mlp(tensor, quantized, &format!("{b}.shared_expert"), width, names, c)?,
-                                linear(
-                                    tensor,
-                                    quantized,
-                                    &format!("{b}.shared_expert_gate"),
-                                    1,
-                                    hidden,
-                                    false,
-                                    false,
-                                )?,
-                            ))
+                            let name = format!("{b}.{}", shared.name);
+                            Ok(SharedExpert {
+                                name: shared.name,
+                                mlp: mlp(tensor, quantized, &name, shared.intermediate_size, names, c)?,
+                                gate: shared
+                                    .gated
+                                    .then(|| {
+                                        let gate = format!("{b}.shared_expert_gate");
+                                        linear(tensor, quantized, &gate, 1, hidden, false, false)
+                                    })
+                                    .transpose()?,
+                            })
                         })
                         .transpose()?;
+                    // A buffer: never trained, whatever the source made of it.
+                    let correction_bias = match moe.scoring {
+                        RouterScoring::GroupedSigmoid { .. } => {
+                            Some(tensor(&format!("{b}.gate.e_score_correction_bias"), &[moe.num_experts])?.detach())
+                        }
+                        RouterScoring::Softmax => None,
+                    };
                     FeedForward::Moe(Moe {
                         name: moe.block_name,
                         gate: linear(
@@ -339,26 +293,13 @@ impl CausalLm {
                         experts,
                         top_k: moe.top_k,
                         normalize_top_k: moe.normalize_top_k,
+                        scoring: moe.scoring,
+                        correction_bias,
+                        routed_scaling_factor: moe.routed_scaling_factor,
                         shared_expert,
                     })
                 }
                 _ => FeedForward::Mlp(mlp(tensor, quantized, &m, c.intermediate_size, c.mlp_names, c)?),
-            };
-            let (q_norm, k_norm) = if c.qk_norm {
-                // Per head with one weight (Qwen3) or a weight per head (Cohere's LayerNorm), or over the whole
-                // projection (OLMo 2).
-                let (q, k): (&[usize], &[usize]) = match (c.qk_norm_over_heads, c.qk_norm_per_head_layer) {
-                    (true, _) => (&[h * d], &[kvh * d]),
-                    (false, true) => (&[h, d], &[kvh, d]),
-                    (false, false) => (&[d], &[d]),
-                };
-                let [q_norm_name, k_norm_name] = c.qk_norm_names;
-                (
-                    Some(qk_norm(tensor, format!("{a}.{q_norm_name}"), q, c)?),
-                    Some(qk_norm(tensor, format!("{a}.{k_norm_name}"), k, c)?),
-                )
-            } else {
-                (None, None)
             };
             // Which of the input and MLP-input norms (pre) and of the output norms (post) the layers have.
             let parallel = matches!(
@@ -390,27 +331,7 @@ impl CausalLm {
             let mlp_output_norm = norm(post, norm_names[3])?;
             layers.push(DecoderLayer {
                 input_layernorm,
-                self_attn: Attention {
-                    q_proj,
-                    k_proj,
-                    v_proj,
-                    o_proj,
-                    q_norm,
-                    k_norm,
-                    clip_qkv: c.clip_qkv,
-                    clip_after_norm: c.clip_after_qk_norm,
-                    softcap: c.attention_softcap,
-                    interleaved_rope: c.interleaved_rope,
-                    names: c.attention_names,
-                    fused_qkv: c.fused_qkv,
-                    norm_names: c.qk_norm_names,
-                    module: names.attention,
-                    rotary_dim: c.rotary_dim,
-                    num_heads: h,
-                    num_kv_heads: kvh,
-                    head_dim: d,
-                    qkv,
-                },
+                self_attn,
                 attention_output_norm,
                 mlp_input_norm,
                 mlp: feed_forward,
@@ -749,8 +670,8 @@ impl CausalLm {
                     for expert in &mut moe.experts {
                         expert.restack()?;
                     }
-                    if let Some((shared, _)) = &mut moe.shared_expert {
-                        shared.restack()?;
+                    if let Some(shared) = &mut moe.shared_expert {
+                        shared.mlp.restack()?;
                     }
                 }
             }
@@ -785,6 +706,19 @@ impl CausalLm {
         p
     }
 
+    /// The tensors a checkpoint holds beside the parameters, which training leaves alone (DeepSeek-V3's
+    /// `e_score_correction_bias`), with their Hugging Face names.
+    pub fn buffers(&self) -> Vec<(String, Tensor)> {
+        let names = self.config.names;
+        let mut b = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let FeedForward::Moe(moe) = &layer.mlp {
+                b.extend(prefixed(&format!("{}.{}", names.layer(i), moe.name), moe.buffers()));
+            }
+        }
+        b
+    }
+
     /// Elements in [`CausalLm::parameters`] (what model cards call the parameter count).
     pub fn parameter_count(&self) -> usize {
         self.parameters().iter().map(|(_, p)| p.numel()).sum()
@@ -796,6 +730,186 @@ type TensorSource<'a> = &'a mut dyn FnMut(&str, &[usize]) -> Result<Tensor>;
 
 /// Source of quantized linear weights for [`CausalLm::build_with`] (`None`: take the dense tensor).
 pub type QuantSource<'a> = &'a mut dyn FnMut(&str, [usize; 2]) -> Result<Option<QTensor>>;
+
+/// The query, key, value and output projections (separate, or views of one fused matrix) and the q/k norms of
+/// the attention module `a` (`model.layers.N.self_attn`).
+fn standard_attention(tensor: TensorSource, quantized: QuantSource, a: &str, c: &ModelConfig) -> Result<Attention> {
+    let (hidden, d) = (c.hidden_size, c.head_dim);
+    let (h, kvh) = (c.num_attention_heads, c.num_key_value_heads);
+    let [q_name, k_name, v_name, o_name] = c.attention_names;
+    // Separate q/k/v projections stacked for inference, or the views of one fused checkpoint matrix.
+    let (q_proj, k_proj, v_proj, qkv) = match c.fused_qkv {
+        Some((name, layout)) => {
+            let rows = [h * d, kvh * d, kvh * d];
+            let fused = linear(
+                tensor,
+                quantized,
+                &format!("{a}.{name}"),
+                rows.iter().sum(),
+                hidden,
+                c.attention_bias,
+                c.conv1d,
+            )?;
+            let [q, k, v] = qkv_views(&fused, layout, rows)?;
+            (q, k, v, Some(fused))
+        }
+        None => {
+            let mut q = linear(
+                tensor,
+                quantized,
+                &format!("{a}.{q_name}"),
+                h * d,
+                hidden,
+                c.attention_bias,
+                c.conv1d,
+            )?;
+            let mut k = linear(
+                tensor,
+                quantized,
+                &format!("{a}.{k_name}"),
+                kvh * d,
+                hidden,
+                c.attention_bias,
+                c.conv1d,
+            )?;
+            let mut v = linear(
+                tensor,
+                quantized,
+                &format!("{a}.{v_name}"),
+                kvh * d,
+                hidden,
+                c.attention_bias,
+                c.conv1d,
+            )?;
+            let qkv = Linear::stack(&mut [&mut q, &mut k, &mut v])?;
+            (q, k, v, qkv)
+        }
+    };
+    let o_proj = linear(
+        tensor,
+        quantized,
+        &format!("{a}.{o_name}"),
+        hidden,
+        h * d,
+        c.o_proj_bias,
+        c.conv1d,
+    )?;
+    let (q_norm, k_norm) = if c.qk_norm {
+        // Per head with one weight (Qwen3) or a weight per head (Cohere's LayerNorm), or over the whole
+        // projection (OLMo 2).
+        let (q, k): (&[usize], &[usize]) = match (c.qk_norm_over_heads, c.qk_norm_per_head_layer) {
+            (true, _) => (&[h * d], &[kvh * d]),
+            (false, true) => (&[h, d], &[kvh, d]),
+            (false, false) => (&[d], &[d]),
+        };
+        let [q_norm_name, k_norm_name] = c.qk_norm_names;
+        (
+            Some(qk_norm(tensor, format!("{a}.{q_norm_name}"), q, c)?),
+            Some(qk_norm(tensor, format!("{a}.{k_norm_name}"), k, c)?),
+        )
+    } else {
+        (None, None)
+    };
+    Ok(Attention {
+        q_proj,
+        k_proj,
+        v_proj,
+        o_proj,
+        q_norm,
+        k_norm,
+        clip_qkv: c.clip_qkv,
+        clip_after_norm: c.clip_after_qk_norm,
+        softcap: c.attention_softcap,
+        interleaved_rope: c.interleaved_rope,
+        names: c.attention_names,
+        fused_qkv: c.fused_qkv,
+        norm_names: c.qk_norm_names,
+        module: c.names.attention,
+        rotary_dim: c.rotary_dim,
+        num_heads: h,
+        num_kv_heads: kvh,
+        head_dim: d,
+        qkv,
+    })
+}
+
+/// The latent attention module `a` of DeepSeek-V3 (its latent norms keep RMSNorm's default epsilon 1e-6, as
+/// transformers builds them, whatever `rms_norm_eps` says).
+fn latent_attention(tensor: TensorSource, quantized: QuantSource, a: &str, c: &ModelConfig) -> Result<LatentAttention> {
+    let m = c.latent_attention.expect("a latent attention config");
+    let (hidden, h) = (c.hidden_size, c.num_attention_heads);
+    let q_width = h * (m.nope_dim + m.rope_dim);
+    let name = |part: &str| format!("{a}.{part}");
+    let query = match m.q_lora_rank {
+        None => LatentQuery::Full(linear(
+            tensor,
+            quantized,
+            &name("q_proj"),
+            q_width,
+            hidden,
+            false,
+            false,
+        )?),
+        Some(rank) => LatentQuery::LowRank {
+            q_a_proj: linear(
+                tensor,
+                quantized,
+                &name("q_a_proj"),
+                rank,
+                hidden,
+                c.attention_bias,
+                false,
+            )?,
+            q_a_layernorm: Norm {
+                eps: 1e-6,
+                ..block_norm(tensor, name("q_a_layernorm"), rank, c)?
+            },
+            q_b_proj: linear(tensor, quantized, &name("q_b_proj"), q_width, rank, false, false)?,
+        },
+    };
+    let (rank, rope) = (m.kv_lora_rank, m.rope_dim);
+    let kv_a_proj_with_mqa = linear(
+        tensor,
+        quantized,
+        &name("kv_a_proj_with_mqa"),
+        rank + rope,
+        hidden,
+        c.attention_bias,
+        false,
+    )?;
+    let kv_a_layernorm = Norm {
+        eps: 1e-6,
+        ..block_norm(tensor, name("kv_a_layernorm"), rank, c)?
+    };
+    let kv_b_proj = linear(
+        tensor,
+        quantized,
+        &name("kv_b_proj"),
+        h * (m.nope_dim + m.v_dim),
+        rank,
+        false,
+        false,
+    )?;
+    let o_proj = linear(
+        tensor,
+        quantized,
+        &name("o_proj"),
+        hidden,
+        h * m.v_dim,
+        c.o_proj_bias,
+        false,
+    )?;
+    Ok(LatentAttention {
+        query,
+        kv_a_proj_with_mqa,
+        kv_a_layernorm,
+        kv_b_proj,
+        o_proj,
+        num_heads: h,
+        shape: m,
+        interleaved_rope: c.interleaved_rope,
+    })
+}
 
 /// The layer `name` (`name.weight`, and `name.bias` when `bias`) mapping `inp` features to `out`.
 fn linear(

@@ -15,6 +15,7 @@ pub mod gguf;
 pub mod hub;
 mod init;
 mod kv_cache;
+mod latent_attention;
 mod linear;
 pub mod lora;
 mod mlp;
@@ -26,11 +27,15 @@ pub mod optim;
 pub mod registry;
 pub mod rope;
 pub mod sampling;
+mod self_attention;
 mod tokenizer;
 pub mod train;
 pub mod weights;
 
-pub use config::{Activation, ModelConfig, ModuleNames, MoeConfig, NormPlacement, QkvLayout, RopeConfig, RopeScaling};
+pub use config::{
+    Activation, LatentAttentionConfig, ModelConfig, ModuleNames, MoeConfig, NormPlacement, QkvLayout, RopeConfig,
+    RopeScaling, RouterScoring, SharedExpertConfig,
+};
 pub use decoder::{CausalLm, DecoderLayer, QuantSource};
 pub use embedding::Embedding;
 pub use error::{Error, Result};
@@ -40,13 +45,15 @@ pub use generate::generate;
 pub use generate::{Generation, StopConditions, StopReason, generate_async};
 pub use init::ParamRng;
 pub use kv_cache::KvCache;
+pub use latent_attention::{LatentAttention, LatentQuery};
 pub use linear::{Linear, LinearWeight};
 pub use mlp::Mlp;
 pub use model::Model;
 pub use model_files::ModelFiles;
-pub use moe::Moe;
+pub use moe::{Moe, SharedExpert};
 pub use norm::{Norm, NormKind};
 pub use registry::{ARCHITECTURES, Architecture, Family, Status, supported_model_types};
 pub use sampling::{Sampler, SamplingConfig};
+pub use self_attention::SelfAttention;
 pub use tokenizer::{ChatMessage, DecodeStream, Tokenizer, render_chat_template};
 pub use weights::Weights;

@@ -74,6 +74,9 @@ pub enum Family {
     Falcon,
     /// THUDM GLM-4 (chat-hf): interleaved partial rotary, q/k/v biases, fused gate/up.
     Glm,
+    /// DeepSeek-V3 (and DeepSeek-V2-Lite-style configs of it): multi-head latent attention, a mixture of experts
+    /// with group-limited sigmoid routing and shared experts.
+    DeepseekV3,
 }
 
 /// How far a family is supported, each level including the ones before it.
@@ -116,7 +119,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 30] = [
+pub const ARCHITECTURES: [Architecture; 31] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -385,6 +388,19 @@ pub const ARCHITECTURES: [Architecture; 30] = [
                    1.5625e-7 by default",
         gap: None,
     },
+    Architecture {
+        family: Family::DeepseekV3,
+        status: Status::Validated,
+        fixtures: &["deepseek_v3", "deepseek_v3_lite"],
+        features: "multi-head latent attention: queries through a low-rank projection with an RMSNorm (q_lora_rank) \
+                   or one q_proj, keys and values expanded per head from a normed latent (kv_lora_rank), one \
+                   rotary key per position shared by all heads, rotary on interleaved pairs (rope_interleave), \
+                   value heads of their own width, YaRN's mscale_all_dim in the softmax scale; a mixture of experts \
+                   whose sigmoid router with a correction bias chooses among the best groups (n_group, topk_group), \
+                   weights scaled by routed_scaling_factor, shared experts, dense first layers \
+                   (first_k_dense_replace); the latent is not what the cache keeps (keys and values are)",
+        gap: None,
+    },
 ];
 
 impl Family {
@@ -434,6 +450,7 @@ impl Family {
             Family::Gpt2 => "gpt2",
             Family::Falcon => "falcon",
             Family::Glm => "glm",
+            Family::DeepseekV3 => "deepseek_v3",
         }
     }
 

@@ -86,7 +86,10 @@ pub fn write_model(dir: &Path, lm: &CausalLm, files: &ModelFiles) -> Result<()> 
     if lm.adapter_config().is_some() {
         lm.save_adapter(dir)?;
     } else {
-        Weights::save(&dir.join("model.safetensors"), &lm.parameters())?;
+        Weights::save(
+            &dir.join("model.safetensors"),
+            &[lm.parameters(), lm.buffers()].concat(),
+        )?;
         write_atomic(&dir.join("config.json"), files.config_json.as_bytes())?;
     }
     for (name, bytes) in &files.files {
