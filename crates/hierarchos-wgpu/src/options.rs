@@ -25,6 +25,12 @@ pub struct GpuOptions {
     /// Folder where compiled kernels are kept between runs (one file per adapter), so a warm start compiles
     /// nothing. `None` turns it off; it is always off on the web.
     pub pipeline_cache: Option<PathBuf>,
+    /// Keep the checks wgpu adds to every kernel: each array index clamped, each loop bounded by a counter, each
+    /// integer division checked. Off by default, since every kernel bounds its own loops and clamps or masks its
+    /// own indices (and the driver's robust buffer access still guards the buffers): on the H200 the checks cost
+    /// the tensor-core products 30%, flash attention's backward half its speed and decoding 45% of its tokens/s
+    /// (BENCHMARKS.md). On (`HIERARCHOS_SHADER_CHECKS=1`) to rule a kernel bug out.
+    pub shader_checks: bool,
 }
 
 /// `<user cache folder>/hierarchos/pipelines` (e.g. `~/.cache/hierarchos/pipelines` on Linux).
@@ -45,13 +51,15 @@ impl Default for GpuOptions {
             profile: false,
             memory_limit: None,
             pipeline_cache: default_pipeline_cache(),
+            shader_checks: false,
         }
     }
 }
 
 impl GpuOptions {
     /// Options from `HIERARCHOS_ADAPTER` (name part or index), `HIERARCHOS_PROFILE=1`,
-    /// `HIERARCHOS_MEMORY_LIMIT_MIB`, `HIERARCHOS_PIPELINE_CACHE` (a folder) and `HIERARCHOS_DISABLE`, a
+    /// `HIERARCHOS_MEMORY_LIMIT_MIB`, `HIERARCHOS_PIPELINE_CACHE` (a folder), `HIERARCHOS_SHADER_CHECKS=1` and
+    /// `HIERARCHOS_DISABLE`, a
     /// comma-separated list of `subgroup`, `f16`, `coopmat` (so the portable fallback kernels can be exercised)
     /// and `pipeline_cache` to turn off.
     pub fn from_env() -> Self {
@@ -65,6 +73,7 @@ impl GpuOptions {
         let mut o = GpuOptions {
             adapter: std::env::var("HIERARCHOS_ADAPTER").ok(),
             profile: std::env::var("HIERARCHOS_PROFILE").is_ok_and(|v| v == "1"),
+            shader_checks: std::env::var("HIERARCHOS_SHADER_CHECKS").is_ok_and(|v| v == "1"),
             memory_limit,
             pipeline_cache: std::env::var_os("HIERARCHOS_PIPELINE_CACHE")
                 .map(PathBuf::from)

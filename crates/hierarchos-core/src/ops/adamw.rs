@@ -109,6 +109,7 @@ impl Tensor {
         ];
         self.device().dispatch(Dispatch {
             op: OP,
+            runtime_checks: false,
             key: "adamw",
             source: &|| ADAMW_WGSL.to_string(),
             buffers: &[self.buffer(), grad.buffer(), m.buffer(), v.buffer()],

@@ -430,6 +430,7 @@ fn launch(
     }
     device.dispatch(Dispatch {
         op: OP,
+        runtime_checks: false,
         key: &key,
         source: &source,
         buffers: &buffers,

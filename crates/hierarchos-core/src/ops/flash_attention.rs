@@ -338,6 +338,7 @@ impl Params {
         let raw: Vec<_> = buffers.iter().map(|t| t.buffer()).collect();
         device.dispatch(Dispatch {
             op,
+            runtime_checks: false,
             key: &key,
             source: &source,
             buffers: &raw,

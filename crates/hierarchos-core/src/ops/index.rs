@@ -61,6 +61,7 @@ fn id_bounds(op: &'static str, index: &Tensor) -> Result<Option<(i64, i64)>> {
     };
     device.dispatch(Dispatch {
         op,
+        runtime_checks: false,
         key: &format!("index_check:{}", ids.dtype()),
         source: &source,
         buffers: &[&out, ids.buffer()],
@@ -248,6 +249,7 @@ fn index_add_rows(shape: &[usize], ids: &Tensor, g: &Tensor) -> Result<Tensor> {
     ];
     device.dispatch(Dispatch {
         op: "index_select backward",
+        runtime_checks: false,
         key: "index_add_rows",
         source: &|| INDEX_ADD_ROWS_WGSL.to_string(),
         buffers: &[out.buffer(), ids.buffer(), g.buffer()],

@@ -222,6 +222,7 @@ impl Map<'_> {
         buffers.extend(self.inputs.iter().map(|(t, _)| t.buffer()));
         device.dispatch(Dispatch {
             op: self.op,
+            runtime_checks: false,
             key: &key,
             source: &source,
             buffers: &buffers,

@@ -369,6 +369,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     };
     device.dispatch(Dispatch {
         op: "matmul",
+        runtime_checks: !skinny && a.dtype() == DType::F32 && b.dtype() == DType::F32,
         key: &key,
         source: &source,
         buffers: &[out.buffer(), a.buffer(), b.buffer()],
@@ -395,6 +396,7 @@ pub(crate) fn split_sum(partial: &Tensor, shape: &[usize]) -> Result<Tensor> {
     let out = device.alloc("matmul_split_sum", Tensor::bytes_for(n, DType::F32))?;
     device.dispatch(Dispatch {
         op: "matmul_split_sum",
+        runtime_checks: false,
         key: "matmul_split_sum",
         source: &|| MATMUL_SPLIT_SUM_WGSL.to_string(),
         buffers: &[&out, partial.buffer()],

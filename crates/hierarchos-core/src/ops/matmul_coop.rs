@@ -82,6 +82,7 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
     let partial = slices > 1;
     device.dispatch(Dispatch {
         op: "matmul",
+        runtime_checks: false,
         key: &format!("matmul_coop:{a_along_m}:{b_along_k}:{partial}"),
         source: &|| {
             let output = if partial {

@@ -80,6 +80,7 @@ impl Tensor {
             };
             device.dispatch(Dispatch {
                 op,
+                runtime_checks: false,
                 key: &format!("random:{normal}"),
                 source: &source,
                 buffers: &[out.buffer()],

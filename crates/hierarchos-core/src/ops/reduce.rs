@@ -187,6 +187,7 @@ impl Tensor {
             };
             device.dispatch(Dispatch {
                 op: op.name(),
+                runtime_checks: false,
                 key: &key,
                 source: &source,
                 buffers: &[out.buffer(), self.buffer()],

@@ -256,6 +256,7 @@ impl Tensor {
         };
         device.dispatch(Dispatch {
             op: OP,
+            runtime_checks: false,
             key: OP,
             source: &source,
             buffers: &[

@@ -216,6 +216,7 @@ impl<'a> RowKernel<'a> {
         let buffers: Vec<&GpuBuffer> = self.bindings.iter().map(|b| b.tensor.buffer()).collect();
         device.dispatch(Dispatch {
             op: self.op,
+            runtime_checks: false,
             key: &key,
             source: &source,
             buffers: &buffers,

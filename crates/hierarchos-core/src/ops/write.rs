@@ -103,6 +103,7 @@ impl Tensor {
         };
         device.dispatch(Dispatch {
             op: OP,
+            runtime_checks: false,
             key: &key,
             source: &source,
             buffers: &[self.buffer(), src.buffer()],

@@ -287,6 +287,7 @@ impl QTensor {
         let source = || format!("{}{}{}", bindings(None), format_wgsl(ty), DEQUANT_WGSL);
         self.device.dispatch(Dispatch {
             op: "dequantize",
+            runtime_checks: false,
             key: &format!("dequantize:{ty}"),
             source: &source,
             buffers: &[&out, &self.blocks],
@@ -549,6 +550,7 @@ fn matvec(x: &Tensor, w: &QTensor, fusion: Fusion<'_>) -> Result<Tensor> {
     }
     device.dispatch(Dispatch {
         op: "matmul_q",
+        runtime_checks: false,
         key: &key,
         source: &source,
         buffers: &buffers,
@@ -616,6 +618,7 @@ fn tiled(x: &Tensor, w: &QTensor) -> Result<Tensor> {
     };
     device.dispatch(Dispatch {
         op: "matmul_q",
+        runtime_checks: false,
         key: &format!("matmul_q:tile:{ty}:{dtype}:{}:{tm}x{tn}:{a_k}", access.packed),
         source: &source,
         buffers: &[&out, x.buffer(), &w.blocks],
