@@ -539,3 +539,45 @@ fn autocast_runs_products_in_16_bits() {
     assert_close("after autocast", &plain, &want, 1e-5, 1e-4);
     assert!(autocast(DType::F32, || ()).is_err());
 }
+
+/// The gradients of an autocast product are those of the composed casts and 16-bit product, bit for bit, whether
+/// an operand is a weight seen through a view (`x @ W.t()`: kept as f32 and cast again for the backward) or an
+/// activation (its 16-bit cast kept); and the weight's 16-bit cast does not stay alive until the backward.
+#[test]
+fn autocast_gradients_match_the_composed_casts_and_keep_no_weight_copy() {
+    let mut rng = Rng::new("autocast_gradients_match_the_composed_casts");
+    let d = pollster::block_on(Gpu::open(&GpuOptions::from_env())).unwrap();
+    let (vx, vw) = (rng.vec(3 * 40 * 24, -1.0, 1.0), rng.vec(32 * 24, -1.0, 1.0));
+    let leaves = || {
+        let x = Tensor::from_slice(&vx, &[3, 40, 24], &d).unwrap().requires_grad_();
+        let w = Tensor::from_slice(&vw, &[32, 24], &d).unwrap().requires_grad_();
+        (x, w)
+    };
+    for half in [DType::F16, DType::BF16] {
+        let grads = |fused: bool| {
+            let (x, w) = leaves();
+            // An activation (x * 1.5 has history) times a weight's view.
+            let act = x.mul_scalar(1.5).unwrap();
+            let y = if fused {
+                autocast(half, || act.matmul(&w.t().unwrap())).unwrap().unwrap()
+            } else {
+                let (ah, wh) = (act.to_dtype(half).unwrap(), w.t().unwrap().to_dtype(half).unwrap());
+                ah.matmul(&wh).unwrap().to_dtype(DType::F32).unwrap()
+            };
+            let live = d.memory().live_bytes;
+            y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
+            let g = |t: &Tensor| t.grad().unwrap().to_f32_vec().unwrap();
+            (y.to_f32_vec().unwrap(), g(&x), g(&w), live)
+        };
+        let (fused, composed) = (grads(true), grads(false));
+        assert_eq!(fused.0, composed.0, "{half}: product");
+        assert_eq!(fused.1, composed.1, "{half}: gradient of the activation's leaf");
+        assert_eq!(fused.2, composed.2, "{half}: gradient of the weight");
+        // Alive between forward and backward: the composed graph also holds the weight's 16-bit cast.
+        assert_eq!(
+            composed.3 - fused.3,
+            32 * 24 * 2,
+            "{half}: bytes of the weight's 16-bit copy"
+        );
+    }
+}

@@ -23,7 +23,11 @@ fn step(name: &str, shader_checks: bool) -> Vec<Vec<f32>> {
     let logits = lm.forward(&ids, None).unwrap();
     lm.loss(&ids, &ids).unwrap().backward().unwrap();
     let mut out = vec![logits.to_vec::<f32>().unwrap()];
-    out.extend(lm.parameters().iter().map(|(_, p)| p.grad().unwrap().to_vec::<f32>().unwrap()));
+    out.extend(
+        lm.parameters()
+            .iter()
+            .map(|(_, p)| p.grad().unwrap().to_vec::<f32>().unwrap()),
+    );
     out
 }
 

@@ -32,6 +32,8 @@ pub(crate) struct Node {
     pub(crate) name: &'static str,
     edges: Vec<Option<Edge>>,
     backward: Mutex<Option<BackwardFn>>,
+    /// The op only looks at its input's storage another way (transpose, reshape, ...).
+    view: bool,
 }
 
 static NEXT_NODE: AtomicUsize = AtomicUsize::new(0);
@@ -61,6 +63,15 @@ pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
 impl Node {
     /// Records an op whose inputs are `inputs`; `None` when no input needs a gradient (or grad is off).
     pub(crate) fn record(name: &'static str, inputs: &[&Tensor], backward: BackwardFn) -> Option<Arc<Node>> {
+        Node::new(name, inputs, backward, false)
+    }
+
+    /// [`Node::record`] for a view of `input`.
+    pub(crate) fn record_view(name: &'static str, input: &Tensor, backward: BackwardFn) -> Option<Arc<Node>> {
+        Node::new(name, &[input], backward, true)
+    }
+
+    fn new(name: &'static str, inputs: &[&Tensor], backward: BackwardFn, view: bool) -> Option<Arc<Node>> {
         if !grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
             return None;
         }
@@ -69,7 +80,18 @@ impl Node {
             name,
             edges: inputs.iter().map(|t| t.edge()).collect(),
             backward: Mutex::new(Some(backward)),
+            view,
         }))
+    }
+
+    /// Whether the op is a view of a leaf, or of a view of one, and so on.
+    pub(crate) fn views_a_leaf(&self) -> bool {
+        self.view
+            && match self.edges.as_slice() {
+                [Some(Edge::Leaf(_))] => true,
+                [Some(Edge::Node(n))] => n.views_a_leaf(),
+                _ => false,
+            }
     }
 }
 

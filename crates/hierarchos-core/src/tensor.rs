@@ -181,8 +181,14 @@ impl Tensor {
 
     /// A view of the same storage with another layout, recorded with `backward` for autograd.
     pub(crate) fn view(&self, name: &'static str, layout: Layout, backward: autograd::BackwardFn) -> Tensor {
-        let node = Node::record(name, &[self], backward);
+        let node = Node::record_view(name, self, backward);
         self.derive(layout, node, None)
+    }
+
+    /// Whether the tensor has no history but views: a leaf (a parameter, an input) or a view of one, whose
+    /// storage its owner keeps alive anyway.
+    pub(crate) fn is_leaf_view(&self) -> bool {
+        self.inner.grad_fn.as_ref().is_none_or(|n| n.views_a_leaf())
     }
 
     fn check_shape(op: &'static str, shape: &[usize]) -> Result<()> {

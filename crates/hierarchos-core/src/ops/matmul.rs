@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu};
 
 use crate::autocast::autocast_dtype;
-use crate::autograd::{Node, grad_enabled};
+use crate::autograd::{Node, grad_enabled, no_grad};
 use crate::error::{Error, Result};
 use crate::ops::matmul_coop;
 use crate::shape::{Layout, MAX_DIMS, broadcast_shapes, numel};
@@ -94,7 +94,7 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     // Under autocast, a product with an f32 operand runs in the 16-bit dtype and comes back as f32.
     if let Some(half) = autocast_dtype().filter(|_| a.dtype() == DType::F32 || b.dtype() == DType::F32) {
         if [a, b].iter().all(|t| t.dtype().is_float()) {
-            return matmul_nd(&a.to_dtype(half)?, &b.to_dtype(half)?)?.to_dtype(DType::F32);
+            return autocast_product(a, b, half);
         }
     }
     let out = product(a, b)?;
@@ -111,22 +111,79 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         &[a, b],
         Box::new(move |g| {
             // Operands of mixed dtypes give an f32 product; each gradient takes its operand's dtype.
-            let ga = match &sb {
-                Some(sb) => Some(g.matmul(&sb.t()?)?.sum_to(&shape_a)?.to_dtype(dtype_a)?),
-                None => None,
-            };
-            let gb = match &sa {
-                None => None,
-                Some(sa) if shape_b.len() == 2 => {
-                    // Every batch entry of `a` meets the same `b`: fold the batch into the reduced dimension.
-                    let rows = shape_a[..shape_a.len() - 1].iter().product();
-                    let (k, n) = (shape_a[shape_a.len() - 1], g.shape()[g.rank() - 1]);
-                    let a2 = sa.reshape(&[rows, k])?;
-                    Some(a2.t()?.matmul(&g.reshape(&[rows, n])?)?.to_dtype(dtype_b)?)
-                }
-                Some(sa) => Some(sa.t()?.matmul(g)?.sum_to(&shape_b)?.to_dtype(dtype_b)?),
-            };
-            Ok(vec![ga, gb])
+            let (ga, gb) = product_grads(g, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b)?;
+            Ok(vec![
+                ga.map(|t| t.to_dtype(dtype_a)).transpose()?,
+                gb.map(|t| t.to_dtype(dtype_b)).transpose()?,
+            ])
+        }),
+    );
+    Ok(out.with_node(node))
+}
+
+/// The gradients of a product `a @ b` (shapes `shape_a`, `shape_b`) from the gradient `g` of its result: the
+/// one of `a` when `b` is given, the one of `b` when `a` is given.
+fn product_grads(
+    g: &Tensor,
+    a: Option<&Tensor>,
+    b: Option<&Tensor>,
+    shape_a: &[usize],
+    shape_b: &[usize],
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let ga = match b {
+        Some(b) => Some(g.matmul(&b.t()?)?.sum_to(shape_a)?),
+        None => None,
+    };
+    let gb = match a {
+        None => None,
+        Some(a) if shape_b.len() == 2 => {
+            // Every batch entry of `a` meets the same `b`: fold the batch into the reduced dimension.
+            let rows = shape_a[..shape_a.len() - 1].iter().product();
+            let (k, n) = (shape_a[shape_a.len() - 1], g.shape()[g.rank() - 1]);
+            Some(a.reshape(&[rows, k])?.t()?.matmul(&g.reshape(&[rows, n])?)?)
+        }
+        Some(a) => Some(a.t()?.matmul(g)?.sum_to(shape_b)?),
+    };
+    Ok((ga, gb))
+}
+
+/// Under autocast: the product of the operands' 16-bit casts, handed back as f32, with the gradients the casts
+/// and the 16-bit product give. For the backward an operand with no history but views (a weight, `W.t()`) is
+/// kept as it is, alive anyway, and cast again there; keeping its cast instead would hold a 16-bit copy of every
+/// weight from the forward to the backward, most of mixed precision's extra peak memory. Other operands
+/// (activations) keep their cast, half their size.
+fn autocast_product(a: &Tensor, b: &Tensor, half: DType) -> Result<Tensor> {
+    let (ah, bh) = (a.to_dtype(half)?.detach(), b.to_dtype(half)?.detach());
+    let out = no_grad(|| matmul_nd(&ah, &bh)?.to_dtype(DType::F32))?;
+    if !grad_enabled() || !(a.requires_grad() || b.requires_grad()) {
+        return Ok(out);
+    }
+    let keep = |t: &Tensor, cast: Tensor| {
+        if t.is_leaf_view() {
+            (t.detach(), true)
+        } else {
+            (cast, false)
+        }
+    };
+    let (sa, sb) = (
+        b.requires_grad().then(|| keep(a, ah)),
+        a.requires_grad().then(|| keep(b, bh)),
+    );
+    let (shape_a, dtype_a, shape_b, dtype_b) = (a.shape().to_vec(), a.dtype(), b.shape().to_vec(), b.dtype());
+    let node = Node::record(
+        "matmul",
+        &[a, b],
+        Box::new(move |g| {
+            let as_half = |(t, recast): &(Tensor, bool)| if *recast { t.to_dtype(half) } else { Ok(t.clone()) };
+            let (sa, sb) = (
+                sa.as_ref().map(as_half).transpose()?,
+                sb.as_ref().map(as_half).transpose()?,
+            );
+            let (ga, gb) = product_grads(&g.to_dtype(half)?, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b)?;
+            Ok(vec![
+                ga.map(|t| t.to_dtype(dtype_a)).transpose()?,
+                gb.map(|t| t.to_dtype(dtype_b)).transpose()?,
+            ])
         }),
     );
     Ok(out.with_node(node))
