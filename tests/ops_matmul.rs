@@ -566,6 +566,12 @@ fn autocast_gradients_match_the_composed_casts_and_keep_no_weight_copy() {
             };
             let live = d.memory().live_bytes;
             y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
+            if fused {
+                assert!(
+                    w.grad().unwrap().is_contiguous(),
+                    "{half}: the weight's gradient is stored as the weight"
+                );
+            }
             let g = |t: &Tensor| t.grad().unwrap().to_f32_vec().unwrap();
             (y.to_f32_vec().unwrap(), g(&x), g(&w), live)
         };
@@ -580,4 +586,35 @@ fn autocast_gradients_match_the_composed_casts_and_keep_no_weight_copy() {
             "{half}: bytes of the weight's 16-bit copy"
         );
     }
+}
+
+/// The gradient of a weight used as `x @ W.t()` comes out in `W`'s own layout (computed as `g.t() @ x`), equal to
+/// the transpose of `x.t() @ g`: the optimizer reads it without a copy.
+#[test]
+fn weight_gradients_come_out_in_the_weights_layout() {
+    let mut rng = Rng::new("weight_gradients_come_out_in_the_weights_layout");
+    let (x, vx) = random(&mut rng, &[2, 19, 33], DType::F32);
+    let (w, _) = random(&mut rng, &[17, 33], DType::F32);
+    let w = w.requires_grad_();
+    let (y, _) = random(&mut rng, &[2, 19, 17], DType::F32);
+    x.matmul(&w.t().unwrap())
+        .unwrap()
+        .mul(&y)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let g = w.grad().unwrap();
+    assert!(g.is_contiguous());
+    assert_eq!(g.shape(), &[17, 33]);
+    // d/dW sum(y * (x @ W^T)) = y^T x over all rows.
+    let vy = y.to_f32_vec().unwrap();
+    let want: Vec<f64> = (0..17 * 33)
+        .map(|i| {
+            let (o, c) = (i / 33, i % 33);
+            (0..38).map(|r| vy[r * 17 + o] as f64 * vx[r * 33 + c] as f64).sum()
+        })
+        .collect();
+    assert_close("dW", &g.to_f32_vec().unwrap(), &want, 1e-4, 1e-5);
 }

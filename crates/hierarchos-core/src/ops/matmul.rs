@@ -106,15 +106,16 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     // a gradient (a frozen weight's product does not keep its input alive for a weight gradient).
     let (sa, sb) = (need_b.then(|| a.detach()), need_a.then(|| b.detach()));
     let (shape_a, dtype_a, shape_b, dtype_b) = (a.shape().to_vec(), a.dtype(), b.shape().to_vec(), b.dtype());
+    let b_transposed = column_major(b);
     let node = Node::record(
         "matmul",
         &[a, b],
         Box::new(move |g| {
             // Operands of mixed dtypes give an f32 product; each gradient takes its operand's dtype.
-            let (ga, gb) = product_grads(g, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b)?;
+            let (ga, gb) = product_grads(g, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b, b_transposed)?;
             Ok(vec![
                 ga.map(|t| t.to_dtype(dtype_a)).transpose()?,
-                gb.map(|t| t.to_dtype(dtype_b)).transpose()?,
+                gb.map(|t| cast_in_layout(t, dtype_b)).transpose()?,
             ])
         }),
     );
@@ -122,13 +123,16 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// The gradients of a product `a @ b` (shapes `shape_a`, `shape_b`) from the gradient `g` of its result: the
-/// one of `a` when `b` is given, the one of `b` when `a` is given.
+/// one of `a` when `b` is given, the one of `b` when `a` is given. With `b_transposed` (`b` is a matrix stored
+/// column by column, a weight `W` seen as `W.t()`), `b`'s gradient is computed transposed and handed back as a
+/// view in `b`'s layout, so that `W` receives a contiguous gradient (no copy before the optimizer reads it).
 fn product_grads(
     g: &Tensor,
     a: Option<&Tensor>,
     b: Option<&Tensor>,
     shape_a: &[usize],
     shape_b: &[usize],
+    b_transposed: bool,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
     let ga = match b {
         Some(b) => Some(g.matmul(&b.t()?)?.sum_to(shape_a)?),
@@ -140,11 +144,29 @@ fn product_grads(
             // Every batch entry of `a` meets the same `b`: fold the batch into the reduced dimension.
             let rows = shape_a[..shape_a.len() - 1].iter().product();
             let (k, n) = (shape_a[shape_a.len() - 1], g.shape()[g.rank() - 1]);
-            Some(a.reshape(&[rows, k])?.t()?.matmul(&g.reshape(&[rows, n])?)?)
+            let (a2, g2) = (a.reshape(&[rows, k])?, g.reshape(&[rows, n])?);
+            Some(match b_transposed {
+                true => g2.t()?.matmul(&a2)?.t()?,
+                false => a2.t()?.matmul(&g2)?,
+            })
         }
         Some(a) => Some(a.t()?.matmul(g)?.sum_to(shape_b)?),
     };
     Ok((ga, gb))
+}
+
+/// `t` in `dtype`, a matrix stored column by column staying so (the cast of its transpose, transposed back).
+fn cast_in_layout(t: Tensor, dtype: DType) -> Result<Tensor> {
+    match column_major(&t) {
+        true => t.t()?.to_dtype(dtype)?.t(),
+        false => t.to_dtype(dtype),
+    }
+}
+
+/// Whether `t` is a matrix stored column by column (`W.t()` of a contiguous `W`).
+fn column_major(t: &Tensor) -> bool {
+    let l = t.layout();
+    t.rank() == 2 && l.strides[0] == 1 && l.strides[1] == l.shape[0] && !t.is_contiguous()
 }
 
 /// Under autocast: the product of the operands' 16-bit casts, handed back as f32, with the gradients the casts
@@ -153,7 +175,8 @@ fn product_grads(
 /// weight from the forward to the backward, most of mixed precision's extra peak memory. Other operands
 /// (activations) keep their cast, half their size.
 fn autocast_product(a: &Tensor, b: &Tensor, half: DType) -> Result<Tensor> {
-    let (ah, bh) = (a.to_dtype(half)?.detach(), b.to_dtype(half)?.detach());
+    // (`W.t()` is cast as `W`, whose elements are contiguous, and read transposed by the product.)
+    let (ah, bh) = (cast_in_layout(a.detach(), half)?, cast_in_layout(b.detach(), half)?);
     let out = no_grad(|| matmul_nd(&ah, &bh)?.to_dtype(DType::F32))?;
     if !grad_enabled() || !(a.requires_grad() || b.requires_grad()) {
         return Ok(out);
@@ -170,19 +193,24 @@ fn autocast_product(a: &Tensor, b: &Tensor, half: DType) -> Result<Tensor> {
         a.requires_grad().then(|| keep(b, bh)),
     );
     let (shape_a, dtype_a, shape_b, dtype_b) = (a.shape().to_vec(), a.dtype(), b.shape().to_vec(), b.dtype());
+    let b_transposed = column_major(b);
     let node = Node::record(
         "matmul",
         &[a, b],
         Box::new(move |g| {
-            let as_half = |(t, recast): &(Tensor, bool)| if *recast { t.to_dtype(half) } else { Ok(t.clone()) };
+            let as_half = |(t, recast): &(Tensor, bool)| match recast {
+                true => cast_in_layout(t.clone(), half),
+                false => Ok(t.clone()),
+            };
             let (sa, sb) = (
                 sa.as_ref().map(as_half).transpose()?,
                 sb.as_ref().map(as_half).transpose()?,
             );
-            let (ga, gb) = product_grads(&g.to_dtype(half)?, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b)?;
+            let gh = g.to_dtype(half)?;
+            let (ga, gb) = product_grads(&gh, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b, b_transposed)?;
             Ok(vec![
                 ga.map(|t| t.to_dtype(dtype_a)).transpose()?,
-                gb.map(|t| t.to_dtype(dtype_b)).transpose()?,
+                gb.map(|t| cast_in_layout(t, dtype_b)).transpose()?,
             ])
         }),
     );
