@@ -540,51 +540,71 @@ fn autocast_runs_products_in_16_bits() {
     assert!(autocast(DType::F32, || ()).is_err());
 }
 
-/// The gradients of an autocast product are those of the composed casts and 16-bit product, bit for bit, whether
-/// an operand is a weight seen through a view (`x @ W.t()`: kept as f32 and cast again for the backward) or an
-/// activation (its 16-bit cast kept); and the weight's 16-bit cast does not stay alive until the backward.
+/// The gradients of an autocast product are those of the composed casts and 16-bit product (bit for bit, but for
+/// the weight's, which is computed transposed), whether an operand is a weight seen through a view (`x @ W.t()`: kept as f32 and cast again for the backward) or an
+/// activation (its 16-bit cast kept); and the weight's 16-bit cast does not stay alive until the backward. The
+/// second shape fills whole tensor-core tiles in the product and both gradients, where an adapter has them (the
+/// products then come back as f32 from the kernel itself).
 #[test]
 fn autocast_gradients_match_the_composed_casts_and_keep_no_weight_copy() {
     let mut rng = Rng::new("autocast_gradients_match_the_composed_casts");
     let d = pollster::block_on(Gpu::open(&GpuOptions::from_env())).unwrap();
-    let (vx, vw) = (rng.vec(3 * 40 * 24, -1.0, 1.0), rng.vec(32 * 24, -1.0, 1.0));
-    let leaves = || {
-        let x = Tensor::from_slice(&vx, &[3, 40, 24], &d).unwrap().requires_grad_();
-        let w = Tensor::from_slice(&vw, &[32, 24], &d).unwrap().requires_grad_();
-        (x, w)
-    };
-    for half in [DType::F16, DType::BF16] {
-        let grads = |fused: bool| {
-            let (x, w) = leaves();
-            // An activation (x * 1.5 has history) times a weight's view.
-            let act = x.mul_scalar(1.5).unwrap();
-            let y = if fused {
-                autocast(half, || act.matmul(&w.t().unwrap())).unwrap().unwrap()
-            } else {
-                let (ah, wh) = (act.to_dtype(half).unwrap(), w.t().unwrap().to_dtype(half).unwrap());
-                ah.matmul(&wh).unwrap().to_dtype(DType::F32).unwrap()
-            };
-            let live = d.memory().live_bytes;
-            y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
-            if fused {
-                assert!(
-                    w.grad().unwrap().is_contiguous(),
-                    "{half}: the weight's gradient is stored as the weight"
-                );
-            }
-            let g = |t: &Tensor| t.grad().unwrap().to_f32_vec().unwrap();
-            (y.to_f32_vec().unwrap(), g(&x), g(&w), live)
-        };
-        let (fused, composed) = (grads(true), grads(false));
-        assert_eq!(fused.0, composed.0, "{half}: product");
-        assert_eq!(fused.1, composed.1, "{half}: gradient of the activation's leaf");
-        assert_eq!(fused.2, composed.2, "{half}: gradient of the weight");
-        // Alive between forward and backward: the composed graph also holds the weight's 16-bit cast.
-        assert_eq!(
-            composed.3 - fused.3,
-            32 * 24 * 2,
-            "{half}: bytes of the weight's 16-bit copy"
+    for (xs, ws) in [([3, 40, 24], [32, 24]), ([2, 128, 128], [256, 128])] {
+        let (vx, vw) = (
+            rng.vec(xs.iter().product(), -1.0, 1.0),
+            rng.vec(ws.iter().product(), -1.0, 1.0),
         );
+        let leaves = || {
+            let x = Tensor::from_slice(&vx, &xs, &d).unwrap().requires_grad_();
+            let w = Tensor::from_slice(&vw, &ws, &d).unwrap().requires_grad_();
+            (x, w)
+        };
+        for half in [DType::F16, DType::BF16] {
+            let grads = |fused: bool| {
+                let (x, w) = leaves();
+                // An activation (x * 1.5 has history) times a weight's view.
+                let act = x.mul_scalar(1.5).unwrap();
+                let y = if fused {
+                    autocast(half, || act.matmul(&w.t().unwrap())).unwrap().unwrap()
+                } else {
+                    let (ah, wh) = (act.to_dtype(half).unwrap(), w.t().unwrap().to_dtype(half).unwrap());
+                    ah.matmul(&wh).unwrap().to_dtype(DType::F32).unwrap()
+                };
+                let live = d.memory().live_bytes;
+                y.mul(&y).unwrap().sum_all().unwrap().backward().unwrap();
+                if fused {
+                    assert!(
+                        w.grad().unwrap().is_contiguous(),
+                        "{half}: the weight's gradient is stored as the weight"
+                    );
+                }
+                let g = |t: &Tensor| t.grad().unwrap().to_f32_vec().unwrap();
+                (y.to_f32_vec().unwrap(), g(&x), g(&w), live)
+            };
+            let (fused, composed) = (grads(true), grads(false));
+            assert_eq!(fused.0, composed.0, "{half} {xs:?}: product");
+            assert_eq!(fused.1, composed.1, "{half} {xs:?}: gradient of the activation's leaf");
+            // The weight's gradient runs as `g.t() @ x` (in the weight's layout) where the composed graph runs
+            // `x.t() @ g`: the same sums in another kernel (tensor cores or not), so within a unit in the last
+            // place of the 16-bit result, plus the f32 rounding of sums that cancel (an eighth of the largest
+            // entry's unit).
+            let ulp = if half == DType::F16 {
+                2f32.powi(-10)
+            } else {
+                2f32.powi(-7)
+            };
+            let largest = composed.2.iter().fold(0f32, |m, c| m.max(c.abs()));
+            for (i, (f, c)) in fused.2.iter().zip(&composed.2).enumerate() {
+                let bound = ulp * (c.abs() + largest / 8.0);
+                assert!((f - c).abs() <= bound, "{half} {xs:?}: weight gradient {i}: {f} vs {c}");
+            }
+            // Alive between forward and backward: the composed graph also holds the weight's 16-bit cast.
+            assert_eq!(
+                composed.3 - fused.3,
+                (ws[0] * ws[1] * 2) as u64,
+                "{half}: bytes of the weight's 16-bit copy"
+            );
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu};
 
 use crate::autocast::autocast_dtype;
-use crate::autograd::{Node, grad_enabled, no_grad};
+use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::matmul_coop;
 use crate::shape::{Layout, MAX_DIMS, broadcast_shapes, numel};
@@ -97,7 +97,7 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             return autocast_product(a, b, half);
         }
     }
-    let out = product(a, b)?;
+    let out = product(a, b, false)?;
     if !grad_enabled() || !(a.requires_grad() || b.requires_grad()) {
         return Ok(out);
     }
@@ -112,7 +112,7 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         &[a, b],
         Box::new(move |g| {
             // Operands of mixed dtypes give an f32 product; each gradient takes its operand's dtype.
-            let (ga, gb) = product_grads(g, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b, b_transposed)?;
+            let (ga, gb) = product_grads(g, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b, b_transposed, false)?;
             Ok(vec![
                 ga.map(|t| t.to_dtype(dtype_a)).transpose()?,
                 gb.map(|t| cast_in_layout(t, dtype_b)).transpose()?,
@@ -126,6 +126,8 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// one of `a` when `b` is given, the one of `b` when `a` is given. With `b_transposed` (`b` is a matrix stored
 /// column by column, a weight `W` seen as `W.t()`), `b`'s gradient is computed transposed and handed back as a
 /// view in `b`'s layout, so that `W` receives a contiguous gradient (no copy before the optimizer reads it).
+/// With `widen` (16-bit operands under autocast), products that need no further sum come back as f32 straight
+/// from the kernel, rounded to the 16-bit dtype.
 fn product_grads(
     g: &Tensor,
     a: Option<&Tensor>,
@@ -133,9 +135,19 @@ fn product_grads(
     shape_a: &[usize],
     shape_b: &[usize],
     b_transposed: bool,
+    widen: bool,
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    // A product that is the gradient as it is may come back widened; one still to be summed may not (the sum
+    // runs in the 16-bit dtype).
+    let times = |x: &Tensor, y: &Tensor, whole: bool| match widen && whole && x.rank() >= 2 && y.rank() >= 2 {
+        true => product(x, y, true),
+        false => x.matmul(y),
+    };
     let ga = match b {
-        Some(b) => Some(g.matmul(&b.t()?)?.sum_to(shape_a)?),
+        Some(b) => {
+            let whole = g.shape()[..g.rank() - 1] == shape_a[..shape_a.len() - 1] && b.rank() == 2;
+            Some(times(g, &b.t()?, whole)?.sum_to(shape_a)?)
+        }
         None => None,
     };
     let gb = match a {
@@ -146,8 +158,8 @@ fn product_grads(
             let (k, n) = (shape_a[shape_a.len() - 1], g.shape()[g.rank() - 1]);
             let (a2, g2) = (a.reshape(&[rows, k])?, g.reshape(&[rows, n])?);
             Some(match b_transposed {
-                true => g2.t()?.matmul(&a2)?.t()?,
-                false => a2.t()?.matmul(&g2)?,
+                true => times(&g2.t()?, &a2, true)?.t()?,
+                false => times(&a2.t()?, &g2, true)?,
             })
         }
         Some(a) => Some(a.t()?.matmul(g)?.sum_to(shape_b)?),
@@ -177,7 +189,7 @@ fn column_major(t: &Tensor) -> bool {
 fn autocast_product(a: &Tensor, b: &Tensor, half: DType) -> Result<Tensor> {
     // (`W.t()` is cast as `W`, whose elements are contiguous, and read transposed by the product.)
     let (ah, bh) = (cast_in_layout(a.detach(), half)?, cast_in_layout(b.detach(), half)?);
-    let out = no_grad(|| matmul_nd(&ah, &bh)?.to_dtype(DType::F32))?;
+    let out = product(&ah, &bh, true)?;
     if !grad_enabled() || !(a.requires_grad() || b.requires_grad()) {
         return Ok(out);
     }
@@ -207,7 +219,7 @@ fn autocast_product(a: &Tensor, b: &Tensor, half: DType) -> Result<Tensor> {
                 sb.as_ref().map(as_half).transpose()?,
             );
             let gh = g.to_dtype(half)?;
-            let (ga, gb) = product_grads(&gh, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b, b_transposed)?;
+            let (ga, gb) = product_grads(&gh, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b, b_transposed, true)?;
             Ok(vec![
                 ga.map(|t| t.to_dtype(dtype_a)).transpose()?,
                 gb.map(|t| cast_in_layout(t, dtype_b)).transpose()?,
@@ -217,8 +229,10 @@ fn autocast_product(a: &Tensor, b: &Tensor, half: DType) -> Result<Tensor> {
     Ok(out.with_node(node))
 }
 
-/// Checks the operands and runs the kernel; the result has no autograd history.
-fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+/// Checks the operands and runs the kernel; the result has no autograd history. With `widen`, a product of
+/// 16-bit operands comes back as f32 holding the 16-bit result (what autocast hands on), written so by the
+/// tensor-core kernel instead of a separate cast.
+fn product(a: &Tensor, b: &Tensor, widen: bool) -> Result<Tensor> {
     if let Some(t) = [a, b].into_iter().find(|t| !t.dtype().is_float()) {
         return Err(Error::DTypeMismatch {
             op: "matmul",
@@ -260,6 +274,7 @@ fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     // Mixed dtypes (f32 activations times a frozen 16-bit weight, say) multiply in f32 into an f32 result.
     let dtype = if a.dtype() == b.dtype() { a.dtype() } else { DType::F32 };
     if k == 0 {
+        let dtype = if widen { DType::F32 } else { dtype };
         return Tensor::zeros(&out_shape, dtype, a.device());
     }
     let mut la = a.layout().broadcast_to("matmul", &[&batch[..], &[m, k]].concat())?;
@@ -283,11 +298,11 @@ fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 strides: lb.strides[batch.len()..].to_vec(),
                 offset: lb.offset,
             };
-            let flat = launch(a, &la, b, &lb, dtype)?;
+            let flat = launch(a, &la, b, &lb, dtype, widen)?;
             return flat.reshape(&out_shape);
         }
     }
-    launch(a, &la, b, &lb, dtype)
+    launch(a, &la, b, &lb, dtype, widen)
 }
 
 /// Which dimension consecutive threads walk when fetching an operand slice: the reduced one when it has the
@@ -302,7 +317,7 @@ pub(crate) fn along_k(k: usize, stride_k: usize, other: usize, stride_other: usi
 /// of tokens) would leave most of a large GPU idle. Their reduction is cut into slices that run side by side in
 /// the same launch, each writing its own partial product, which the split-sum kernel then adds in slice order
 /// (deterministic, but not the bits of the unsplit sum).
-fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Result<Tensor> {
+fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen: bool) -> Result<Tensor> {
     let r = la.rank();
     let batch = &la.shape[..r - 2];
     let (m, k, n) = (la.shape[r - 2], la.shape[r - 1], lb.shape[r - 1]);
@@ -310,7 +325,10 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType) -> Res
     out_shape.extend([m, n]);
     let device = a.device().clone();
     if matmul_coop::fits(&device, [a.dtype(), b.dtype()], la, lb) {
-        return matmul_coop::launch(a, la, b, lb)?.reshape(&out_shape);
+        return matmul_coop::launch(a, la, b, lb, widen)?.reshape(&out_shape);
+    }
+    if widen && dtype != DType::F32 {
+        return launch(a, la, b, lb, dtype, false)?.to_dtype(DType::F32);
     }
     let native_f16 = device.caps().f16;
     let (a_access, b_access) = (Access::new(a.dtype(), native_f16), Access::new(b.dtype(), native_f16));

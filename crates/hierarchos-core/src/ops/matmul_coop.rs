@@ -51,8 +51,8 @@ pub(crate) fn fits(device: &Gpu, dtypes: [DType; 2], la: &Layout, lb: &Layout) -
 }
 
 /// Launches the kernel for `la` `[M, K]` and `lb` `[K, N]` of f16 operands that [`fits`] allowed; returns the
-/// dense f16 `[M, N]` product.
-pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result<Tensor> {
+/// dense f16 `[M, N]` product, or with `widen` the same values as f32.
+pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bool) -> Result<Tensor> {
     let r = la.rank();
     let (m, k, n) = (la.shape[r - 2], la.shape[r - 1], lb.shape[r - 1]);
     let device = a.device();
@@ -60,7 +60,7 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
     // Few tiles over a long reduction (the weight gradients of small layers) leave most of a large GPU idle:
     // split K into slices whose f32 partial products are added afterwards.
     let (slices, slice_len) = split_k(tiles, k, SPLIT_K_TARGET_WORKGROUPS, SPLIT_K_MIN_SLICE, STEP);
-    let out_dtype = if slices > 1 { DType::F32 } else { DType::F16 };
+    let out_dtype = if slices > 1 || widen { DType::F32 } else { DType::F16 };
     let out = device.alloc("matmul", Tensor::bytes_for(slices * m * n, out_dtype))?;
     let out = Tensor::from_buffer(out, &[slices, m, n], out_dtype, None);
     // A transposed weight (`x @ W.t()`) has unit stride along K: staged as [n][k] rows; a transposed left
@@ -83,12 +83,16 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
     device.dispatch(Dispatch {
         op: "matmul",
         runtime_checks: false,
-        key: &format!("matmul_coop:{a_along_m}:{b_along_k}:{partial}"),
+        key: &format!("matmul_coop:{a_along_m}:{b_along_k}:{partial}:{widen}"),
         source: &|| {
-            let output = if partial {
-                "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return x; }\n"
-            } else {
-                "alias OutType = f16;\nfn to_out(x: f32) -> f16 { return f16(unpack2x16float(f32_to_f16(x)).x); }\n"
+            let output = match (partial, widen) {
+                (true, _) => "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return x; }\n",
+                (false, true) => {
+                    "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return unpack2x16float(f32_to_f16(x)).x; }\n"
+                }
+                (false, false) => {
+                    "alias OutType = f16;\nfn to_out(x: f32) -> f16 { return f16(unpack2x16float(f32_to_f16(x)).x); }\n"
+                }
             };
             format!(
                 "{}const A_ALONG_M: bool = {a_along_m};\nconst B_ALONG_K: bool = {b_along_k};\n{output}{COMMON_WGSL}",
@@ -99,10 +103,10 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout) -> Result
         params: &params,
         workgroups: Gpu::grid((tiles * slices) as u32),
     })?;
-    if partial {
-        split_sum(&out, &[m, n])?.to_dtype(DType::F16)
-    } else {
-        out.reshape(&[m, n])
+    match (partial, widen) {
+        (true, true) => split_sum(&out, &[m, n])?.to_dtype(DType::F16)?.to_dtype(DType::F32),
+        (true, false) => split_sum(&out, &[m, n])?.to_dtype(DType::F16),
+        (false, _) => out.reshape(&[m, n]),
     }
 }
 
