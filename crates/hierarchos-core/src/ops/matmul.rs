@@ -98,28 +98,60 @@ fn matmul_nd(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         }
     }
     let out = product(a, b, false)?;
+    // Operands of mixed dtypes give an f32 product; each gradient takes its operand's dtype.
+    Ok(with_product_node(
+        out,
+        a,
+        b,
+        (a.detach(), false),
+        (b.detach(), false),
+        None,
+    ))
+}
+
+/// `out` (the product `a @ b`) with its node when gradients are recorded. Each gradient reads the other operand,
+/// so an operand is kept for the backward only when the other one needs a gradient (a frozen weight's product
+/// does not keep its input alive for a weight gradient); `keep_a` and `keep_b` say what is kept and whether to
+/// cast it to `half` again there (autocast, see [`autocast_product`]).
+fn with_product_node(
+    out: Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    keep_a: (Tensor, bool),
+    keep_b: (Tensor, bool),
+    half: Option<DType>,
+) -> Tensor {
     if !grad_enabled() || !(a.requires_grad() || b.requires_grad()) {
-        return Ok(out);
+        return out;
     }
-    let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
-    // Each gradient reads the other operand: an operand is kept for the backward only when the other one needs
-    // a gradient (a frozen weight's product does not keep its input alive for a weight gradient).
-    let (sa, sb) = (need_b.then(|| a.detach()), need_a.then(|| b.detach()));
+    let (sa, sb) = (b.requires_grad().then_some(keep_a), a.requires_grad().then_some(keep_b));
     let (shape_a, dtype_a, shape_b, dtype_b) = (a.shape().to_vec(), a.dtype(), b.shape().to_vec(), b.dtype());
     let b_transposed = column_major(b);
     let node = Node::record(
         "matmul",
         &[a, b],
         Box::new(move |g| {
-            // Operands of mixed dtypes give an f32 product; each gradient takes its operand's dtype.
-            let (ga, gb) = product_grads(g, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b, b_transposed, false)?;
+            let operand = |(t, recast): &(Tensor, bool)| match (half, recast) {
+                (Some(h), true) => cast_in_layout(t.clone(), h),
+                _ => Ok(t.clone()),
+            };
+            let (sa, sb) = (
+                sa.as_ref().map(operand).transpose()?,
+                sb.as_ref().map(operand).transpose()?,
+            );
+            let g = match half {
+                Some(h) => g.to_dtype(h)?,
+                None => g.clone(),
+            };
+            let widen = half.is_some();
+            let (ga, gb) = product_grads(&g, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b, b_transposed, widen)?;
             Ok(vec![
                 ga.map(|t| t.to_dtype(dtype_a)).transpose()?,
                 gb.map(|t| cast_in_layout(t, dtype_b)).transpose()?,
             ])
         }),
     );
-    Ok(out.with_node(node))
+    out.with_node(node)
 }
 
 /// The gradients of a product `a @ b` (shapes `shape_a`, `shape_b`) from the gradient `g` of its result: the
@@ -190,43 +222,11 @@ fn autocast_product(a: &Tensor, b: &Tensor, half: DType) -> Result<Tensor> {
     // (`W.t()` is cast as `W`, whose elements are contiguous, and read transposed by the product.)
     let (ah, bh) = (cast_in_layout(a.detach(), half)?, cast_in_layout(b.detach(), half)?);
     let out = product(&ah, &bh, true)?;
-    if !grad_enabled() || !(a.requires_grad() || b.requires_grad()) {
-        return Ok(out);
-    }
-    let keep = |t: &Tensor, cast: Tensor| {
-        if t.is_leaf_view() {
-            (t.detach(), true)
-        } else {
-            (cast, false)
-        }
+    let keep = |t: &Tensor, cast: Tensor| match t.is_leaf_view() {
+        true => (t.detach(), true),
+        false => (cast, false),
     };
-    let (sa, sb) = (
-        b.requires_grad().then(|| keep(a, ah)),
-        a.requires_grad().then(|| keep(b, bh)),
-    );
-    let (shape_a, dtype_a, shape_b, dtype_b) = (a.shape().to_vec(), a.dtype(), b.shape().to_vec(), b.dtype());
-    let b_transposed = column_major(b);
-    let node = Node::record(
-        "matmul",
-        &[a, b],
-        Box::new(move |g| {
-            let as_half = |(t, recast): &(Tensor, bool)| match recast {
-                true => cast_in_layout(t.clone(), half),
-                false => Ok(t.clone()),
-            };
-            let (sa, sb) = (
-                sa.as_ref().map(as_half).transpose()?,
-                sb.as_ref().map(as_half).transpose()?,
-            );
-            let gh = g.to_dtype(half)?;
-            let (ga, gb) = product_grads(&gh, sa.as_ref(), sb.as_ref(), &shape_a, &shape_b, b_transposed, true)?;
-            Ok(vec![
-                ga.map(|t| t.to_dtype(dtype_a)).transpose()?,
-                gb.map(|t| cast_in_layout(t, dtype_b)).transpose()?,
-            ])
-        }),
-    );
-    Ok(out.with_node(node))
+    Ok(with_product_node(out, a, b, keep(a, ah), keep(b, bh), Some(half)))
 }
 
 /// Checks the operands and runs the kernel; the result has no autograd history. With `widen`, a product of
