@@ -5,7 +5,7 @@ use hierarchos_core::quant::QTensor;
 use hierarchos_core::{Device, Tensor};
 
 use crate::attention::{Attention, AttentionContext, qkv_views};
-use crate::config::{ModelConfig, NormPlacement, RouterScoring};
+use crate::config::{LatentAttentionConfig, ModelConfig, NormPlacement, RouterScoring};
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
 use crate::feed_forward::FeedForward;
@@ -235,7 +235,7 @@ impl CausalLm {
             let a = format!("{p}.{}", names.attention);
             let m = format!("{p}.mlp");
             let self_attn = match c.latent_attention {
-                Some(_) => SelfAttention::Latent(latent_attention(tensor, quantized, &a, c)?),
+                Some(m) => SelfAttention::Latent(latent_attention(tensor, quantized, &a, c, m)?),
                 None => SelfAttention::Standard(standard_attention(tensor, quantized, &a, c)?),
             };
             let feed_forward = match &c.moe {
@@ -835,8 +835,13 @@ fn standard_attention(tensor: TensorSource, quantized: QuantSource, a: &str, c: 
 
 /// The latent attention module `a` of DeepSeek-V3 (its latent norms keep RMSNorm's default epsilon 1e-6, as
 /// transformers builds them, whatever `rms_norm_eps` says).
-fn latent_attention(tensor: TensorSource, quantized: QuantSource, a: &str, c: &ModelConfig) -> Result<LatentAttention> {
-    let m = c.latent_attention.expect("a latent attention config");
+fn latent_attention(
+    tensor: TensorSource,
+    quantized: QuantSource,
+    a: &str,
+    c: &ModelConfig,
+    m: LatentAttentionConfig,
+) -> Result<LatentAttention> {
     let (hidden, h) = (c.hidden_size, c.num_attention_heads);
     let q_width = h * (m.nope_dim + m.rope_dim);
     let name = |part: &str| format!("{a}.{part}");

@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::linear::{Linear, prefixed};
 use crate::mlp::Mlp;
 use crate::moe::Moe;
-use crate::norm::Norm;
+use crate::norm::{Norm, normed_residual};
 
 /// What a decoder layer runs after attention.
 // One per layer: the variants' sizes do not matter.
@@ -25,14 +25,7 @@ impl FeedForward {
     pub fn forward(&self, x: &Tensor, norm: Option<&Norm>, residual: Option<&Tensor>) -> Result<Tensor> {
         match self {
             FeedForward::Mlp(mlp) => Ok(mlp.forward(x, norm, residual)?),
-            FeedForward::Moe(moe) => {
-                let normed = norm.map(|n| n.forward(x)).transpose()?;
-                let y = moe.forward(normed.as_ref().unwrap_or(x))?;
-                Ok(match residual {
-                    Some(r) => r.add(&y)?,
-                    None => y,
-                })
-            }
+            FeedForward::Moe(moe) => normed_residual(x, norm, residual, |x| moe.forward(x)),
         }
     }
 

@@ -2,10 +2,10 @@
 //! the experts for each token, the token goes through its `top_k` best, and their outputs are summed weighted by
 //! the router's scores.
 //!
-//! Routing is decided on the host: the router's probabilities are read back (one small sync per block), the
-//! tokens are sorted by expert, and each expert runs one product over exactly its tokens. The weights stay on
-//! the GPU and in the graph (a gather of the probabilities), so the router trains as in transformers; the choice
-//! of experts itself has no gradient there either.
+//! Routing is decided on the host: the router's scores are read back (one small sync per block), the tokens are
+//! sorted by expert, and each expert runs one product over exactly its tokens. The weights stay on the GPU and in
+//! the graph (a gather of the scores), so the router trains as in transformers; the choice of experts itself has
+//! no gradient there either.
 
 use hierarchos_core::{DType, Tensor, grad_enabled};
 

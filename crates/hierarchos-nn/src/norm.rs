@@ -33,6 +33,22 @@ pub struct Norm {
     pub head_weights: Vec<Tensor>,
 }
 
+/// `residual + block(norm(x))`, the norm and the residual optional, as separate ops: how a block runs them when it
+/// cannot fuse them into its own launches (latent attention, mixtures of experts).
+pub(crate) fn normed_residual(
+    x: &Tensor,
+    norm: Option<&Norm>,
+    residual: Option<&Tensor>,
+    block: impl FnOnce(&Tensor) -> crate::error::Result<Tensor>,
+) -> crate::error::Result<Tensor> {
+    let normed = norm.map(|n| n.forward(x)).transpose()?;
+    let y = block(normed.as_ref().unwrap_or(x))?;
+    Ok(match residual {
+        Some(r) => r.add(&y)?,
+        None => y,
+    })
+}
+
 impl Norm {
     /// Normalizes the last dimension of `x`. A weight of more than one dimension (Cohere's q/k norms: one row per
     /// head) multiplies the normalized values of its trailing dimensions.

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::latent_attention::LatentAttention;
 use crate::linear::{Linear, prefixed};
-use crate::norm::Norm;
+use crate::norm::{Norm, normed_residual};
 
 /// What a decoder layer attends with.
 // One per layer: the variants' sizes do not matter.
@@ -34,14 +34,7 @@ impl SelfAttention {
     ) -> Result<Tensor> {
         match self {
             SelfAttention::Standard(a) => a.forward(x, norm, residual, ctx, cache),
-            SelfAttention::Latent(a) => {
-                let normed = norm.map(|n| n.forward(x)).transpose()?;
-                let y = a.forward(normed.as_ref().unwrap_or(x), ctx, cache)?;
-                Ok(match residual {
-                    Some(r) => r.add(&y)?,
-                    None => y,
-                })
-            }
+            SelfAttention::Latent(a) => normed_residual(x, norm, residual, |x| a.forward(x, ctx, cache)),
         }
     }
 
