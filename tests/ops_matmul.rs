@@ -453,7 +453,7 @@ fn long_reductions_split_into_slices() {
     check_shapes(&mut rng, &[3, 2050], &[2050, 5], DType::F16);
 }
 
-/// f16 products of whole 256 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (16 x 16 f16
+/// f16 products of whole 128 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (16 x 16 f16
 /// into f32, subgroups of 32) they run on tensor cores; elsewhere the tiled kernel. Every pairing of operand
 /// layouts, an offset view, several tiles along M and N, a batch of one (batched products stay on the tiled
 /// kernel), and single tiles over a long reduction (split along K).
@@ -463,6 +463,7 @@ fn f16_products_of_whole_tiles() {
     let d = dev();
     eprintln!("cooperative matrices: {}", d.caps().cooperative_matrix);
     check_shapes(&mut rng, &[256, 32], &[32, 128], DType::F16);
+    check_shapes(&mut rng, &[128, 64], &[64, 256], DType::F16);
     check_shapes(&mut rng, &[512, 96], &[96, 384], DType::F16);
     check_shapes(&mut rng, &[1, 256, 64], &[64, 256], DType::F16);
     // x @ W.t() with W [N, K], x a view starting past the start of its storage.

@@ -1,10 +1,10 @@
 // f16 matrix product on tensor cores (ops/matmul_coop.rs): out[M, N] = lhs[M, K] @ rhs[K, N], f32 accumulation in
-// cooperative matrices (16 x 16 x 16), f16 result. One workgroup of eight subgroups of 32 computes a BM x BN =
-// 256 x 128 tile; subgroup w owns the 64 x 64 block at rows 64 * (w / 2), columns 64 * (w % 2): 4 x 4 accumulator
+// cooperative matrices (16 x 16 x 16), f16 result. One workgroup of four subgroups of 32 computes a BM x BN =
+// 128 x 128 tile; subgroup w owns the 64 x 64 block at rows 64 * (w / 2), columns 64 * (w % 2): 4 x 4 accumulator
 // fragments, so that each fragment loaded from workgroup memory feeds four products (the Rust side writes out
 // the blocks marked `//@NAME` over the sixteen accumulators `c{i}{j}`). Slices of BK = 32 steps of the reduction
 // are staged in workgroup memory (rows padded by 8 halves against bank conflicts); while the subgroups multiply
-// one slice, each thread already holds the next one's loads in registers (eight halves from each operand, twice).
+// one slice, each thread already holds the next one's loads in registers (eight halves from each operand, four times).
 //
 // Operands are bound as arrays of vec4<f16> and read eight halves at a time (two vec4s), each along its
 // unit-stride dimension: lhs along K (staged [m][k], loaded row-major) or along M (A_ALONG_M: a transposed
@@ -29,19 +29,19 @@ enable wgpu_cooperative_matrix;
 @group(0) @binding(2) var<storage, read> lhs: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read> rhs: array<vec4<f16>>;
 
-const BM: u32 = 256u;
+const BM: u32 = 128u;
 const BN: u32 = 128u;
 const BK: u32 = 32u;
 // Row strides (halves) of the staged slices: [m][k] and, along K, [n][k] rows of BK; along N, [k][n] rows of BN;
 // along M, [k][m] rows of BM.
 const AS: u32 = 40u;
-const AMS: u32 = 264u;
+const AMS: u32 = 136u;
 const BS: u32 = 136u;
 
-var<workgroup> As: array<f16, 10240>;
+var<workgroup> As: array<f16, 5120>;
 var<workgroup> Bs: array<f16, 5120>;
 // One 16 x 16 f32 fragment per subgroup on its way out.
-var<workgroup> Cs: array<f32, 2048>;
+var<workgroup> Cs: array<f32, 1024>;
 
 // Eight halves (two vec4<f16>) into `As` / `Bs` at element `at`.
 fn stash_a(at: u32, v: array<vec4<f16>, 2>) {
@@ -75,25 +75,26 @@ fn fetch_b(i: u32) -> array<vec4<f16>, 2> {
 }
 
 // Staged position and global vec4 index of load `e` of thread `lid` for the slice at k0 (eight halves each): A as
-// 256 rows of four (loads 0..3); B along K as 128 rows of four, along N as 32 rows of sixteen (loads 0 and 1).
+// 128 rows of four, along M as 32 rows of sixteen; B along K as 128 rows of four, along N as 32 rows of sixteen
+// (loads 0..3 each).
 fn a_at(lid: u32, e: u32) -> u32 {
-    let i = lid + 256u * e;
+    let i = lid + 128u * e;
     if (A_ALONG_M) {
-        return (i / 32u) * AMS + (i % 32u) * 8u;
+        return (i / 16u) * AMS + (i % 16u) * 8u;
     }
     return (i / 4u) * AS + (i % 4u) * 8u;
 }
 
 fn a_src(lid: u32, e: u32, m0: u32, k0: u32) -> u32 {
-    let i = lid + 256u * e;
+    let i = lid + 128u * e;
     if (A_ALONG_M) {
-        return (p[3] + (k0 + i / 32u) * p[4] + m0 + (i % 32u) * 8u) / 8u;
+        return (p[3] + (k0 + i / 16u) * p[4] + m0 + (i % 16u) * 8u) / 8u;
     }
     return (p[3] + (m0 + i / 4u) * p[4] + k0 + (i % 4u) * 8u) / 8u;
 }
 
 fn b_at(lid: u32, e: u32) -> u32 {
-    let i = lid + 256u * e;
+    let i = lid + 128u * e;
     if (B_ALONG_K) {
         return (i / 4u) * AS + (i % 4u) * 8u;
     }
@@ -101,7 +102,7 @@ fn b_at(lid: u32, e: u32) -> u32 {
 }
 
 fn b_src(lid: u32, e: u32, n0: u32, k0: u32) -> u32 {
-    let i = lid + 256u * e;
+    let i = lid + 128u * e;
     if (B_ALONG_K) {
         return (p[5] + (n0 + i / 4u) * p[6] + k0 + (i % 4u) * 8u) / 8u;
     }
@@ -135,7 +136,7 @@ fn emit(sg: u32, lane: u32, row: u32, col: u32, N: u32) {
     }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32) {
@@ -161,6 +162,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var ra3 = fetch_a(a_src(lid, 3u, m0, k_begin));
     var rb0 = fetch_b(b_src(lid, 0u, n0, k_begin));
     var rb1 = fetch_b(b_src(lid, 1u, n0, k_begin));
+    var rb2 = fetch_b(b_src(lid, 2u, n0, k_begin));
+    var rb3 = fetch_b(b_src(lid, 3u, n0, k_begin));
     for (var k0 = k_begin; k0 < K; k0 = k0 + BK) {
         workgroupBarrier();
         stash_a(a_at(lid, 0u), ra0);
@@ -169,6 +172,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         stash_a(a_at(lid, 3u), ra3);
         stash_b(b_at(lid, 0u), rb0);
         stash_b(b_at(lid, 1u), rb1);
+        stash_b(b_at(lid, 2u), rb2);
+        stash_b(b_at(lid, 3u), rb3);
         workgroupBarrier();
         if (k0 + BK < K) {
             ra0 = fetch_a(a_src(lid, 0u, m0, k0 + BK));
@@ -177,6 +182,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             ra3 = fetch_a(a_src(lid, 3u, m0, k0 + BK));
             rb0 = fetch_b(b_src(lid, 0u, n0, k0 + BK));
             rb1 = fetch_b(b_src(lid, 1u, n0, k0 + BK));
+            rb2 = fetch_b(b_src(lid, 2u, n0, k0 + BK));
+            rb3 = fetch_b(b_src(lid, 3u, n0, k0 + BK));
         }
         for (var kk = 0u; kk < BK; kk = kk + 16u) {
             //@PRODUCTS

@@ -1,6 +1,6 @@
 //! The f16 matrix product on tensor cores through cooperative matrices (wgpu's experimental
 //! `wgpu_cooperative_matrix`): 16 x 16 x 16 products of f16 fragments accumulated in f32. It takes the products
-//! whose shapes fill its 256 x 128 tiles; everything else runs the portable tiled kernel.
+//! whose shapes fill its 128 x 128 tiles; everything else runs the portable tiled kernel.
 
 use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu};
 
@@ -12,14 +12,14 @@ use crate::tensor::Tensor;
 const MATMUL_COOP_WGSL: &str = include_str!("../../../../wgsl/matmul_coop.wgsl");
 
 /// Output tile of one workgroup (rows and columns) and the reduction steps staged at a time.
-const TILE_M: usize = 256;
+const TILE_M: usize = 128;
 const TILE_N: usize = 128;
 const STEP: usize = 32;
-/// A product of fewer tiles than this is split along K until it has about this many workgroups (one per
-/// multiprocessor of an H200). Measured there with 264: the 768 x 768 weight gradients of the 110M shape (18
-/// tiles over K = 4096) went from 15.6 to 44.9 TFLOP/s in 14 slices, but the `[4096, 768]` products (96 tiles)
-/// dropped from about 53 to 38 in two; 132 leaves those whole (not measured yet)...
-const SPLIT_K_TARGET_WORKGROUPS: usize = 132;
+/// A product of fewer tiles than this is split along K until it has about this many workgroups (two per
+/// multiprocessor of an H200, which holds two of these workgroups at a time). Measured there: the 768 x 768
+/// weight gradients of the 110M shape (36 tiles over K = 4096) run at 96 TFLOP/s in 7 slices against 75 in 3
+/// (a target of 132); the `[4096, 768]` products (192 tiles) stay whole...
+const SPLIT_K_TARGET_WORKGROUPS: usize = 264;
 /// ...with slices of at least this many steps of the reduction.
 const SPLIT_K_MIN_SLICE: usize = 256;
 /// Fragments of 16 x 16 along each side of a subgroup's 64 x 64 block.
@@ -27,7 +27,7 @@ const FRAGMENTS: usize = 4;
 
 /// Whether `la` `[batch.., M, K]` @ `lb` `[batch.., K, N]` of f16 operands on `device` runs on cooperative matrices:
 /// the adapter has them (16 x 16 f16 into f32), native f16 storage, subgroups of exactly 32 (the kernel's layout
-/// of eight subgroups), one batch entry, dimensions that fill whole tiles, and operands that load eight halves at
+/// of four subgroups), one batch entry, dimensions that fill whole tiles, and operands that load eight halves at
 /// a time (unit stride along either dimension; offsets and other strides multiples of 8).
 pub(crate) fn fits(device: &Gpu, dtypes: [DType; 2], la: &Layout, lb: &Layout) -> bool {
     let caps = device.caps();
