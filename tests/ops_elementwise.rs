@@ -433,6 +433,68 @@ fn casts_round_like_torch() {
     assert_eq!(g.to_vec::<f32>().unwrap(), vec![3.0, -2.0]);
 }
 
+/// Dense f32 tensors of a multiple of 8 elements take the cast kernel that converts eight at a time (mixed
+/// precision's operand casts); others the elementwise map. Both round every value as torch does: ties, the f16
+/// overflow edge, f16 subnormals and underflow, infinities, NaN, across magnitudes; views whose offset is not a
+/// multiple of 4, or whose count is not a multiple of 8, fall back to the map.
+#[test]
+fn dense_casts_to_16_bits_round_like_torch() {
+    let d = dev();
+    let mut rng = Rng::new("dense_casts_to_16_bits");
+    let specials = [
+        1.0f32 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        1.0 + 2f32.powi(-8),
+        65519.0,
+        65520.0,
+        -70000.0,
+        3e-5,
+        6.1e-5,
+        2.98e-8,
+        1e-8,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        3.4e38,
+        1e-40,
+    ];
+    let mut x: Vec<f32> = rng.vec(1032, -1.0, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= 10f32.powi((i % 13) as i32 - 8);
+    }
+    x[..specials.len()].copy_from_slice(&specials);
+    x[500..500 + specials.len()].copy_from_slice(&specials);
+    let t = Tensor::from_slice(&x, &[8, 129], &d).unwrap();
+    let flat = t.reshape(&[1032]).unwrap();
+    let views = [
+        ("whole", t.clone(), 0),
+        ("offset 4", flat.narrow(0, 4, 1024).unwrap(), 4),
+        ("offset 2", flat.narrow(0, 2, 1024).unwrap(), 2),
+        ("1031 elements", flat.narrow(0, 0, 1031).unwrap(), 0),
+    ];
+    for (name, v, start) in views {
+        let want = &x[start..start + v.shape().iter().product::<usize>()];
+        let h = v.to_dtype(DType::F16).unwrap().to_vec::<half::f16>().unwrap();
+        for (i, (g, &w)) in h.iter().zip(want).enumerate() {
+            let w = half::f16::from_f32(w);
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{name} f16 [{i}]: {g} vs {w}"
+            );
+        }
+        let b = v.to_dtype(DType::BF16).unwrap().to_vec::<half::bf16>().unwrap();
+        for (i, (g, &w)) in b.iter().zip(want).enumerate() {
+            let w = half::bf16::from_f32(w);
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{name} bf16 [{i}]: {g} vs {w}"
+            );
+        }
+    }
+    assert_eq!(t.to_dtype(DType::F16).unwrap().shape(), &[8, 129]);
+}
+
 #[test]
 fn bad_input_is_an_error() {
     let d = dev();
