@@ -232,7 +232,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var kt = 0u; kt < k_tiles; kt = kt + 1u) {
         //@STASH
         workgroupBarrier();
-        if (kt + 1u < k_tiles) {
+        // Unconditional (past the slice, the clamped loads read zeros that are never staged): no branch keeps
+        // the compiler from scheduling these loads among the multiply-adds.
+        {
             let k0 = k_begin + (kt + 1u) * BK;
             //@FETCH
         }

@@ -175,15 +175,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         stash_b(b_at(lid, 2u), rb2);
         stash_b(b_at(lid, 3u), rb3);
         workgroupBarrier();
-        if (k0 + BK < K) {
-            ra0 = fetch_a(a_src(lid, 0u, m0, k0 + BK));
-            ra1 = fetch_a(a_src(lid, 1u, m0, k0 + BK));
-            ra2 = fetch_a(a_src(lid, 2u, m0, k0 + BK));
-            ra3 = fetch_a(a_src(lid, 3u, m0, k0 + BK));
-            rb0 = fetch_b(b_src(lid, 0u, n0, k0 + BK));
-            rb1 = fetch_b(b_src(lid, 1u, n0, k0 + BK));
-            rb2 = fetch_b(b_src(lid, 2u, n0, k0 + BK));
-            rb3 = fetch_b(b_src(lid, 3u, n0, k0 + BK));
+        // Unconditional (the last slice loads itself again, unused), so that no branch holds these loads back.
+        {
+            let kn = min(k0 + BK, K - BK);
+            ra0 = fetch_a(a_src(lid, 0u, m0, kn));
+            ra1 = fetch_a(a_src(lid, 1u, m0, kn));
+            ra2 = fetch_a(a_src(lid, 2u, m0, kn));
+            ra3 = fetch_a(a_src(lid, 3u, m0, kn));
+            rb0 = fetch_b(b_src(lid, 0u, n0, kn));
+            rb1 = fetch_b(b_src(lid, 1u, n0, kn));
+            rb2 = fetch_b(b_src(lid, 2u, n0, kn));
+            rb3 = fetch_b(b_src(lid, 3u, n0, kn));
         }
         for (var kk = 0u; kk < BK; kk = kk + 16u) {
             //@PRODUCTS
