@@ -243,6 +243,42 @@ fn rope_op_matches_rotate_half_on_strided_inputs() {
         });
         assert_close("rope", &got.to_vec::<f32>().unwrap(), &want, 1e-6, 1e-6);
     }
+    // f32 tensors of rank up to 4 take the pair kernel, the rest the elementwise form: a rank-5 tensor, a
+    // 16-bit one, and tables that are views (rows from position 2 of longer tables).
+    let (t, d) = (5usize, 8usize);
+    let long = |rng: &mut Rng| rng.vec((t + 2) * d / 2, -1.0, 1.0);
+    let (cos, sin) = (long(&mut rng), long(&mut rng));
+    let table = |v: &[f32]| {
+        Tensor::from_slice(v, &[t + 2, d / 2], &dv)
+            .unwrap()
+            .narrow(0, 2, t)
+            .unwrap()
+    };
+    let (ct, st) = (table(&cos), table(&sin));
+    let xs = rng.vec(2 * 3 * t * d, -1.0, 1.0);
+    let rows = |r: usize| {
+        let pos = 2 + r % t;
+        let row = |v: &[f32]| v[pos * d / 2..(pos + 1) * d / 2].iter().map(|&x| x as f64).collect();
+        (row(&cos), row(&sin))
+    };
+    let want = ref_rope(&xs, d, rows);
+    for (name, shape, dtype, tol) in [
+        ("rank 4, table views", vec![2, 3, t, d], DType::F32, 1e-6),
+        ("rank 5", vec![2, 1, 3, t, d], DType::F32, 1e-6),
+        ("f16", vec![2, 3, t, d], DType::F16, 2e-3),
+    ] {
+        let x = Tensor::from_slice(&xs, &shape, &dv).unwrap().to_dtype(dtype).unwrap();
+        let got = x.rope(&ct, &st).unwrap();
+        assert_eq!(got.shape(), &shape[..]);
+        assert_eq!(got.dtype(), dtype);
+        let xr: Vec<f32> = x.to_f32_vec().unwrap();
+        let want = if dtype == DType::F32 {
+            want.clone()
+        } else {
+            ref_rope(&xr, d, rows)
+        };
+        assert_close(name, &got.to_f32_vec().unwrap(), &want, tol, tol);
+    }
 }
 
 #[test]

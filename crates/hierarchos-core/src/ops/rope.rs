@@ -50,9 +50,69 @@ impl Tensor {
         let half = d / 2;
         let mut half_shape = self.shape().to_vec();
         half_shape[self.rank() - 1] = half;
+        let out = match self.rope_pairs(cos, sin, &half_shape)? {
+            Some(out) => out,
+            None => self.rope_elementwise(cos, sin, &half_shape)?,
+        };
+        if !grad_enabled() || !self.requires_grad() {
+            return Ok(out);
+        }
+        let (cos, sin) = (cos.detach(), sin.detach());
+        let node = Node::record(
+            OP,
+            &[self],
+            // The rotation is orthogonal: its adjoint rotates by the opposite angles.
+            Box::new(move |g| Ok(vec![Some(g.rope(&cos, &sin.neg()?)?)])),
+        );
+        Ok(out.with_node(node))
+    }
+
+    /// [`Tensor::rope`] in the pair kernel (one thread per rotated pair) for f32 tensors of rank 1 to 4 with
+    /// tables broadcast to `half_shape`; `None` for the rest, which take the elementwise form. Training applies
+    /// RoPE to every layer's queries and keys forward and backward, where the elementwise form spent most of its
+    /// time computing strided coordinates for every element.
+    fn rope_pairs(&self, cos: &Tensor, sin: &Tensor, half_shape: &[usize]) -> Result<Option<Tensor>> {
+        const OP: &str = "rope";
+        let r = self.rank();
+        if [self, cos, sin].iter().any(|t| t.dtype() != DType::F32) || r > 4 || self.numel() == 0 {
+            return Ok(None);
+        }
+        // Views padded to rank 4 with leading dimensions of size 1.
+        let padded = |l: &crate::shape::Layout| {
+            let mut words = vec![l.offset as u32];
+            words.extend(std::iter::repeat_n(0, 4 - r));
+            words.extend(l.strides.iter().map(|&s| s as u32));
+            words
+        };
+        let mut lead = vec![1usize; 4 - r];
+        lead.extend(&self.shape()[..r - 1]);
+        let half = half_shape[r - 1];
+        let mut params = vec![(self.numel() / 2) as u32, half as u32, lead[1] as u32, lead[2] as u32];
+        params.extend(padded(self.layout()));
+        params.extend(padded(&cos.layout().broadcast_to(OP, half_shape)?));
+        params.extend(padded(&sin.layout().broadcast_to(OP, half_shape)?));
+        let device = self.device();
+        let out = device.alloc(OP, Tensor::bytes_for(self.numel(), DType::F32))?;
+        device.dispatch(Dispatch {
+            op: OP,
+            runtime_checks: false,
+            key: "rope_pairs",
+            source: &|| ROPE_PAIRS_WGSL.to_string(),
+            buffers: &[&out, self.buffer(), cos.buffer(), sin.buffer()],
+            params: &params,
+            workgroups: Gpu::grid((self.numel() / 2).div_ceil(256) as u32),
+        })?;
+        Ok(Some(Tensor::from_buffer(out, self.shape(), DType::F32, None)))
+    }
+
+    /// [`Tensor::rope`] as an elementwise map over any dtypes and ranks: each output element reads its own input
+    /// element and its partner half a head away.
+    fn rope_elementwise(&self, cos: &Tensor, sin: &Tensor, half_shape: &[usize]) -> Result<Tensor> {
+        const OP: &str = "rope";
+        let half = half_shape[self.rank() - 1];
         // cos/sin are read at coordinate j of the full head; the kernel steps back half a head for j >= D/2.
         let widen = |t: &Tensor| -> Result<_> {
-            let mut l = t.layout().broadcast_to(OP, &half_shape)?;
+            let mut l = t.layout().broadcast_to(OP, half_shape)?;
             l.shape = self.shape().to_vec();
             Ok(l)
         };
@@ -73,7 +133,7 @@ impl Tensor {
         return load_in0(xo) * load_in1(co) - load_in0(xo + h * extra_u32(1u)) * load_in2(so);
     }
     return load_in0(xo) * load_in1(co - h * extra_u32(2u)) + load_in0(xo - h * extra_u32(1u)) * load_in2(so - h * extra_u32(3u));";
-        let out = Map {
+        Map {
             op: OP,
             inputs: vec![(self, self.layout().clone()), (cos, lc), (sin, ls)],
             shape: self.shape().to_vec(),
@@ -82,21 +142,11 @@ impl Tensor {
             preload: false,
             extras,
         }
-        .run()?;
-        if !grad_enabled() || !self.requires_grad() {
-            return Ok(out);
-        }
-        let (cos, sin) = (cos.detach(), sin.detach());
-        let node = Node::record(
-            OP,
-            &[self],
-            // The rotation is orthogonal: its adjoint rotates by the opposite angles.
-            Box::new(move |g| Ok(vec![Some(g.rope(&cos, &sin.neg()?)?)])),
-        );
-        Ok(out.with_node(node))
+        .run()
     }
 }
 
+const ROPE_PAIRS_WGSL: &str = include_str!("../../../../wgsl/rope_pairs.wgsl");
 const ROPE_CACHE_WGSL: &str = include_str!("../../../../wgsl/rope_cache.wgsl");
 /// Storage buffers the fused rotary and cache kernel binds: parameters, output, q, k, v, two caches, four tables.
 const ROPE_CACHE_BINDINGS: u32 = 11;

@@ -1,0 +1,46 @@
+// Rotary position embedding for f32 tensors of rank up to 4 (ops/rope.rs): one thread per rotated pair (j, j + D/2)
+// of a head row, which reads both elements and the pair's cosine and sine once and writes both outputs, its
+// coordinates computed once per pair. Same arithmetic as the elementwise form: out_j = x_j cos_j - x_{j+D/2} sin_j,
+// out_{j+D/2} = x_{j+D/2} cos_j + x_j sin_j.
+//
+// Parameters (u32 words): [pairs, D/2, leading sizes s1, s2 (the shape is [s0, s1, s2, D]), then for x, cos and
+// sin each: offset and strides along the four dimensions (cos and sin seen as [s0, s1, s2, D/2], broadcast
+// dimensions with stride 0)]. The output is dense.
+
+@group(0) @binding(0) var<storage, read> p: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> cosines: array<f32>;
+@group(0) @binding(4) var<storage, read> sines: array<f32>;
+
+const X_AT: u32 = 4u;
+const COS_AT: u32 = 9u;
+const SIN_AT: u32 = 14u;
+
+// Element offset of (d0, d1, d2, j) in the view whose offset and strides start at p[v].
+fn at(v: u32, d0: u32, d1: u32, d2: u32, j: u32) -> u32 {
+    return p[v] + d0 * p[v + 1u] + d1 * p[v + 2u] + d2 * p[v + 3u] + j * p[v + 4u];
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let g = (wid.x + wid.y * nwg.x) * 256u + lid;
+    if (g >= p[0]) {
+        return;
+    }
+    let half = p[1];
+    let j = g % half;
+    let row = g / half;
+    let d2 = row % p[3];
+    let d1 = (row / p[3]) % p[2];
+    let d0 = row / (p[3] * p[2]);
+    let lo_at = at(X_AT, d0, d1, d2, j);
+    let lo = x[lo_at];
+    let hi = x[lo_at + half * p[X_AT + 4u]];
+    let c = cosines[at(COS_AT, d0, d1, d2, j)];
+    let s = sines[at(SIN_AT, d0, d1, d2, j)];
+    let o = row * 2u * half + j;
+    out[o] = lo * c - hi * s;
+    out[o + half] = hi * c + lo * s;
+}
