@@ -19,8 +19,11 @@ const GROUP_M: u32 = 8u;
 const AS4: u32 = BM / 4u + 1u;
 const BS4: u32 = BN / 4u + 1u;
 
-var<workgroup> As: array<vec4<f32>, BK * AS4>;
-var<workgroup> Bs: array<vec4<f32>, BK * BS4>;
+// Indexed [k][column group]: the multiply-add steps index k with a constant, so that the bounds clamp of the
+// remaining index (naga's default policy) does not change along the unrolled steps. On the H200 this took f32
+// 4096^3 from 39.9 to 43.0 TFLOP/s, and every training product gained 3-9%, against one flat array.
+var<workgroup> As: array<array<vec4<f32>, AS4>, BK>;
+var<workgroup> Bs: array<array<vec4<f32>, BS4>, BK>;
 
 var<private> lid: u32;
 var<private> tile_m: u32;
@@ -113,15 +116,15 @@ fn fetch_b1(j: u32, k0: u32) -> f32 {
 fn stash_a(e: u32, v: vec4<f32>) {
     if (A_VEC4) {
         let s = a_origin(e);
-        let at = s.y * AS4 + s.x / 4u;
+        let col = s.x / 4u;
         if (A_ALONG_K) {
             let c = s.x % 4u;
-            As[at][c] = v.x;
-            As[at + AS4][c] = v.y;
-            As[at + 2u * AS4][c] = v.z;
-            As[at + 3u * AS4][c] = v.w;
+            As[s.y][col][c] = v.x;
+            As[s.y + 1u][col][c] = v.y;
+            As[s.y + 2u][col][c] = v.z;
+            As[s.y + 3u][col][c] = v.w;
         } else {
-            As[at] = v;
+            As[s.y][col] = v;
         }
         return;
     }
@@ -133,21 +136,21 @@ fn stash_a(e: u32, v: vec4<f32>) {
 
 fn stash_a1(j: u32, v: f32) {
     let s = a_slot(j);
-    As[s.y * AS4 + s.x / 4u][s.x % 4u] = v;
+    As[s.y][s.x / 4u][s.x % 4u] = v;
 }
 
 fn stash_b(e: u32, v: vec4<f32>) {
     if (B_VEC4) {
         let s = b_origin(e);
-        let at = s.x * BS4 + s.y / 4u;
+        let col = s.y / 4u;
         if (B_ALONG_K) {
             let c = s.y % 4u;
-            Bs[at][c] = v.x;
-            Bs[at + BS4][c] = v.y;
-            Bs[at + 2u * BS4][c] = v.z;
-            Bs[at + 3u * BS4][c] = v.w;
+            Bs[s.x][col][c] = v.x;
+            Bs[s.x + 1u][col][c] = v.y;
+            Bs[s.x + 2u][col][c] = v.z;
+            Bs[s.x + 3u][col][c] = v.w;
         } else {
-            Bs[at] = v;
+            Bs[s.x][col] = v;
         }
         return;
     }
@@ -159,7 +162,7 @@ fn stash_b(e: u32, v: vec4<f32>) {
 
 fn stash_b1(j: u32, v: f32) {
     let s = b_slot(j);
-    Bs[s.x * BS4 + s.y / 4u][s.y % 4u] = v;
+    Bs[s.x][s.y / 4u][s.y % 4u] = v;
 }
 
 // Writes four consecutive columns `n..n+4` of one output row starting at element `row` (bounds-checked on N).

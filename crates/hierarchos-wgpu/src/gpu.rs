@@ -180,7 +180,7 @@ pub struct Dispatch<'a> {
     pub key: &'a str,
     /// Compile the kernel with the checks wgpu inserts (clamped indices, bounded loops, checked integer
     /// division), which every other kernel goes without (see [`crate::GpuOptions::shader_checks`]). Only for
-    /// the f32 tiled product, which the NVIDIA driver runs faster with them (H200 4096³: 36.4 against 30.3
+    /// the f32 tiled product, which the NVIDIA driver runs faster with them (H200 4096³: 43.0 against 39.1
     /// TFLOP/s; BENCHMARKS.md).
     pub runtime_checks: bool,
     /// Makes the WGSL source; only called when the pipeline is not cached yet.

@@ -556,10 +556,10 @@ pub(crate) fn unrolled(template: &str, tm: usize, tn: usize) -> String {
         }
     }
     for g in 0..tm / 4 {
-        let _ = writeln!(step, "            let a{g} = As[k * AS4 + {}u + ty];", 16 * g);
+        let _ = writeln!(step, "            let a{g} = As[k][{}u + ty];", 16 * g);
     }
     for j in 0..tn / 4 {
-        let _ = writeln!(step, "            let b{j} = Bs[k * BS4 + {}u + tx];", 16 * j);
+        let _ = writeln!(step, "            let b{j} = Bs[k][{}u + tx];", 16 * j);
     }
     for i in 0..tm {
         let (g, c) = (i / 4, comps[i % 4]);
