@@ -283,6 +283,64 @@ fn a_non_finite_loss_stops_with_its_step_and_keeps_the_last_checkpoint() {
     assert_eq!(values(&checkpoint::load(&saved, &dev()).unwrap().lm), before);
 }
 
+/// The causal-LM loss scores position p against label p + 1 and skips labels of -100 (padding), as
+/// transformers does: checked against an f64 cross-entropy of the model's own logits, for u32 labels (the ids
+/// again) and for i32 labels with padding.
+#[test]
+fn the_loss_scores_each_position_against_the_next_label_and_skips_padding() {
+    let dir = fixture("llama3_tied");
+    let lm = trainable(&dir);
+    let ids = input_ids(&dir);
+    let (b, t) = (ids.shape()[0], ids.shape()[1]);
+    let id_values = ids.to_vec::<u32>().unwrap();
+    let logits = lm.forward(&ids, None).unwrap();
+    let vocab = logits.shape()[2];
+    let rows = logits.to_vec::<f32>().unwrap();
+    let want = |labels: &[i32]| -> f64 {
+        let (mut sum, mut count) = (0.0, 0);
+        for r in 0..b {
+            for p in 0..t - 1 {
+                let label = labels[r * t + p + 1];
+                if label == -100 {
+                    continue;
+                }
+                let row = &rows[(r * t + p) * vocab..(r * t + p + 1) * vocab];
+                let max = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+                let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+                sum += lse - row[label as usize] as f64;
+                count += 1;
+            }
+        }
+        sum / count as f64
+    };
+    let all: Vec<i32> = id_values.iter().map(|&v| v as i32).collect();
+    let got = lm.loss(&ids, &ids).unwrap().to_vec::<f32>().unwrap()[0] as f64;
+    assert!(
+        (got - want(&all)).abs() <= 1e-5 * want(&all).abs(),
+        "u32 labels: {got} vs {}",
+        want(&all)
+    );
+    // Pad the second half of every row but the first.
+    let mut padded = all.clone();
+    for r in 1..b {
+        for p in t / 2..t {
+            padded[r * t + p] = -100;
+        }
+    }
+    let labels = Tensor::from_slice(&padded, &[b, t], &dev()).unwrap();
+    let loss = lm.loss(&ids, &labels).unwrap();
+    let got = loss.to_vec::<f32>().unwrap()[0] as f64;
+    assert!(
+        (got - want(&padded)).abs() <= 1e-5 * want(&padded).abs(),
+        "padded: {got} vs {}",
+        want(&padded)
+    );
+    assert!(
+        (want(&padded) - want(&all)).abs() > 1e-4,
+        "the padding changes the loss"
+    );
+}
+
 /// A tied model saves no head; DeepSeek-V3's routing correction (a buffer, not a parameter) is saved too.
 #[test]
 fn a_saved_model_loads_back_with_the_same_logits() {

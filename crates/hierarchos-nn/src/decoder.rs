@@ -2,7 +2,7 @@
 //! different [`ModelConfig`] options (biases, q/k norm, sliding window, rope scaling, tied embeddings).
 
 use hierarchos_core::quant::QTensor;
-use hierarchos_core::{Device, Tensor};
+use hierarchos_core::{DType, Device, Tensor};
 
 use crate::attention::{Attention, AttentionContext, qkv_views};
 use crate::config::{LatentAttentionConfig, ModelConfig, NormPlacement, RouterScoring};
@@ -437,11 +437,15 @@ impl CausalLm {
                 labels.shape()
             )));
         }
-        let t = ids.shape()[1];
+        let (b, t) = (ids.shape()[0], ids.shape()[1]);
         let logits = self.forward(ids, None)?;
-        Ok(logits
-            .narrow(1, 0, t - 1)?
-            .cross_entropy(&labels.narrow(1, 1, t - 1)?)?)
+        // Position p is scored against label p + 1 and the last position against the ignored label -100, rather
+        // than narrowing the logits: the backward of a narrow pads the gradient of the whole `[B, T, vocab]`
+        // logits with zeros (one extra pass over the largest tensor of the step), while an ignored label's
+        // gradient row is written as zeros by the loss kernel itself.
+        let next = labels.narrow(1, 1, t - 1)?.to_dtype(DType::I32)?;
+        let ignored = Tensor::from_slice(&vec![-100i32; b], &[b, 1], logits.device())?;
+        Ok(logits.cross_entropy(&Tensor::cat(&[next, ignored], 1)?)?)
     }
 
     /// Logits `[B, vocab]` of the last position only: what generation needs, without the output projection of
