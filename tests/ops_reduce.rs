@@ -4,8 +4,9 @@ mod common;
 use common::*;
 use hierarchos::core::{DType, ReduceOp, Tensor};
 
-const OPS: [ReduceOp; 7] = [
+const OPS: [ReduceOp; 8] = [
     ReduceOp::Sum,
+    ReduceOp::SumSquares,
     ReduceOp::Mean,
     ReduceOp::Max,
     ReduceOp::Min,
@@ -49,6 +50,7 @@ fn reference(op: ReduceOp, data: &[f64], shape: &[usize], dims: &[usize]) -> Vec
             };
             match op {
                 ReduceOp::Sum => row.iter().sum(),
+                ReduceOp::SumSquares => row.iter().map(|v| v * v).sum(),
                 ReduceOp::Mean => row.iter().sum::<f64>() / n,
                 ReduceOp::Max => row.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
                 ReduceOp::Min => row.iter().cloned().fold(f64::INFINITY, f64::min),
@@ -102,8 +104,8 @@ fn reductions_over_any_dims_match_reference() {
             let xd: Vec<f64> = x.iter().map(|&v| v as f64).collect();
             let want = reference(op, &xd, shape, dims);
             let scale: f64 = (xd.iter().map(|v| v.abs()).sum::<f64>() / n as f64).max(1.0);
-            let atol = if op == ReduceOp::Sum {
-                1e-6 * scale * (n as f64).sqrt()
+            let atol = if matches!(op, ReduceOp::Sum | ReduceOp::SumSquares) {
+                1e-6 * scale * scale * (n as f64).sqrt()
             } else {
                 1e-6
             };
@@ -159,6 +161,10 @@ fn reductions_of_empty_and_special_values() {
     let d = dev();
     let e = Tensor::zeros(&[0, 3], DType::F32, &d).unwrap();
     assert_eq!(e.sum(&[0], false).unwrap().to_vec::<f32>().unwrap(), vec![0.0; 3]);
+    assert_eq!(
+        e.sum_squares(&[0], false).unwrap().to_vec::<f32>().unwrap(),
+        vec![0.0; 3]
+    );
     assert!(
         e.mean(&[0], false)
             .unwrap()
@@ -194,6 +200,7 @@ fn reduction_gradients_pass_finite_differences() {
     let mut rng = Rng::new("reduce_grad");
     for op in [
         ReduceOp::Sum,
+        ReduceOp::SumSquares,
         ReduceOp::Mean,
         ReduceOp::Max,
         ReduceOp::Min,

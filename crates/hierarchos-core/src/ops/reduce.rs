@@ -16,6 +16,9 @@ const REDUCE_WGSL: &str = include_str!("../../../../wgsl/reduce.wgsl");
 pub enum ReduceOp {
     /// Sum.
     Sum,
+    /// Sum of the squares (the squared L2 norm), without materializing the squares: what gradient clipping
+    /// reads for every parameter each step.
+    SumSquares,
     /// Arithmetic mean.
     Mean,
     /// Largest value (NaN wins).
@@ -34,6 +37,7 @@ impl ReduceOp {
     fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
+            ReduceOp::SumSquares => "sum_squares",
             ReduceOp::Mean => "mean",
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
@@ -58,6 +62,7 @@ impl ReduceOp {
                 },
                 "f32",
             ),
+            ReduceOp::SumSquares => ("Acc(0.0, 0u)", "Acc(a.v + b.v, 0u)", "Acc(x * x, 0u)", "a.v", "f32"),
             ReduceOp::Max | ReduceOp::ArgMax => (
                 "Acc(neg_inf(), 0xffffffffu)",
                 "pick(better(a, b, true), a, b)",
@@ -125,7 +130,12 @@ impl Tensor {
         let red: Vec<usize> = (0..rank).filter(|&d| reduced[d]).collect();
         let r: usize = red.iter().map(|&d| self.shape()[d]).product();
         let is_arg = matches!(op, ReduceOp::ArgMax | ReduceOp::ArgMin);
-        if r == 0 && !matches!(op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::LogSumExp) {
+        if r == 0
+            && !matches!(
+                op,
+                ReduceOp::Sum | ReduceOp::SumSquares | ReduceOp::Mean | ReduceOp::LogSumExp
+            )
+        {
             return Err(Error::Invalid {
                 op: op.name(),
                 message: format!("reduction over an empty dimension of {:?}", self.shape()),
@@ -221,6 +231,7 @@ impl Tensor {
                 let g = g.reshape(&keep_shape)?;
                 let gx = match op {
                     ReduceOp::Sum => g.broadcast_to(&in_shape)?.contiguous()?,
+                    ReduceOp::SumSquares => x.mul(&g.broadcast_to(&in_shape)?)?.mul_scalar(2.0)?,
                     ReduceOp::Mean => g.div_scalar(r as f64)?.broadcast_to(&in_shape)?.contiguous()?,
                     ReduceOp::Max | ReduceOp::Min => {
                         let y = y.reshape(&keep_shape)?;
@@ -247,6 +258,11 @@ impl Tensor {
     pub fn sum_all(&self) -> Result<Tensor> {
         self.reduce(ReduceOp::Sum, &[], false)
     }
+    /// Sum of the squares over `dims` (empty: all), in one pass.
+    pub fn sum_squares(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.reduce(ReduceOp::SumSquares, dims, keepdim)
+    }
+
     /// Mean over `dims` (empty: all).
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::Mean, dims, keepdim)

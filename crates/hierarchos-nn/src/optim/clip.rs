@@ -26,7 +26,7 @@ pub fn grad_norm_squared(params: &[(String, Tensor)]) -> Result<Option<Tensor>> 
                 // tensor would be a single workgroup walking all of it.
                 let width = g.shape().last().copied().unwrap_or(1).max(1);
                 let rows = g.reshape(&[g.numel() / width, width])?;
-                parts.push(rows.mul(&rows)?.sum(&[-1], false)?);
+                parts.push(rows.sum_squares(&[-1], false)?);
             }
         }
         if parts.is_empty() {
