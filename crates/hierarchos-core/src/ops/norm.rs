@@ -13,8 +13,10 @@ const NORM_FORWARD_WGSL: &str = include_str!("../../../../wgsl/norm_forward.wgsl
 const NORM_BACKWARD_WGSL: &str = include_str!("../../../../wgsl/norm_backward.wgsl");
 const NORM_WEIGHT_GRAD_WGSL: &str = include_str!("../../../../wgsl/norm_weight_grad.wgsl");
 
-/// Rows per workgroup of the weight-gradient column reduction when there are enough columns to fill the GPU.
-const WEIGHT_GRAD_ROWS: usize = 64;
+/// Rows per workgroup of the weight-gradient column reduction when there are enough columns to fill the GPU. On
+/// the H200 (110M shape, 4096 rows of 768) 16 took the 25 reductions of a training step from 1.51 to 0.82 ms
+/// against 64: more workgroups, shorter dependent loops.
+const WEIGHT_GRAD_ROWS: usize = 16;
 /// Workgroups the weight-gradient reduction aims for, so that narrow weights still spread over many rows.
 const WEIGHT_GRAD_WORKGROUPS: usize = 2048;
 
