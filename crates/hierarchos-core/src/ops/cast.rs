@@ -15,8 +15,8 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        let out = match self.dense_f32_to_16(dtype) {
-            Some(out) => out?,
+        let out = match self.dense_f32_to_16(dtype)? {
+            Some(out) => out,
             None => {
                 let body = format!("return {}(x0);", dtype.compute_type());
                 Map::elementwise("to_dtype", &[self], dtype, body)?.run()?
@@ -34,7 +34,7 @@ impl Tensor {
     /// where it applies (element count a multiple of 8, offset of 4); `None` leaves it to the elementwise map.
     /// Mixed-precision training casts every product's operands, and this kernel moves them at memory speed where
     /// the map's one 16-bit store per thread did not.
-    fn dense_f32_to_16(&self, dtype: DType) -> Option<Result<Tensor>> {
+    fn dense_f32_to_16(&self, dtype: DType) -> Result<Option<Tensor>> {
         let n = self.numel();
         let fits = self.dtype() == DType::F32
             && matches!(dtype, DType::F16 | DType::BF16)
@@ -42,26 +42,25 @@ impl Tensor {
             && self.layout().offset.is_multiple_of(4)
             && n.is_multiple_of(8)
             && n > 0;
-        fits.then(|| {
-            let device = self.device();
-            let out = device.alloc("to_dtype", Tensor::bytes_for(n, dtype))?;
-            let round = match dtype {
-                DType::F16 => "f32_to_f16",
-                _ => "f32_to_bf16",
-            };
-            device.dispatch(Dispatch {
-                op: "to_dtype",
-                runtime_checks: false,
-                key: &format!("cast_to_16:{dtype}"),
-                source: &|| {
-                    format!("fn round16(v: f32) -> u32 {{ return {round}(v); }}\n{CAST_TO_16_WGSL}{COMMON_WGSL}")
-                },
-                buffers: &[&out, self.buffer()],
-                params: &[(n / 8) as u32, (self.layout().offset / 4) as u32],
-                workgroups: Gpu::grid((n / 8).div_ceil(256) as u32),
-            })?;
-            Ok(Tensor::from_buffer(out, self.shape(), dtype, None))
-        })
+        if !fits {
+            return Ok(None);
+        }
+        let device = self.device();
+        let out = device.alloc("to_dtype", Tensor::bytes_for(n, dtype))?;
+        let round = match dtype {
+            DType::F16 => "f32_to_f16",
+            _ => "f32_to_bf16",
+        };
+        device.dispatch(Dispatch {
+            op: "to_dtype",
+            runtime_checks: false,
+            key: &format!("cast_to_16:{dtype}"),
+            source: &|| format!("fn round16(v: f32) -> u32 {{ return {round}(v); }}\n{CAST_TO_16_WGSL}{COMMON_WGSL}"),
+            buffers: &[&out, self.buffer()],
+            params: &[(n / 8) as u32, (self.layout().offset / 4) as u32],
+            workgroups: Gpu::grid((n / 8).div_ceil(256) as u32),
+        })?;
+        Ok(Some(Tensor::from_buffer(out, self.shape(), dtype, None)))
     }
 
     /// A dense row-major copy (always copies; see [`Tensor::contiguous`]).
