@@ -235,6 +235,8 @@ fn rope_op_matches_rotate_half_on_strided_inputs() {
         let st = Tensor::from_slice(&sin, &[t, d / 2], &dv).unwrap();
         let got = x.rope(&ct, &st).unwrap();
         assert_eq!(got.shape(), &[b, h, t, d]);
+        // Rotated in the order the view was cut from, so that attention's gradients come back in it too.
+        assert_eq!(got.layout().strides, x.layout().strides);
         let xp = x.contiguous().unwrap().to_vec::<f32>().unwrap();
         let want = ref_rope(&xp, d, |r| {
             let pos = r % t;

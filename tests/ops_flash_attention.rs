@@ -97,6 +97,49 @@ fn flash_attention_matches_reference() {
 /// Heads of 256 with gradients: exact where the backward's tiles fit the workgroup memory (48 KiB on the H200),
 /// otherwise a clear error, which is also why attention layers ask `flash_attention_fits` first (which answers
 /// for the forward alone when nothing records gradients).
+/// Queries, keys and values cut from `[B, T, H, D]` projections get their gradients as the same views (no copy
+/// when the projections' backward reshapes them), with the values of dense `[B, H, T, D]` inputs, bit for bit.
+#[test]
+fn flash_attention_gradients_keep_the_inputs_layout() {
+    let mut rng = Rng::new("flash_attention_gradients_keep_the_inputs_layout");
+    let d = dev();
+    let (b, h, kvh, t, hd) = (2, 4, 2, 19, 8);
+    let token_major = |rng: &mut Rng, heads: usize| {
+        let data = rng.vec(b * t * heads * hd, -1.0, 1.0);
+        Tensor::from_slice(&data, &[b, t, heads, hd], &d)
+            .unwrap()
+            .permute(&[0, 2, 1, 3])
+            .unwrap()
+    };
+    let (q, k, v) = (
+        token_major(&mut rng, h),
+        token_major(&mut rng, kvh),
+        token_major(&mut rng, kvh),
+    );
+    let w = Tensor::from_slice(&rng.vec(b * t * h * hd, -1.0, 1.0), &[b, t, h, hd], &d).unwrap();
+    let grads = |inputs: [&Tensor; 3]| -> Vec<Tensor> {
+        let leaves: Vec<Tensor> = inputs.iter().map(|x| x.detach().requires_grad_()).collect();
+        let out = leaves[0].flash_attention(&leaves[1], &leaves[2], 0, 0, None).unwrap();
+        out.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        leaves.iter().map(|x| x.grad().unwrap()).collect()
+    };
+    let views = grads([&q, &k, &v]);
+    let dense: Vec<Tensor> = [&q, &k, &v].iter().map(|x| x.contiguous().unwrap()).collect();
+    let dense = grads([&dense[0], &dense[1], &dense[2]]);
+    for (name, (x, (got, want))) in ["q", "k", "v"]
+        .iter()
+        .zip([&q, &k, &v].iter().zip(views.iter().zip(&dense)))
+    {
+        assert_eq!(
+            got.layout().strides,
+            x.layout().strides,
+            "d{name} keeps the view's layout"
+        );
+        assert!(want.is_contiguous(), "d{name} of a dense input is dense");
+        assert_eq!(got.to_f32_vec().unwrap(), want.to_f32_vec().unwrap(), "d{name}");
+    }
+}
+
 #[test]
 fn flash_attention_largest_heads_backward() {
     let mut rng = Rng::new("flash_attention_largest_heads_backward");

@@ -1,7 +1,8 @@
 // Shared by the flash-attention kernels (ops/flash_attention.rs): parameters, views and the visible ranges.
 //
 // Parameters (u32 words): [B, H, T, S, group (H / KVH), q_start, k_start, window (0: none), D,
-// q offset, q strides (b, h, t, d), k offset, k strides (b, kvh, s, d), v offset, v strides (b, kvh, s, d)].
+// q offset, q strides (b, h, t, d), k offset, k strides (b, kvh, s, d), v offset, v strides (b, kvh, s, d),
+// then for the backward whether dq, and dk with dv, are stored token-major ([B, T, H, D]; 0 or 1 each)].
 // The Rust side defines D4 (quads per head row, D rounded up to 4) and the tile constants of each kernel (BR
 // and BC for the forward; R, TILE, M and STAGED for the backward ones; see their files), and repeats every block
 // between `//@FOR x N` and its `//@END` N times (N one of those constants; blocks nest), with `@x` set to 0, 1,
@@ -16,6 +17,8 @@
 const Q_AT: u32 = 9u;
 const K_AT: u32 = 14u;
 const V_AT: u32 = 19u;
+const DQ_TOKEN_MAJOR: u32 = 24u;
+const DKV_TOKEN_MAJOR: u32 = 25u;
 
 // Element offset of row (b, head, pos) of the view whose offset and strides start at p[at].
 fn view_base(at: u32, b: u32, head: u32, pos: u32) -> u32 {

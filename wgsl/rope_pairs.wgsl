@@ -5,7 +5,7 @@
 //
 // Parameters (u32 words): [pairs, D/2, leading sizes s1, s2 (the shape is [s0, s1, s2, D]), then for x, cos and
 // sin each: offset and strides along the four dimensions (cos and sin seen as [s0, s1, s2, D/2], broadcast
-// dimensions with stride 0)]. The output is dense.
+// dimensions with stride 0), then the output's strides along the three leading dimensions (its last is 1)].
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
@@ -16,6 +16,7 @@
 const X_AT: u32 = 4u;
 const COS_AT: u32 = 9u;
 const SIN_AT: u32 = 14u;
+const OUT_AT: u32 = 19u;
 
 // Element offset of (d0, d1, d2, j) in the view whose offset and strides start at p[v].
 fn at(v: u32, d0: u32, d1: u32, d2: u32, j: u32) -> u32 {
@@ -40,7 +41,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let hi = x[lo_at + half * p[X_AT + 4u]];
     let c = cosines[at(COS_AT, d0, d1, d2, j)];
     let s = sines[at(SIN_AT, d0, d1, d2, j)];
-    let o = row * 2u * half + j;
+    let o = d0 * p[OUT_AT] + d1 * p[OUT_AT + 1u] + d2 * p[OUT_AT + 2u] + j;
     out[o] = lo * c - hi * s;
     out[o + half] = hi * c + lo * s;
 }

@@ -22,6 +22,10 @@ const GRAD_TILES: &str = include_str!("../../../../wgsl/flash_attention_grad_til
 /// forward from 2.6 to 5.0 TFLOP/s against tiles of 64 (less workgroup memory, more workgroups resident per
 /// multiprocessor), and 256 rows per workgroup instead of 64 to 8.1.
 const MAX_TILE_ROWS: usize = 16;
+/// Words of the launch parameters telling the backward kernels to store dq, and dk with dv, token-major (as
+/// `DQ_TOKEN_MAJOR` / `DKV_TOKEN_MAJOR` in flash_attention_common.wgsl).
+const DQ_TOKEN_MAJOR: usize = 24;
+const DKV_TOKEN_MAJOR: usize = 25;
 
 impl Tensor {
     /// Causal attention of the queries `self` (`[B, H, T, D]`, already multiplied by the score scale) over keys
@@ -126,9 +130,17 @@ fn backward(params: &Params, [q, k, v]: [&Tensor; 3], out: &Tensor, lse: &Tensor
             .map(|x| Tensor::zeros(x.shape(), DType::F32, device))
             .collect();
     }
-    let dq = output(OP, q.shape(), device)?;
-    let dk = output(OP, k.shape(), device)?;
-    let dv = output(OP, v.shape(), device)?;
+    // Queries, keys and values are usually views of `[B, T, H, D]` projections: their gradients are written in
+    // that order and handed back as the same views, so the projections' backward reshapes them without a copy.
+    let gradient = |shape: &[usize], token_major: bool| -> Result<Tensor> {
+        match token_major {
+            true => output(OP, &[shape[0], shape[2], shape[1], shape[3]], device)?.permute(&[0, 2, 1, 3]),
+            false => output(OP, shape, device),
+        }
+    };
+    let dq = gradient(q.shape(), params.words[DQ_TOKEN_MAJOR] != 0)?;
+    let dk = gradient(k.shape(), params.words[DKV_TOKEN_MAJOR] != 0)?;
+    let dv = gradient(v.shape(), params.words[DKV_TOKEN_MAJOR] != 0)?;
     {
         let delta = output(OP, &[b, h, t], device)?;
         params.launch(OP, Kernel::GradQ, &[&dq, &delta, q, k, v, out, &g, lse], [t, b * h])?;
@@ -137,6 +149,12 @@ fn backward(params: &Params, [q, k, v]: [&Tensor; 3], out: &Tensor, lse: &Tensor
         }
     }
     Ok(vec![dq, dk, dv])
+}
+
+/// Whether `x` (`[B, heads, positions, D]`) is laid out with heads varying faster than positions: a view of a
+/// `[B, positions, heads, D]` tensor.
+fn token_major(x: &Tensor) -> bool {
+    x.layout().strides[2] > x.layout().strides[1]
 }
 
 /// A dense f32 tensor of `shape` that a kernel fills completely (not cleared first); zeros when it is empty.
@@ -304,6 +322,9 @@ impl Params {
         for view in [q, k, v] {
             words.extend(view_params(view));
         }
+        // The backward writes each gradient in the order its input's view was cut from (see `backward`).
+        words.push(token_major(q) as u32);
+        words.push((token_major(k) && token_major(v)) as u32);
         Params { words, d }
     }
 

@@ -91,6 +91,16 @@ impl Tensor {
         params.extend(padded(self.layout()));
         params.extend(padded(&cos.layout().broadcast_to(OP, half_shape)?));
         params.extend(padded(&sin.layout().broadcast_to(OP, half_shape)?));
+        // Queries and keys are views of `[B, T, H, D]` projections seen as `[B, H, T, D]`: the rotated tensor keeps
+        // that order (and so do the attention gradients it is fed back), so that the projections' backward
+        // reshapes the gradient without a copy. Other inputs come out dense.
+        let token_major = r == 4 && self.layout().strides[2] > self.layout().strides[1];
+        let d = 2 * half;
+        let (s1, s2) = (lead[1], lead[2]);
+        params.extend(match token_major {
+            true => [(s1 * s2 * d) as u32, d as u32, (s1 * d) as u32],
+            false => [(s1 * s2 * d) as u32, (s2 * d) as u32, d as u32],
+        });
         let device = self.device();
         let out = device.alloc(OP, Tensor::bytes_for(self.numel(), DType::F32))?;
         device.dispatch(Dispatch {
@@ -102,7 +112,13 @@ impl Tensor {
             params: &params,
             workgroups: Gpu::grid((self.numel() / 2).div_ceil(256) as u32),
         })?;
-        Ok(Some(Tensor::from_buffer(out, self.shape(), DType::F32, None)))
+        Ok(Some(match token_major {
+            true => {
+                let sh = self.shape();
+                Tensor::from_buffer(out, &[sh[0], sh[2], sh[1], sh[3]], DType::F32, None).permute(&[0, 2, 1, 3])?
+            }
+            false => Tensor::from_buffer(out, self.shape(), DType::F32, None),
+        }))
     }
 
     /// [`Tensor::rope`] as an elementwise map over any dtypes and ranks: each output element reads its own input
