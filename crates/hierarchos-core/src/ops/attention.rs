@@ -24,6 +24,13 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// Most queries of one [`Tensor::attention_step`]: their new keys and values sit in workgroup memory.
 pub const STEP_MAX_QUERIES: usize = 2;
 
+/// Whether `x` (`[B, heads, positions, D]`) is laid out with heads varying faster than positions: a view of a
+/// `[B, positions, heads, D]` projection, the order RoPE's output and attention's gradients keep so that the
+/// projections' backward reshapes them without a copy.
+pub(crate) fn token_major(x: &Tensor) -> bool {
+    x.rank() == 4 && x.layout().strides[2] > x.layout().strides[1]
+}
+
 /// Offset and the four element strides of a rank-4 view, as the kernel reads them.
 pub(crate) fn view_params(t: &Tensor) -> [u32; 5] {
     let l = t.layout();

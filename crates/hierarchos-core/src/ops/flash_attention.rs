@@ -8,7 +8,7 @@ use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
-use crate::ops::attention::{MAX_HEAD_DIM, check_shapes, view_params};
+use crate::ops::attention::{MAX_HEAD_DIM, check_shapes, token_major, view_params};
 use crate::tensor::{Device, Tensor};
 
 const COMMON: &str = include_str!("../../../../wgsl/flash_attention_common.wgsl");
@@ -149,12 +149,6 @@ fn backward(params: &Params, [q, k, v]: [&Tensor; 3], out: &Tensor, lse: &Tensor
         }
     }
     Ok(vec![dq, dk, dv])
-}
-
-/// Whether `x` (`[B, heads, positions, D]`) is laid out with heads varying faster than positions: a view of a
-/// `[B, positions, heads, D]` tensor.
-fn token_major(x: &Tensor) -> bool {
-    x.layout().strides[2] > x.layout().strides[1]
 }
 
 /// A dense f32 tensor of `shape` that a kernel fills completely (not cleared first); zeros when it is empty.

@@ -8,6 +8,7 @@ use hierarchos_wgpu::{DType, Dispatch, Gpu};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
+use crate::ops::attention::token_major;
 use crate::ops::map::Map;
 use crate::tensor::{Device, Tensor};
 
@@ -94,10 +95,10 @@ impl Tensor {
         // Queries and keys are views of `[B, T, H, D]` projections seen as `[B, H, T, D]`: the rotated tensor keeps
         // that order (and so do the attention gradients it is fed back), so that the projections' backward
         // reshapes the gradient without a copy. Other inputs come out dense.
-        let token_major = r == 4 && self.layout().strides[2] > self.layout().strides[1];
+        let keep_order = token_major(self);
         let d = 2 * half;
         let (s1, s2) = (lead[1], lead[2]);
-        params.extend(match token_major {
+        params.extend(match keep_order {
             true => [(s1 * s2 * d) as u32, d as u32, (s1 * d) as u32],
             false => [(s1 * s2 * d) as u32, (s2 * d) as u32, d as u32],
         });
@@ -112,7 +113,7 @@ impl Tensor {
             params: &params,
             workgroups: Gpu::grid((self.numel() / 2).div_ceil(256) as u32),
         })?;
-        Ok(Some(match token_major {
+        Ok(Some(match keep_order {
             true => {
                 let sh = self.shape();
                 Tensor::from_buffer(out, &[sh[0], sh[2], sh[1], sh[3]], DType::F32, None).permute(&[0, 2, 1, 3])?
