@@ -10,7 +10,7 @@ use hierarchos_core::{Device, Tensor, grad_enabled};
 use crate::config::QkvLayout;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
-use crate::linear::{Linear, prefixed};
+use crate::linear::{Linear, linear_parameters, prefixed};
 use crate::norm::Norm;
 use crate::rope::RopeTables;
 
@@ -258,11 +258,7 @@ impl Attention {
 
     /// The parameters with their Hugging Face names (`q_proj.weight`, ..., `q_norm.weight`).
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut p: Vec<(String, Tensor)> = self
-            .linears()
-            .into_iter()
-            .flat_map(|(name, l)| prefixed(name, l.parameters()))
-            .collect();
+        let mut p = linear_parameters(self.linears());
         let [q_norm, k_norm] = self.norm_names;
         if let Some(n) = &self.q_norm {
             p.extend(prefixed(q_norm, n.parameters()));

@@ -13,7 +13,7 @@ use crate::attention::{AttentionContext, attend_heads, deinterleave};
 use crate::config::LatentAttentionConfig;
 use crate::error::Result;
 use crate::kv_cache::KvCache;
-use crate::linear::{Linear, prefixed};
+use crate::linear::{Linear, linear_parameters, prefixed};
 use crate::norm::Norm;
 
 /// Where the queries come from.
@@ -145,11 +145,7 @@ impl LatentAttention {
 
     /// The parameters with their Hugging Face names (`q_a_proj.weight`, `q_a_layernorm.weight`, ...).
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut p: Vec<(String, Tensor)> = self
-            .linears()
-            .into_iter()
-            .flat_map(|(name, l)| prefixed(name, l.parameters()))
-            .collect();
+        let mut p = linear_parameters(self.linears());
         if let LatentQuery::LowRank { q_a_layernorm, .. } = &self.query {
             p.extend(prefixed("q_a_layernorm", q_a_layernorm.parameters()));
         }

@@ -311,3 +311,11 @@ fn stack_rows(parts: &mut [&mut Tensor]) -> Result<Tensor> {
 pub(crate) fn prefixed<N: std::fmt::Display, T>(prefix: &str, items: Vec<(N, T)>) -> Vec<(String, T)> {
     items.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
 }
+
+/// The parameters of a module's named projections, each under its projection's name (`q_proj.weight`, ...).
+pub(crate) fn linear_parameters(linears: Vec<(&str, &Linear)>) -> Vec<(String, Tensor)> {
+    linears
+        .into_iter()
+        .flat_map(|(name, l)| prefixed(name, l.parameters()))
+        .collect()
+}

@@ -4,7 +4,7 @@
 use hierarchos_core::{Result, Tensor, UnaryOp, grad_enabled};
 
 use crate::config::Activation;
-use crate::linear::{Linear, prefixed};
+use crate::linear::{Linear, linear_parameters};
 use crate::norm::Norm;
 
 /// A feed-forward block.
@@ -113,9 +113,6 @@ impl Mlp {
 
     /// The parameters with their Hugging Face names (`gate_proj.weight`, ...).
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        self.linears()
-            .into_iter()
-            .flat_map(|(name, l)| prefixed(name, l.parameters()))
-            .collect()
+        linear_parameters(self.linears())
     }
 }
