@@ -371,6 +371,35 @@ fn comparisons_where_and_clamp() {
     });
 }
 
+/// `got` (f16 or bf16) holds exactly `want` rounded as torch rounds it (`half`'s round to nearest even), bit for
+/// bit, NaN for NaN.
+fn assert_rounded_like_torch(what: &str, got: &Tensor, want: &[f32]) {
+    let dtype = got.dtype();
+    let bits: Vec<u16> = match dtype {
+        DType::F16 => got.to_vec::<half::f16>().unwrap().iter().map(|v| v.to_bits()).collect(),
+        _ => got
+            .to_vec::<half::bf16>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect(),
+    };
+    assert_eq!(bits.len(), want.len(), "{what} {dtype}");
+    for (i, (&g, &w)) in bits.iter().zip(want).enumerate() {
+        let (w, nans) = match dtype {
+            DType::F16 => {
+                let (g, w) = (half::f16::from_bits(g), half::f16::from_f32(w));
+                (w.to_bits(), g.is_nan() && w.is_nan())
+            }
+            _ => {
+                let (g, w) = (half::bf16::from_bits(g), half::bf16::from_f32(w));
+                (w.to_bits(), g.is_nan() && w.is_nan())
+            }
+        };
+        assert!(g == w || nans, "{what} {dtype} [{i}]: {g:#06x} vs {w:#06x}");
+    }
+}
+
 #[test]
 fn casts_round_like_torch() {
     let d = dev();
@@ -385,21 +414,8 @@ fn casts_round_like_torch() {
         f32::NAN,
     ];
     let t = Tensor::from_slice(&x, &[x.len()], &d).unwrap();
-    let h = t.to_dtype(DType::F16).unwrap().to_vec::<half::f16>().unwrap();
-    let want: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
-    for (g, w) in h.iter().zip(&want) {
-        assert!(
-            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-            "f16: got {g} want {w}"
-        );
-    }
-    let b = t.to_dtype(DType::BF16).unwrap().to_vec::<half::bf16>().unwrap();
-    let want: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
-    for (g, w) in b.iter().zip(&want) {
-        assert!(
-            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-            "bf16: got {g} want {w}"
-        );
+    for half in [DType::F16, DType::BF16] {
+        assert_rounded_like_torch("7 elements", &t.to_dtype(half).unwrap(), &x);
     }
     let i = Tensor::from_slice(&[-2.7f32, 2.7, 0.2], &[3], &d)
         .unwrap()
@@ -475,21 +491,8 @@ fn dense_casts_to_16_bits_round_like_torch() {
     ];
     for (name, v, start) in views {
         let want = &x[start..start + v.shape().iter().product::<usize>()];
-        let h = v.to_dtype(DType::F16).unwrap().to_vec::<half::f16>().unwrap();
-        for (i, (g, &w)) in h.iter().zip(want).enumerate() {
-            let w = half::f16::from_f32(w);
-            assert!(
-                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                "{name} f16 [{i}]: {g} vs {w}"
-            );
-        }
-        let b = v.to_dtype(DType::BF16).unwrap().to_vec::<half::bf16>().unwrap();
-        for (i, (g, &w)) in b.iter().zip(want).enumerate() {
-            let w = half::bf16::from_f32(w);
-            assert!(
-                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                "{name} bf16 [{i}]: {g} vs {w}"
-            );
+        for half in [DType::F16, DType::BF16] {
+            assert_rounded_like_torch(name, &v.to_dtype(half).unwrap(), want);
         }
     }
     assert_eq!(t.to_dtype(DType::F16).unwrap().shape(), &[8, 129]);
