@@ -498,6 +498,48 @@ fn f16_products_of_whole_tiles() {
     }
 }
 
+/// f16 products whose f32 sums are exact (integers times powers of two), so that every kernel, tensor cores or
+/// not, must give the f64 sum rounded to f16 bit for bit: rounded to nearest even in the subnormal and normal
+/// ranges, ties included, and overflowing to infinity. Unsplit with f16 output, under autocast with f32 output,
+/// and split along K.
+#[test]
+fn f16_products_of_exact_sums_round_like_torch() {
+    let mut rng = Rng::new("f16_products_of_exact_sums_round_like_torch");
+    let d = dev();
+    // Row r of A is scaled by 2^EXPONENTS[r % len]: results from f16 subnormals to past f16's largest value.
+    const EXPONENTS: [i32; 10] = [-20, -18, -16, -12, -8, -4, 0, 2, 4, 6];
+    for (m, k, n, bound) in [(128, 32, 128, 512), (256, 64, 128, 256), (128, 1024, 128, 64)] {
+        let mut ints = |count: usize| -> Vec<f64> {
+            (0..count)
+                .map(|_| rng.below(2 * bound + 1) as f64 - bound as f64)
+                .collect()
+        };
+        let a: Vec<f64> = ints(m * k)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * 2f64.powi(EXPONENTS[(i / k) % EXPONENTS.len()]))
+            .collect();
+        let b: Vec<f64> = ints(k * n).iter().map(|v| v / bound as f64).collect();
+        let (want, _) = reference(&a, &[m, k], &b, &[k, n]);
+        let want: Vec<f32> = want.iter().map(|&v| half::f16::from_f64(v).to_f32()).collect();
+        assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|v| *v != 0.0 && v.abs() < 6.2e-5));
+        let f32s = |v: &[f64], shape: &[usize]| {
+            let v: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+            Tensor::from_slice(&v, shape, &d).unwrap()
+        };
+        let (a32, b32) = (f32s(&a, &[m, k]), f32s(&b, &[k, n]));
+        let (a16, b16) = (a32.to_dtype(DType::F16).unwrap(), b32.to_dtype(DType::F16).unwrap());
+        let plain = a16.matmul(&b16).unwrap().to_f32_vec().unwrap();
+        let wide = autocast(DType::F16, || a32.matmul(&b32)).unwrap().unwrap();
+        assert_eq!(wide.dtype(), DType::F32);
+        for (what, got) in [("f16", plain), ("autocast", wide.to_f32_vec().unwrap())] {
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(g.to_bits() == w.to_bits(), "{what} {m}x{k}x{n} [{i}]: {g:e} vs {w:e}");
+            }
+        }
+    }
+}
+
 /// Inside `autocast(f16 | bf16)` a product of f32 operands is the 16-bit product of the rounded operands, handed
 /// back as f32, and its gradients reach the f32 leaves as f32; outside, products are f32 again.
 #[test]

@@ -36,8 +36,11 @@ pub struct Caps {
     pub f16: bool,
     /// Timestamp queries are available for profiling.
     pub timestamps: bool,
-    /// Cooperative matrices (tensor cores) are used: the adapter multiplies 16 x 16 f16 matrices into f32 ones.
+    /// Cooperative matrices (tensor cores) are used: the adapter multiplies 16 x 16 f16 matrices into f32 ones
+    /// and takes SPIR-V (the kernel that uses them is written in GLSL).
     pub cooperative_matrix: bool,
+    /// The device takes SPIR-V as is (Vulkan, natively), so kernels in [`Language::Spirv`] run.
+    pub spirv_passthrough: bool,
 }
 
 /// Bytes the pool hands out and keeps.
@@ -183,7 +186,9 @@ pub struct Dispatch<'a> {
     /// the f32 tiled product, which the NVIDIA driver runs faster with them (H200 4096³: 43.0 against 39.1
     /// TFLOP/s; BENCHMARKS.md).
     pub runtime_checks: bool,
-    /// Makes the WGSL source; only called when the pipeline is not cached yet.
+    /// What the kernel is compiled from.
+    pub language: Language<'a>,
+    /// Makes the kernel's source; only called when the pipeline is not cached yet.
     pub source: &'a dyn Fn() -> String,
     /// Buffers bound at bindings 1, 2, ... in order (binding 0 holds `params`).
     pub buffers: &'a [&'a GpuBuffer],
@@ -191,6 +196,17 @@ pub struct Dispatch<'a> {
     pub params: &'a [u32],
     /// Workgroup grid, as returned by [`Gpu::grid`].
     pub workgroups: [u32; 3],
+}
+
+/// What a kernel is compiled from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Language<'a> {
+    /// The WGSL that [`Dispatch::source`] returns, which every backend runs: all kernels but the few below.
+    Wgsl,
+    /// SPIR-V compiled at build time from GLSL for Vulkan, for what WGSL cannot express yet, passed to the driver
+    /// as is; [`Dispatch::source`] returns that GLSL, read for its bindings. Only launched where
+    /// [`Caps::spirv_passthrough`] holds.
+    Spirv(&'a [u32]),
 }
 
 /// A wgpu instance on the primary backends (Vulkan, Metal, DX12, WebGPU), or on those `WGPU_BACKEND` names.
@@ -315,8 +331,13 @@ impl Gpu {
         let timestamps = available.contains(wgpu::Features::TIMESTAMP_QUERY);
         let profile =
             options.profile && timestamps && available.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
-        // The one configuration the kernels use: f16 operands, f32 accumulators, 16 x 16 x 16.
+        // SPIR-V goes to Vulkan drivers as is; the GLSL kernels target Vulkan alone.
+        let passthrough = !cfg!(target_arch = "wasm32")
+            && info.backend == wgpu::Backend::Vulkan
+            && available.contains(wgpu::Features::PASSTHROUGH_SHADERS);
+        // The one configuration the kernel uses: f16 operands, f32 accumulators, 16 x 16 x 16; the kernel is SPIR-V.
         let coop = options.cooperative_matrix
+            && passthrough
             && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
             && adapter.cooperative_matrix_properties().iter().any(|c| {
                 (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
@@ -333,6 +354,7 @@ impl Gpu {
             (coop, wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             (profile, wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             (cache, wgpu::Features::PIPELINE_CACHE),
+            (passthrough, wgpu::Features::PASSTHROUGH_SHADERS),
         ] {
             if on {
                 wanted |= f;
@@ -370,6 +392,7 @@ impl Gpu {
             f16,
             timestamps,
             cooperative_matrix: coop,
+            spirv_passthrough: passthrough,
         };
         tracing::info!(adapter = %info.name, backend = ?info.backend, ?caps, "opened GPU");
         let params_buffer = device.create_buffer(&wgpu::BufferDescriptor {
@@ -703,7 +726,13 @@ impl Gpu {
         }
         let source = (d.source)();
         let what = || format!("{} (compiling kernel {})", d.op, d.key);
-        let entries = binding_layout(&source).map_err(|message| GpuError::Validation { op: what(), message })?;
+        let bindings = match d.language {
+            Language::Wgsl => binding_layout(&source),
+            Language::Spirv(_) => crate::glsl::storage_bindings(&source),
+        };
+        let entries = bindings
+            .and_then(|b| layout_entries(&b))
+            .map_err(|message| GpuError::Validation { op: what(), message })?;
         let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(d.key),
             entries: &entries,
@@ -713,19 +742,11 @@ impl Gpu {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let descriptor = wgpu::ShaderModuleDescriptor {
-            label: Some(d.key),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        };
-        let module = match self.shader_checks || d.runtime_checks {
-            true => self.device.create_shader_module(descriptor),
-            // SAFETY: every kernel here bounds its loops by its parameters and clamps or masks the indices it
-            // computes (each is tested against a CPU reference at odd sizes, on every path); buffers stay guarded
-            // by the driver's robust buffer access where wgpu relies on it.
-            false => unsafe {
-                self.device
-                    .create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
-            },
+        let module = match d.language {
+            Language::Wgsl => self.wgsl_module(d, source),
+            Language::Spirv(words) => self
+                .spirv_module(d.key, words)
+                .map_err(|message| GpuError::Validation { op: what(), message })?,
         };
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(d.key),
@@ -745,6 +766,41 @@ impl Gpu {
         });
         st.pipelines.insert(d.key.to_string(), p.clone());
         Ok(p)
+    }
+
+    fn wgsl_module(&self, d: &Dispatch<'_>, source: String) -> wgpu::ShaderModule {
+        let descriptor = wgpu::ShaderModuleDescriptor {
+            label: Some(d.key),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        };
+        match self.shader_checks || d.runtime_checks {
+            true => self.device.create_shader_module(descriptor),
+            // SAFETY: every kernel here bounds its loops by its parameters and clamps or masks the indices it
+            // computes (each is tested against a CPU reference at odd sizes, on every path); buffers stay guarded
+            // by the driver's robust buffer access where wgpu relies on it.
+            false => unsafe {
+                self.device
+                    .create_shader_module_trusted(descriptor, wgpu::ShaderRuntimeChecks::unchecked())
+            },
+        }
+    }
+
+    fn spirv_module(&self, key: &str, words: &[u32]) -> std::result::Result<wgpu::ShaderModule, String> {
+        if !self.caps.spirv_passthrough {
+            return Err("this adapter takes no SPIR-V (a Vulkan-only kernel)".into());
+        }
+        let descriptor = wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some(key),
+            entry_points: std::borrow::Cow::Borrowed(&[wgpu::PassthroughShaderEntryPoint {
+                name: std::borrow::Cow::Borrowed("main"),
+                workgroup_size: (0, 0, 0),
+            }]),
+            spirv: Some(std::borrow::Cow::Borrowed(words)),
+            ..Default::default()
+        };
+        // SAFETY: the SPIR-V comes from glslang, which validated the GLSL at build time; like the WGSL kernels,
+        // these bound their loops by their parameters and are launched only for the shapes their callers check.
+        Ok(unsafe { self.device.create_shader_module_passthrough(descriptor) })
     }
 
     /// Records one kernel launch into the open batch. The GPU runs it when the batch is submitted: when the host
@@ -1025,11 +1081,11 @@ impl Drop for PendingRead {
     }
 }
 
-/// The bind group layout a kernel's WGSL declares (group 0): binding 0 is the parameter window, read-only storage
-/// at a dynamic offset; the others are storage buffers, read-only unless declared `read_write`. Explicit rather
-/// than derived by wgpu, because derived layouts cannot take dynamic offsets.
-fn binding_layout(source: &str) -> std::result::Result<Vec<wgpu::BindGroupLayoutEntry>, String> {
-    let mut entries: Vec<wgpu::BindGroupLayoutEntry> = Vec::new();
+/// The storage buffers a kernel's WGSL declares (group 0), as (binding, read-only) pairs: read-only unless
+/// declared `read_write`. The layout is explicit rather than derived by wgpu, because derived layouts cannot take
+/// dynamic offsets (binding 0, the parameter window, has one).
+fn binding_layout(source: &str) -> std::result::Result<Vec<(u32, bool)>, String> {
+    let mut bindings = Vec::new();
     for (at, _) in source.match_indices("@binding(") {
         let rest = &source[at + "@binding(".len()..];
         let decl = &rest[..rest.find(';').ok_or("a @binding declaration without `;`")?];
@@ -1048,6 +1104,16 @@ fn binding_layout(source: &str) -> std::result::Result<Vec<wgpu::BindGroupLayout
                 "binding {binding}: only storage buffers are bound, got var<{spec}>"
             ));
         }
+        bindings.push((binding, parts.next() != Some("read_write")));
+    }
+    Ok(bindings)
+}
+
+/// The bind group layout of storage buffers given as (binding, read-only) pairs; binding 0 (the parameters) is
+/// bound at a dynamic offset.
+fn layout_entries(bindings: &[(u32, bool)]) -> std::result::Result<Vec<wgpu::BindGroupLayoutEntry>, String> {
+    let mut entries: Vec<wgpu::BindGroupLayoutEntry> = Vec::new();
+    for &(binding, read_only) in bindings {
         if entries.iter().any(|e| e.binding == binding) {
             return Err(format!("binding {binding} is declared twice"));
         }
@@ -1055,9 +1121,7 @@ fn binding_layout(source: &str) -> std::result::Result<Vec<wgpu::BindGroupLayout
             binding,
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage {
-                    read_only: parts.next() != Some("read_write"),
-                },
+                ty: wgpu::BufferBindingType::Storage { read_only },
                 has_dynamic_offset: binding == 0,
                 min_binding_size: None,
             },
@@ -1098,7 +1162,7 @@ mod tests {
         let src = "@group(0) @binding(0) var<storage, read> p: array<u32>;\n\
                    @group(0) @binding(2) var<storage, read_write> out: array<f32>;\n\
                    @group(0) @binding(1) var<storage> x: array<f32>;\nfn main() {}";
-        let e = binding_layout(src).unwrap();
+        let e = layout_entries(&binding_layout(src).unwrap()).unwrap();
         let read_only = |i: usize| match e[i].ty {
             wgpu::BindingType::Buffer {
                 ty: wgpu::BufferBindingType::Storage { read_only },
@@ -1111,6 +1175,7 @@ mod tests {
         assert!(e[0].ty.has_dynamic_offset() && !e[1].ty.has_dynamic_offset());
         assert!(binding_layout("@group(0) @binding(0) var<uniform> u: vec4<f32>;").is_err());
         assert!(binding_layout("@group(0) @binding(x) var<storage> u: array<u32>;").is_err());
+        assert!(layout_entries(&[(1, true), (1, false)]).is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use hierarchos_wgpu::{DType, Dispatch, Gpu};
+use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -110,6 +110,7 @@ impl Tensor {
         self.device().dispatch(Dispatch {
             op: OP,
             runtime_checks: false,
+            language: Language::Wgsl,
             key: "adamw",
             source: &|| ADAMW_WGSL.to_string(),
             buffers: &[self.buffer(), grad.buffer(), m.buffer(), v.buffer()],

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use std::fmt::Write;
 
-use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu};
+use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu, Language};
 
 use crate::autograd::grad_enabled;
 use crate::error::{Error, Result};
@@ -438,6 +438,7 @@ fn launch(
     device.dispatch(Dispatch {
         op: OP,
         runtime_checks: false,
+        language: Language::Wgsl,
         key: &key,
         source: &source,
         buffers: &buffers,

@@ -1,6 +1,6 @@
 //! Dtype casts, dense copies and constant tensors.
 
-use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu};
+use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu, Language};
 
 use crate::autograd::{Node, grad_enabled, no_grad};
 use crate::error::Result;
@@ -54,6 +54,7 @@ impl Tensor {
         device.dispatch(Dispatch {
             op: "to_dtype",
             runtime_checks: false,
+            language: Language::Wgsl,
             key: &format!("cast_to_16:{dtype}"),
             source: &|| format!("fn round16(v: f32) -> u32 {{ return {round}(v); }}\n{CAST_TO_16_WGSL}{COMMON_WGSL}"),
             buffers: &[&out, self.buffer()],

@@ -4,7 +4,7 @@
 //! length, and a training step saves one launch per direction instead of the matmuls, mask, softmax and their
 //! gradients of the composed path.
 
-use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch};
+use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Language};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
@@ -354,6 +354,7 @@ impl Params {
         device.dispatch(Dispatch {
             op,
             runtime_checks: false,
+            language: Language::Wgsl,
             key: &key,
             source: &source,
             buffers: &raw,

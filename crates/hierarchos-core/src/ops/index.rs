@@ -13,7 +13,7 @@
 
 #[cfg(not(target_arch = "wasm32"))]
 use hierarchos_wgpu::Access;
-use hierarchos_wgpu::{DType, Dispatch, Gpu};
+use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
@@ -62,6 +62,7 @@ fn id_bounds(op: &'static str, index: &Tensor) -> Result<Option<(i64, i64)>> {
     device.dispatch(Dispatch {
         op,
         runtime_checks: false,
+        language: Language::Wgsl,
         key: &format!("index_check:{}", ids.dtype()),
         source: &source,
         buffers: &[&out, ids.buffer()],
@@ -250,6 +251,7 @@ fn index_add_rows(shape: &[usize], ids: &Tensor, g: &Tensor) -> Result<Tensor> {
     device.dispatch(Dispatch {
         op: "index_select backward",
         runtime_checks: false,
+        language: Language::Wgsl,
         key: "index_add_rows",
         source: &|| INDEX_ADD_ROWS_WGSL.to_string(),
         buffers: &[out.buffer(), ids.buffer(), g.buffer()],

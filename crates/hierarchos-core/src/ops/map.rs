@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu};
+use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu, Language};
 
 use crate::error::{Error, Result};
 use crate::shape::{Layout, MAX_DIMS, numel};
@@ -223,6 +223,7 @@ impl Map<'_> {
         device.dispatch(Dispatch {
             op: self.op,
             runtime_checks: false,
+            language: Language::Wgsl,
             key: &key,
             source: &source,
             buffers: &buffers,

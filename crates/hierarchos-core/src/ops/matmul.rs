@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu};
+use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu, Language};
 
 use crate::autocast::autocast_dtype;
 use crate::autograd::{Node, grad_enabled};
@@ -473,6 +473,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     device.dispatch(Dispatch {
         op: "matmul",
         runtime_checks: !skinny && a.dtype() == DType::F32 && b.dtype() == DType::F32,
+        language: Language::Wgsl,
         key: &key,
         source: &source,
         buffers: &[out.buffer(), a.buffer(), b.buffer()],
@@ -500,6 +501,7 @@ pub(crate) fn split_sum(partial: &Tensor, shape: &[usize]) -> Result<Tensor> {
     device.dispatch(Dispatch {
         op: "matmul_split_sum",
         runtime_checks: false,
+        language: Language::Wgsl,
         key: "matmul_split_sum",
         source: &|| MATMUL_SPLIT_SUM_WGSL.to_string(),
         buffers: &[&out, partial.buffer()],

@@ -1,29 +1,29 @@
-//! The f16 matrix product on tensor cores through cooperative matrices (wgpu's experimental
-//! `wgpu_cooperative_matrix`): 16 x 16 x 16 products of f16 fragments accumulated in f32. It takes the products
-//! whose shapes fill its 128 x 128 tiles; everything else runs the portable tiled kernel.
+//! The f16 matrix product on tensor cores through cooperative matrices: 16 x 16 x 16 products of f16 fragments
+//! accumulated in f32, in a GLSL kernel for Vulkan (`wgsl/matmul_coop.glsl`, compiled to SPIR-V at build time and
+//! passed through wgpu as is). It takes the products whose shapes fill its 128 x 128 tiles; everything else runs
+//! the portable tiled kernel.
 
-use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu};
+use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::error::Result;
 use crate::ops::matmul::{split_k, split_sum};
 use crate::shape::Layout;
 use crate::tensor::Tensor;
 
-const MATMUL_COOP_WGSL: &str = include_str!("../../../../wgsl/matmul_coop.wgsl");
+const MATMUL_COOP_GLSL: &str = include_str!("../../../../wgsl/matmul_coop.glsl");
+include!(concat!(env!("OUT_DIR"), "/spirv.rs"));
 
 /// Output tile of one workgroup (rows and columns) and the reduction steps staged at a time.
 const TILE_M: usize = 128;
 const TILE_N: usize = 128;
 const STEP: usize = 32;
 /// A product of fewer tiles than this is split along K until it has about this many workgroups (two per
-/// multiprocessor of an H200, which holds two of these workgroups at a time). Measured there: the 768 x 768
-/// weight gradients of the 110M shape (36 tiles over K = 4096) run at 96 TFLOP/s in 7 slices against 75 in 3
-/// (a target of 132); the `[4096, 768]` products (192 tiles) stay whole...
+/// multiprocessor of an H200, which holds two of these workgroups at a time). Measured there (with the WGSL
+/// version of the kernel): the 768 x 768 weight gradients of the 110M shape (36 tiles over K = 4096) ran at 96
+/// TFLOP/s in 7 slices against 75 in 3 (a target of 132); the `[4096, 768]` products (192 tiles) stay whole...
 const SPLIT_K_TARGET_WORKGROUPS: usize = 264;
 /// ...with slices of at least this many steps of the reduction.
 const SPLIT_K_MIN_SLICE: usize = 256;
-/// Fragments of 16 x 16 along each side of a subgroup's 64 x 64 block.
-const FRAGMENTS: usize = 4;
 
 /// Whether `la` `[batch.., M, K]` @ `lb` `[batch.., K, N]` of f16 operands on `device` runs on cooperative matrices:
 /// the adapter has them (16 x 16 f16 into f32), native f16 storage, subgroups of exactly 32 (the kernel's layout
@@ -80,25 +80,17 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bo
         slices as u32,
     ];
     let partial = slices > 1;
+    let output = match (partial, widen) {
+        (true, _) => 2,
+        (false, true) => 1,
+        (false, false) => 0,
+    };
     device.dispatch(Dispatch {
         op: "matmul",
         runtime_checks: false,
-        key: &format!("matmul_coop:{a_along_m}:{b_along_k}:{partial}:{widen}"),
-        source: &|| {
-            let output = match (partial, widen) {
-                (true, _) => "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return x; }\n",
-                (false, true) => {
-                    "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return unpack2x16float(f32_to_f16(x)).x; }\n"
-                }
-                (false, false) => {
-                    "alias OutType = f16;\nfn to_out(x: f32) -> f16 { return f16(unpack2x16float(f32_to_f16(x)).x); }\n"
-                }
-            };
-            format!(
-                "{}const A_ALONG_M: bool = {a_along_m};\nconst B_ALONG_K: bool = {b_along_k};\n{output}{COMMON_WGSL}",
-                unrolled()
-            )
-        },
+        language: Language::Spirv(MATMUL_COOP_SPIRV[a_along_m as usize][b_along_k as usize][output]),
+        key: &format!("matmul_coop:{a_along_m}:{b_along_k}:{output}"),
+        source: &|| MATMUL_COOP_GLSL.to_string(),
         buffers: &[out.buffer(), a.buffer(), b.buffer()],
         params: &params,
         workgroups: Gpu::grid((tiles * slices) as u32),
@@ -108,31 +100,4 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bo
         (true, false) => split_sum(&out, &[m, n])?.to_dtype(DType::F16),
         (false, _) => out.reshape(&[m, n]),
     }
-}
-
-/// The kernel with its marked blocks written out for a subgroup's 4 x 4 fragments: the accumulators, the products
-/// of one 16-step slice (four fragments of B, then each fragment of A times all four), and the stores through
-/// workgroup memory into the output (f16, or the slice's f32 partial product).
-fn unrolled() -> String {
-    let (mut accumulators, mut products, mut store) = (String::new(), String::new(), String::new());
-    for j in 0..FRAGMENTS {
-        products += &format!("            let b{j} = load_b(kk, wn + {}u);\n", 16 * j);
-    }
-    for i in 0..FRAGMENTS {
-        products += &format!("            let a{i} = load_a(kk, wm + {}u);\n", 16 * i);
-        for j in 0..FRAGMENTS {
-            accumulators += &format!("    var c{i}{j} = coop_mat16x16<f32, C>();\n");
-            products += &format!("            c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
-            store += &format!(
-                "    workgroupBarrier();\n    coopStoreT(c{i}{j}, &Cs[sg * 256u], 16u);\n    workgroupBarrier();\n    \
-                 emit(sg, lane, m0 + wm + {}u, n0 + wn + {}u, N);\n",
-                16 * i,
-                16 * j
-            );
-        }
-    }
-    MATMUL_COOP_WGSL
-        .replace("            //@PRODUCTS\n", &products)
-        .replace("    //@ACCUMULATORS\n", &accumulators)
-        .replace("    //@STORE\n", &store)
 }

@@ -11,7 +11,7 @@
 //!   `sqrt(-2 ln u1) * cos(2 pi u2)`, computed in f32 (then rounded to the dtype); this one depends on the
 //!   device's `log` and `cos` in the last bits.
 
-use hierarchos_wgpu::{DType, Dispatch, Gpu};
+use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::autograd::no_grad;
 use crate::error::{Error, Result};
@@ -81,6 +81,7 @@ impl Tensor {
             device.dispatch(Dispatch {
                 op,
                 runtime_checks: false,
+                language: Language::Wgsl,
                 key: &format!("random:{normal}"),
                 source: &source,
                 buffers: &[out.buffer()],

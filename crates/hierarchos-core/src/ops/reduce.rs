@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use hierarchos_wgpu::{Access, DType, Dispatch, Gpu};
+use hierarchos_wgpu::{Access, DType, Dispatch, Gpu, Language};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
@@ -198,6 +198,7 @@ impl Tensor {
             device.dispatch(Dispatch {
                 op: op.name(),
                 runtime_checks: false,
+                language: Language::Wgsl,
                 key: &key,
                 source: &source,
                 buffers: &[out.buffer(), self.buffer()],

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use hierarchos_wgpu::{DType, Dispatch, Gpu};
+use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
@@ -107,6 +107,7 @@ impl Tensor {
         device.dispatch(Dispatch {
             op: OP,
             runtime_checks: false,
+            language: Language::Wgsl,
             key: "rope_pairs",
             source: &|| ROPE_PAIRS_WGSL.to_string(),
             buffers: &[&out, self.buffer(), cos.buffer(), sin.buffer()],
@@ -324,6 +325,7 @@ impl Tensor {
         device.dispatch(Dispatch {
             op: OP,
             runtime_checks: false,
+            language: Language::Wgsl,
             key: OP,
             source: &source,
             buffers: &[

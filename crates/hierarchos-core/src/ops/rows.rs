@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu, GpuBuffer};
+use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu, GpuBuffer, Language};
 
 use crate::autograd::no_grad;
 use crate::error::{Error, Result};
@@ -217,6 +217,7 @@ impl<'a> RowKernel<'a> {
         device.dispatch(Dispatch {
             op: self.op,
             runtime_checks: false,
+            language: Language::Wgsl,
             key: &key,
             source: &source,
             buffers: &buffers,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use hierarchos_wgpu::{Access, COMMON_WGSL, Dispatch, Gpu};
+use hierarchos_wgpu::{Access, COMMON_WGSL, Dispatch, Gpu, Language};
 
 use crate::error::{Error, Result};
 use crate::shape::{MAX_DIMS, resolve_dim};
@@ -104,6 +104,7 @@ impl Tensor {
         device.dispatch(Dispatch {
             op: OP,
             runtime_checks: false,
+            language: Language::Wgsl,
             key: &key,
             source: &source,
             buffers: &[self.buffer(), src.buffer()],

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu, GpuBuffer};
+use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu, GpuBuffer, Language};
 
 use super::{GgmlType, check_bytes};
 use crate::autograd::{Node, grad_enabled, no_grad};
@@ -288,6 +288,7 @@ impl QTensor {
         self.device.dispatch(Dispatch {
             op: "dequantize",
             runtime_checks: false,
+            language: Language::Wgsl,
             key: &format!("dequantize:{ty}"),
             source: &source,
             buffers: &[&out, &self.blocks],
@@ -551,6 +552,7 @@ fn matvec(x: &Tensor, w: &QTensor, fusion: Fusion<'_>) -> Result<Tensor> {
     device.dispatch(Dispatch {
         op: "matmul_q",
         runtime_checks: false,
+        language: Language::Wgsl,
         key: &key,
         source: &source,
         buffers: &buffers,
@@ -619,6 +621,7 @@ fn tiled(x: &Tensor, w: &QTensor) -> Result<Tensor> {
     device.dispatch(Dispatch {
         op: "matmul_q",
         runtime_checks: false,
+        language: Language::Wgsl,
         key: &format!("matmul_q:tile:{ty}:{dtype}:{}:{tm}x{tn}:{a_k}", access.packed),
         source: &source,
         buffers: &[&out, x.buffer(), &w.blocks],

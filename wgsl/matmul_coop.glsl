@@ -1,0 +1,199 @@
+// f16 matrix product on tensor cores (ops/matmul_coop.rs): out[M, N] = lhs[M, K] @ rhs[K, N], f32 accumulation in
+// cooperative matrices (16 x 16 x 16). GLSL for Vulkan, compiled to SPIR-V at build time (hierarchos-core's
+// build.rs) and passed to the driver as is: WGSL cannot yet load a cooperative matrix from workgroup memory of
+// vectors, and staging the operands one half at a time held the WGSL version of this kernel to 190 TFLOP/s on
+// the H200 (this one: 270; BENCHMARKS.md).
+//
+// One workgroup of four subgroups of 32 computes a BM x BN = 128 x 128 tile; subgroup w owns the 64 x 64 block at
+// rows 64 * (w / 2), columns 64 * (w % 2): 4 x 4 accumulator fragments, so that each fragment loaded from
+// workgroup memory feeds four products. Slices of BK = 32 steps of the reduction are staged in workgroup memory as
+// vectors of four halves (rows padded by 8 halves against bank conflicts); while the subgroups multiply one slice,
+// each thread already holds the next one's loads in registers (eight halves from each operand, LOADS times).
+//
+// Operands are bound as arrays of uvec4 (eight halves) and read along their unit-stride dimension: lhs along K
+// (staged [m][k], loaded row-major) or along M (A_ALONG_M: a transposed operand such as a gradient in a weight
+// gradient, staged [k][m], column-major); rhs along N (staged [k][n], row-major) or along K (B_ALONG_K: a
+// transposed weight, staged [n][k], column-major). The Rust side launches it only for M a multiple of BM, N of BN,
+// K of BK, offsets and row strides multiples of 8, on adapters with subgroups of 32. The build script writes the
+// `#version` line and defines A_ALONG_M, B_ALONG_K and OUTPUT (below) for each variant.
+//
+// Products with few tiles and a long reduction are split along K into slices run side by side: slice s covers
+// K_SLICE steps from s * K_SLICE and writes its own f32 partial product (OUTPUT_PARTIAL), which the split-sum
+// kernel adds; an unsplit product writes f16 (OUTPUT_F16) or the f16-rounded values as f32 (OUTPUT_WIDE). The
+// accumulators are converted to f16 (the driver rounds to nearest even, as every kernel here) and stored straight
+// to the output.
+//
+// Parameters (u32 words): [M, N, K, lhs offset, lhs stride along its outer dimension (K when A_ALONG_M, else M),
+// rhs offset, rhs stride along its outer dimension (N when B_ALONG_K, else K), tiles along N, K_SLICE, slices].
+
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x = 128) in;
+
+#if OUTPUT == OUTPUT_F16
+#define OUT_TYPE float16_t
+#else
+#define OUT_TYPE float
+#endif
+
+layout(std430, binding = 0) readonly buffer Params { uint p[]; };
+layout(std430, binding = 1) writeonly buffer Out { OUT_TYPE out_[]; };
+layout(std430, binding = 2) readonly buffer Lhs { uvec4 lhs[]; };
+layout(std430, binding = 3) readonly buffer Rhs { uvec4 rhs[]; };
+
+const uint BM = 128;
+const uint BN = 128;
+const uint BK = 32;
+// Loads of eight halves per thread and operand for one slice of BK steps (BM * BK / 8 / 128).
+const uint LOADS = BK / 8;
+// Row strides (halves) of the staged slices: [m][k] and, along K, [n][k] rows of BK; along N, [k][n] rows of BN;
+// along M, [k][m] rows of BM.
+const uint AS = BK + 8;
+const uint AMS = 136;
+const uint BS = 136;
+
+shared f16vec4 As[max(BM * AS, BK * AMS) / 4];
+shared f16vec4 Bs[max(BN * AS, BK * BS) / 4];
+// One 16 x 16 f16 fragment per subgroup on its way out as f32 (OUTPUT_WIDE).
+shared float16_t Cs[4 * 256];
+
+// Eight halves into `dst` at half `at` (a multiple of 8).
+#define STASH(dst, at, v)                                                                                       \
+    {                                                                                                           \
+        dst[(at) / 4] = f16vec4(unpackFloat2x16(v.x), unpackFloat2x16(v.y));                                    \
+        dst[(at) / 4 + 1] = f16vec4(unpackFloat2x16(v.z), unpackFloat2x16(v.w));                                \
+    }
+
+// Staged position (halves) and global uvec4 index of load `e` of thread `lid` for the slice at k0: A as 128 rows
+// of four loads, along M as 32 rows of sixteen; B along K as 128 rows of four, along N as 32 rows of sixteen.
+uint a_at(uint lid, uint e) {
+    uint i = lid + 128 * e;
+#if A_ALONG_M
+    return (i / 16) * AMS + (i % 16) * 8;
+#else
+    return (i / LOADS) * AS + (i % LOADS) * 8;
+#endif
+}
+
+uint a_src(uint lid, uint e, uint m0, uint k0) {
+    uint i = lid + 128 * e;
+#if A_ALONG_M
+    return (p[3] + (k0 + i / 16) * p[4] + m0 + (i % 16) * 8) / 8;
+#else
+    return (p[3] + (m0 + i / LOADS) * p[4] + k0 + (i % LOADS) * 8) / 8;
+#endif
+}
+
+uint b_at(uint lid, uint e) {
+    uint i = lid + 128 * e;
+#if B_ALONG_K
+    return (i / LOADS) * AS + (i % LOADS) * 8;
+#else
+    return (i / 16) * BS + (i % 16) * 8;
+#endif
+}
+
+uint b_src(uint lid, uint e, uint n0, uint k0) {
+    uint i = lid + 128 * e;
+#if B_ALONG_K
+    return (p[5] + (n0 + i / LOADS) * p[6] + k0 + (i % LOADS) * 8) / 8;
+#else
+    return (p[5] + (k0 + i / 16) * p[6] + n0 + (i % 16) * 8) / 8;
+#endif
+}
+
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define FRAG_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define FRAG_H coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+void main() {
+    uint lid = gl_LocalInvocationIndex;
+    uint N = p[1];
+    uint tiles = (p[0] / BM) * p[7];
+    uint t = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    if (t >= tiles * p[9]) {
+        return;
+    }
+    uint slice = t / tiles;
+    uint tile = t % tiles;
+    uint k_begin = slice * p[8];
+    uint K = min(p[2], k_begin + p[8]);
+    uint m0 = (tile / p[7]) * BM;
+    uint n0 = (tile % p[7]) * BN;
+    uint wm = (gl_SubgroupID / 2) * 64;
+    uint wn = (gl_SubgroupID % 2) * 64;
+    FRAG_C c[4][4];
+    [[unroll]] for (uint i = 0; i < 4; i++) {
+        [[unroll]] for (uint j = 0; j < 4; j++) {
+            c[i][j] = FRAG_C(0.0);
+        }
+    }
+    uvec4 ra[LOADS];
+    uvec4 rb[LOADS];
+    [[unroll]] for (uint e = 0; e < LOADS; e++) {
+        ra[e] = lhs[a_src(lid, e, m0, k_begin)];
+        rb[e] = rhs[b_src(lid, e, n0, k_begin)];
+    }
+    for (uint k0 = k_begin; k0 < K; k0 += BK) {
+        barrier();
+        [[unroll]] for (uint e = 0; e < LOADS; e++) {
+            STASH(As, a_at(lid, e), ra[e]);
+            STASH(Bs, b_at(lid, e), rb[e]);
+        }
+        barrier();
+        // Unconditional (the last slice loads itself again, unused), so that no branch holds these loads back.
+        uint kn = min(k0 + BK, K - BK);
+        [[unroll]] for (uint e = 0; e < LOADS; e++) {
+            ra[e] = lhs[a_src(lid, e, m0, kn)];
+            rb[e] = rhs[b_src(lid, e, n0, kn)];
+        }
+        [[unroll]] for (uint kk = 0; kk < BK; kk += 16) {
+            FRAG_B b[4];
+            [[unroll]] for (uint j = 0; j < 4; j++) {
+#if B_ALONG_K
+                coopMatLoad(b[j], Bs, ((wn + 16 * j) * AS + kk) / 4, AS / 4, gl_CooperativeMatrixLayoutColumnMajor);
+#else
+                coopMatLoad(b[j], Bs, (kk * BS + wn + 16 * j) / 4, BS / 4, gl_CooperativeMatrixLayoutRowMajor);
+#endif
+            }
+            [[unroll]] for (uint i = 0; i < 4; i++) {
+                FRAG_A a;
+#if A_ALONG_M
+                coopMatLoad(a, As, (kk * AMS + wm + 16 * i) / 4, AMS / 4, gl_CooperativeMatrixLayoutColumnMajor);
+#else
+                coopMatLoad(a, As, ((wm + 16 * i) * AS + kk) / 4, AS / 4, gl_CooperativeMatrixLayoutRowMajor);
+#endif
+                [[unroll]] for (uint j = 0; j < 4; j++) {
+                    c[i][j] = coopMatMulAdd(a, b[j], c[i][j]);
+                }
+            }
+        }
+    }
+    uint out_base = slice * p[0] * N;
+    [[unroll]] for (uint i = 0; i < 4; i++) {
+        [[unroll]] for (uint j = 0; j < 4; j++) {
+            uint at = out_base + (m0 + wm + 16 * i) * N + n0 + wn + 16 * j;
+#if OUTPUT == OUTPUT_PARTIAL
+            coopMatStore(c[i][j], out_, at, N, gl_CooperativeMatrixLayoutRowMajor);
+#else
+            FRAG_H h = FRAG_H(c[i][j]);
+#if OUTPUT == OUTPUT_F16
+            coopMatStore(h, out_, at, N, gl_CooperativeMatrixLayoutRowMajor);
+#else
+            // Through workgroup memory: the driver folds a conversion to f16 and straight back into nothing.
+            subgroupBarrier();
+            coopMatStore(h, Cs, gl_SubgroupID * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
+            subgroupBarrier();
+            coopMatLoad(h, Cs, gl_SubgroupID * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatStore(FRAG_C(h), out_, at, N, gl_CooperativeMatrixLayoutRowMajor);
+#endif
+#endif
+        }
+    }
+}
