@@ -480,7 +480,11 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
         params: &params,
         workgroups: Gpu::grid((tiles * slices) as u32),
     })?;
-    let out = if slices > 1 { split_sum(&out, &out_shape)? } else { out };
+    let out = if slices > 1 {
+        split_sum(&out, &out_shape, SumOutput::F32)?
+    } else {
+        out
+    };
     if direct { Ok(out) } else { out.to_dtype(dtype) }
 }
 
@@ -493,22 +497,48 @@ pub(crate) fn split_k(tiles: usize, k: usize, target: usize, min_slice: usize, s
     (k.div_ceil(slice_len).max(1), slice_len)
 }
 
+/// What [`split_sum`] writes: the f32 sum, or it rounded to f16 (round to nearest even), as f16 or widened back
+/// to f32 (the products of autocast), so that no cast follows in launches of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SumOutput {
+    F32,
+    F16,
+    F16AsF32,
+}
+
 /// The sum over the leading dimension of the partial products `partial` `[slices, ..shape]` (f32), in slice order.
-pub(crate) fn split_sum(partial: &Tensor, shape: &[usize]) -> Result<Tensor> {
+pub(crate) fn split_sum(partial: &Tensor, shape: &[usize], output: SumOutput) -> Result<Tensor> {
     let device = partial.device();
     let n = numel(shape);
-    let out = device.alloc("matmul_split_sum", Tensor::bytes_for(n, DType::F32))?;
+    let dtype = if output == SumOutput::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    let out = device.alloc("matmul_split_sum", Tensor::bytes_for(n, dtype))?;
     device.dispatch(Dispatch {
         op: "matmul_split_sum",
         runtime_checks: false,
         language: Language::Wgsl,
-        key: "matmul_split_sum",
-        source: &|| MATMUL_SPLIT_SUM_WGSL.to_string(),
+        key: &format!("matmul_split_sum:{output:?}"),
+        source: &|| {
+            let out = match output {
+                SumOutput::F32 => "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return x; }\n",
+                SumOutput::F16 => {
+                    "enable f16;\nalias OutType = f16;\n\
+                     fn to_out(x: f32) -> f16 { return f16(unpack2x16float(f32_to_f16(x)).x); }\n"
+                }
+                SumOutput::F16AsF32 => {
+                    "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return unpack2x16float(f32_to_f16(x)).x; }\n"
+                }
+            };
+            format!("{out}{MATMUL_SPLIT_SUM_WGSL}{COMMON_WGSL}")
+        },
         buffers: &[&out, partial.buffer()],
         params: &[n as u32, partial.shape()[0] as u32],
         workgroups: Gpu::grid(n.div_ceil(256) as u32),
     })?;
-    Ok(Tensor::from_buffer(out, shape, DType::F32, None))
+    Ok(Tensor::from_buffer(out, shape, dtype, None))
 }
 
 /// `load_{name}` and `load_{name}4` for an f32 operand bound as `array<vec4<f32>>`: element `i`, and the vec4 of

@@ -6,7 +6,7 @@
 use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::error::Result;
-use crate::ops::matmul::{split_k, split_sum};
+use crate::ops::matmul::{SumOutput, split_k, split_sum};
 use crate::shape::Layout;
 use crate::tensor::Tensor;
 
@@ -96,8 +96,8 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bo
         workgroups: Gpu::grid((tiles * slices) as u32),
     })?;
     match (partial, widen) {
-        (true, true) => split_sum(&out, &[m, n])?.to_dtype(DType::F16)?.to_dtype(DType::F32),
-        (true, false) => split_sum(&out, &[m, n])?.to_dtype(DType::F16),
+        (true, true) => split_sum(&out, &[m, n], SumOutput::F16AsF32),
+        (true, false) => split_sum(&out, &[m, n], SumOutput::F16),
         (false, _) => out.reshape(&[m, n]),
     }
 }
