@@ -226,3 +226,63 @@ fn reduction_gradients_pass_finite_differences() {
         });
     }
 }
+
+/// `Tensor::sum_squares_of`: one Σ x² over many tensors (gradient clipping's norm) against f64, across the
+/// kernel's chunks of 4096 elements and its groups of six tensors, with a strided view, 16-bit tensors and an
+/// empty one; in a launch per group plus the final sum for dense f32 tensors; refused inputs.
+#[test]
+fn sum_squares_of_many_tensors() {
+    let mut rng = Rng::new("sum_squares_of_many_tensors");
+    let d = dev();
+    let shapes: [&[usize]; 10] = [
+        &[1],
+        &[3],
+        &[17],
+        &[257],
+        &[0],
+        &[4097],
+        &[3, 4100],
+        &[64, 65],
+        &[9000],
+        &[5, 7],
+    ];
+    let mut tensors = Vec::new();
+    let mut want = 0f64;
+    for shape in shapes {
+        let n: usize = shape.iter().product();
+        let v = rng.vec(n, -2.0, 2.0);
+        want += v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+        tensors.push(Tensor::from_slice(&v, shape, &d).unwrap());
+    }
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    let before = d.dispatch_count();
+    let got = Tensor::sum_squares_of(&refs).unwrap();
+    let launches = d.dispatch_count() - before;
+    assert_close("dense f32", &read(&got), &[want], 1e-5, 0.0);
+    assert!(launches <= 2 + 2, "{launches} launches for two groups of tensors");
+    // A transposed view and 16-bit tensors (their values after rounding).
+    let base = Tensor::from_slice(&rng.vec(6 * 9, -1.0, 1.0), &[6, 9], &d).unwrap();
+    let view = base.t().unwrap();
+    let half = base.to_dtype(DType::F16).unwrap();
+    let brain = base.to_dtype(DType::BF16).unwrap();
+    let sq = |t: &Tensor| {
+        t.to_f32_vec()
+            .unwrap()
+            .iter()
+            .map(|&x| (x as f64) * (x as f64))
+            .sum::<f64>()
+    };
+    let got = Tensor::sum_squares_of(&[&view, &half, &brain, &tensors[4]]).unwrap();
+    assert_close(
+        "views and 16-bit",
+        &read(&got),
+        &[sq(&view) + sq(&half) + sq(&brain)],
+        1e-5,
+        0.0,
+    );
+    let got = Tensor::sum_squares_of(&[&tensors[4]]).unwrap();
+    assert_eq!(read(&got), [0.0]);
+    assert!(Tensor::sum_squares_of(&[]).is_err());
+    let ids = Tensor::from_slice(&[1u32, 2], &[2], &d).unwrap();
+    assert!(Tensor::sum_squares_of(&[&tensors[0], &ids]).is_err());
+}

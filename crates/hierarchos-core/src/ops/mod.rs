@@ -21,5 +21,6 @@ pub mod reduce;
 pub mod rope;
 pub(crate) mod rows;
 pub mod softmax;
+pub mod sum_squares_many;
 pub mod unary;
 pub mod write;

@@ -2,7 +2,7 @@
 //! (the log line shows it and a non-finite one stops training), and the factor is applied inside the optimizer's
 //! fused update rather than by rewriting every gradient.
 
-use hierarchos_core::{Tensor, no_grad};
+use hierarchos_core::Tensor;
 
 use crate::error::Result;
 
@@ -18,22 +18,11 @@ pub fn grad_norm(params: &[(String, Tensor)]) -> Result<f64> {
 /// The squared global gradient norm as a one-element tensor on the device (`None` when no parameter has a
 /// gradient): what [`grad_norm`] reads back, for a caller that reads it together with other values.
 pub fn grad_norm_squared(params: &[(String, Tensor)]) -> Result<Option<Tensor>> {
-    Ok(no_grad(|| -> hierarchos_core::Result<Option<Tensor>> {
-        let mut parts = Vec::new();
-        for (_, p) in params {
-            if let Some(g) = p.grad() {
-                // Squares summed along the last dimension first: one workgroup per row, where a sum over a whole
-                // tensor would be a single workgroup walking all of it.
-                let width = g.shape().last().copied().unwrap_or(1).max(1);
-                let rows = g.reshape(&[g.numel() / width, width])?;
-                parts.push(rows.sum_squares(&[-1], false)?);
-            }
-        }
-        if parts.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Tensor::cat(&parts, 0)?.sum(&[], false)?))
-    })?)
+    let grads: Vec<Tensor> = params.iter().filter_map(|(_, p)| p.grad()).collect();
+    if grads.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Tensor::sum_squares_of(&grads.iter().collect::<Vec<_>>())?))
 }
 
 /// The factor `clip_grad_norm_` scales gradients by for a global norm `norm` and a limit `max_norm` (0 or less:
