@@ -107,15 +107,24 @@ impl Tensor {
             bits(s.eps),
             bits(s.grad_scale),
         ];
+        // Four elements per thread where the length and the offsets allow vec4 loads.
+        let width = if n.is_multiple_of(4) && params[1..5].iter().all(|o| o.is_multiple_of(4)) {
+            4
+        } else {
+            1
+        };
         self.device().dispatch(Dispatch {
             op: OP,
             runtime_checks: false,
             language: Language::Wgsl,
-            key: "adamw",
-            source: &|| ADAMW_WGSL.to_string(),
+            key: &format!("adamw:{width}"),
+            source: &|| {
+                let v = if width == 4 { "vec4<f32>" } else { "f32" };
+                format!("alias V = {v};\nconst W: u32 = {width}u;\n{ADAMW_WGSL}")
+            },
             buffers: &[self.buffer(), grad.buffer(), m.buffer(), v.buffer()],
             params: &params,
-            workgroups: Gpu::grid((n as u32).div_ceil(256)),
+            workgroups: Gpu::grid(((n / width) as u32).div_ceil(256)),
         })?;
         Ok(())
     }
