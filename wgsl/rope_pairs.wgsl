@@ -1,11 +1,13 @@
 // Rotary position embedding for f32 tensors of rank up to 4 (ops/rope.rs): one thread per rotated pair (j, j + D/2)
 // of a head row, which reads both elements and the pair's cosine and sine once and writes both outputs, its
 // coordinates computed once per pair. Same arithmetic as the elementwise form: out_j = x_j cos_j - x_{j+D/2} sin_j,
-// out_{j+D/2} = x_{j+D/2} cos_j + x_j sin_j.
+// out_{j+D/2} = x_{j+D/2} cos_j + x_j sin_j, with the sines times a sign: -1 rotates back (the backward), exactly as
+// the negated table would.
 //
 // Parameters (u32 words): [pairs, D/2, leading sizes s1, s2 (the shape is [s0, s1, s2, D]), then for x, cos and
 // sin each: offset and strides along the four dimensions (cos and sin seen as [s0, s1, s2, D/2], broadcast
-// dimensions with stride 0), then the output's strides along the three leading dimensions (its last is 1)].
+// dimensions with stride 0), then the output's strides along the three leading dimensions (its last is 1), then the
+// sign (f32 bits)].
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
@@ -17,6 +19,7 @@ const X_AT: u32 = 4u;
 const COS_AT: u32 = 9u;
 const SIN_AT: u32 = 14u;
 const OUT_AT: u32 = 19u;
+const SIGN_AT: u32 = 22u;
 
 // Element offset of (d0, d1, d2, j) in the view whose offset and strides start at p[v].
 fn at(v: u32, d0: u32, d1: u32, d2: u32, j: u32) -> u32 {
@@ -40,7 +43,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lo = x[lo_at];
     let hi = x[lo_at + half * p[X_AT + 4u]];
     let c = cosines[at(COS_AT, d0, d1, d2, j)];
-    let s = sines[at(SIN_AT, d0, d1, d2, j)];
+    let s = sines[at(SIN_AT, d0, d1, d2, j)] * bitcast<f32>(p[SIGN_AT]);
     let o = d0 * p[OUT_AT] + d1 * p[OUT_AT + 1u] + d2 * p[OUT_AT + 2u] + j;
     out[o] = lo * c - hi * s;
     out[o + half] = hi * c + lo * s;

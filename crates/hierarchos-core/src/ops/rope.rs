@@ -19,6 +19,11 @@ impl Tensor {
     /// `x.shape[..-1] + [D/2]`. They are constants of the position: gradients flow to `x` only, so `cos` and
     /// `sin` must not require grad.
     pub fn rope(&self, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        self.rotate(cos, sin, false)
+    }
+
+    /// [`Tensor::rope`], or with `inverse` the rotation by the opposite angles (its backward).
+    fn rotate(&self, cos: &Tensor, sin: &Tensor, inverse: bool) -> Result<Tensor> {
         const OP: &str = "rope";
         for t in [self, cos, sin] {
             if !t.dtype().is_float() {
@@ -51,8 +56,9 @@ impl Tensor {
         let half = d / 2;
         let mut half_shape = self.shape().to_vec();
         half_shape[self.rank() - 1] = half;
-        let out = match self.rope_pairs(cos, sin, &half_shape)? {
+        let out = match self.rope_pairs(cos, sin, &half_shape, inverse)? {
             Some(out) => out,
+            None if inverse => self.rope_elementwise(cos, &sin.neg()?, &half_shape)?,
             None => self.rope_elementwise(cos, sin, &half_shape)?,
         };
         if !grad_enabled() || !self.requires_grad() {
@@ -63,7 +69,7 @@ impl Tensor {
             OP,
             &[self],
             // The rotation is orthogonal: its adjoint rotates by the opposite angles.
-            Box::new(move |g| Ok(vec![Some(g.rope(&cos, &sin.neg()?)?)])),
+            Box::new(move |g| Ok(vec![Some(g.rotate(&cos, &sin, !inverse)?)])),
         );
         Ok(out.with_node(node))
     }
@@ -72,7 +78,7 @@ impl Tensor {
     /// tables broadcast to `half_shape`; `None` for the rest, which take the elementwise form. Training applies
     /// RoPE to every layer's queries and keys forward and backward, where the elementwise form spent most of its
     /// time computing strided coordinates for every element.
-    fn rope_pairs(&self, cos: &Tensor, sin: &Tensor, half_shape: &[usize]) -> Result<Option<Tensor>> {
+    fn rope_pairs(&self, cos: &Tensor, sin: &Tensor, half_shape: &[usize], inverse: bool) -> Result<Option<Tensor>> {
         const OP: &str = "rope";
         let r = self.rank();
         if [self, cos, sin].iter().any(|t| t.dtype() != DType::F32) || r > 4 || self.numel() == 0 {
@@ -102,6 +108,7 @@ impl Tensor {
             true => [(s1 * s2 * d) as u32, d as u32, (s1 * d) as u32],
             false => [(s1 * s2 * d) as u32, (s2 * d) as u32, d as u32],
         });
+        params.push(if inverse { -1f32 } else { 1f32 }.to_bits());
         let device = self.device();
         let out = device.alloc(OP, Tensor::bytes_for(self.numel(), DType::F32))?;
         device.dispatch(Dispatch {
