@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use hierarchos::core::{DType, ReduceOp, Tensor};
+use hierarchos::core::{DType, Gpu, GpuOptions, ReduceOp, Tensor};
 
 const OPS: [ReduceOp; 8] = [
     ReduceOp::Sum,
@@ -233,7 +233,8 @@ fn reduction_gradients_pass_finite_differences() {
 #[test]
 fn sum_squares_of_many_tensors() {
     let mut rng = Rng::new("sum_squares_of_many_tensors");
-    let d = dev();
+    // A device of its own: the launch count below must not include other tests' launches.
+    let d = pollster::block_on(Gpu::open(&GpuOptions::from_env())).unwrap();
     let shapes: [&[usize]; 10] = [
         &[1],
         &[3],
