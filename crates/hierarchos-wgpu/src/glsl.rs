@@ -2,7 +2,8 @@
 //! time and handed to the driver through wgpu's shader passthrough): read from their source, as for WGSL.
 
 /// The storage buffers a GLSL kernel declares, as (binding, read-only) pairs: every line of the form
-/// `layout(std430, binding = N) [readonly|writeonly] buffer ...`.
+/// `layout(std430, binding = N) [readonly|writeonly] buffer ...`. Preprocessor conditionals are not evaluated, so
+/// a kernel declares each binding on one line (varying its type through a `#define` if it must).
 pub(crate) fn storage_bindings(source: &str) -> Result<Vec<(u32, bool)>, String> {
     let mut bindings = Vec::new();
     for line in source

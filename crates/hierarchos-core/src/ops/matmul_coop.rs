@@ -80,6 +80,7 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bo
         slices as u32,
     ];
     let partial = slices > 1;
+    // The kernel's OUTPUT, as build.rs orders the compiled variants: OUTPUT_F16, OUTPUT_WIDE, OUTPUT_PARTIAL.
     let output = match (partial, widen) {
         (true, _) => 2,
         (false, true) => 1,
