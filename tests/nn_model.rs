@@ -293,9 +293,14 @@ fn rope_op_gradient_and_errors() {
     let x = rng.vec(2 * t * d, -1.0, 1.0);
     gradcheck("rope", &mut rng, &[(x, vec![2, t, d])], |v| v[0].rope(&cos, &sin));
     // Rank 5 takes the elementwise form, forward and backward.
-    let (cos5, sin5) = (cos.reshape(&[t, 1, d / 2]).unwrap(), sin.reshape(&[t, 1, d / 2]).unwrap());
+    let (cos5, sin5) = (
+        cos.reshape(&[t, 1, d / 2]).unwrap(),
+        sin.reshape(&[t, 1, d / 2]).unwrap(),
+    );
     let x = rng.vec(2 * t * d, -1.0, 1.0);
-    gradcheck("rope rank 5", &mut rng, &[(x, vec![1, 2, t, 1, d])], |v| v[0].rope(&cos5, &sin5));
+    gradcheck("rope rank 5", &mut rng, &[(x, vec![1, 2, t, 1, d])], |v| {
+        v[0].rope(&cos5, &sin5)
+    });
     let x = Tensor::zeros(&[2, 3, 5], DType::F32, &dv).unwrap();
     let c = Tensor::zeros(&[3, 2], DType::F32, &dv).unwrap();
     assert!(x.rope(&c, &c).is_err(), "odd head size");
