@@ -16,8 +16,8 @@ const REDUCE_WGSL: &str = include_str!("../../../../wgsl/reduce.wgsl");
 pub enum ReduceOp {
     /// Sum.
     Sum,
-    /// Sum of the squares (the squared L2 norm), without materializing the squares: what gradient clipping
-    /// reads for every parameter each step.
+    /// Sum of the squares (the squared L2 norm), without materializing the squares. (Gradient clipping's norm
+    /// over many tensors at once is [`Tensor::sum_squares_of`].)
     SumSquares,
     /// Arithmetic mean.
     Mean,
