@@ -6,7 +6,7 @@ mod common;
 use common::attention::*;
 use common::*;
 use hierarchos::core::ops::flash_attention::flash_attention_fits;
-use hierarchos::core::{DType, Tensor};
+use hierarchos::core::{DType, Tensor, autocast};
 
 /// Gradients of `Σ out · w` (`w` `[B, T, H, D]`) for the queries `[B, H, T, D]`, keys and values `[B, KVH, S, D]`,
 /// in f64: with P the visible-key softmax, dv_j = Σ_i P_ij w_i, dS_ij = P_ij (w_i · v_j - Σ_j' P_ij' w_i · v_j'),
@@ -92,6 +92,56 @@ fn flash_attention_matches_reference() {
     }
     // The largest head size, forward only: lavapipe takes ~20 s to compile the forward unrolled over 64 quads.
     check(&mut rng, case((1, 2, 2), (4, 4, 256), (0, 0, Some(3))), false);
+}
+
+/// Inside `autocast(f16)` with heads of 64, GPUs with f16 cooperative matrices run the tensor-core kernels: the
+/// forward and gradients of the inputs rounded to f16 (the output gradient too), within the rounding of the
+/// probabilities and score gradients to f16, and every output and gradient an f16 value. Elsewhere the f32
+/// kernels run, which are as close to the rounded inputs' reference.
+#[test]
+fn flash_attention_under_autocast() {
+    let mut rng = Rng::new("flash_attention_under_autocast");
+    let halve = |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect() };
+    let caps = dev().caps().clone();
+    let coop = caps.cooperative_matrix && caps.subgroup_size == (32, 32);
+    for c in [
+        // Partial tiles of queries and keys; grouped heads; a window; queries after a cached prefix; fewer rows
+        // than a tile.
+        case((2, 4, 2), (130, 130, 64), (0, 0, None)),
+        case((1, 2, 1), (100, 100, 64), (0, 0, Some(37))),
+        case((1, 2, 2), (70, 150, 64), (80, 0, None)),
+        case((1, 3, 3), (5, 5, 64), (0, 0, None)),
+    ] {
+        let x = inputs(&mut rng, c);
+        let (qv, kv, vv) = (halve(&x.qv), halve(&x.kv), halve(&x.vv));
+        let (q, k, v) = (x.q.requires_grad_(), x.k.requires_grad_(), x.v.requires_grad_());
+        let out = autocast(DType::F16, || q.flash_attention(&k, &v, c.q_start, c.k_start, c.window))
+            .unwrap()
+            .unwrap();
+        let got = out.to_f32_vec().unwrap();
+        assert_close(
+            &format!("{c:?} forward"),
+            &got,
+            &reference(c, &qv, &kv, &vv),
+            2e-3,
+            1e-3,
+        );
+        let w = halve(&rng.vec(out.numel(), -1.0, 1.0));
+        let wt = Tensor::from_slice(&w, out.shape(), q.device()).unwrap();
+        out.mul(&wt).unwrap().sum_all().unwrap().backward().unwrap();
+        let want = reference_grads(c, &qv, &kv, &vv, &w);
+        let mut results = vec![("out", got)];
+        for (name, leaf, want) in [("q", &q, &want[0]), ("k", &k, &want[1]), ("v", &v, &want[2])] {
+            let grad = leaf.grad().unwrap().to_f32_vec().unwrap();
+            let scale = want.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+            assert_close(&format!("{c:?} d{name}"), &grad, want, 4e-3, 2e-3 * scale);
+            results.push((name, grad));
+        }
+        for (name, values) in results.iter().filter(|_| coop) {
+            let odd = values.iter().position(|&x| half::f16::from_f32(x).to_f32() != x);
+            assert!(odd.is_none(), "{c:?} {name}: element {odd:?} is no f16 value");
+        }
+    }
 }
 
 /// Heads of 256 with gradients: exact where the backward's tiles fit the workgroup memory (48 KiB on the H200),

@@ -9,11 +9,41 @@ use glslang::{
 use std::fmt::Write;
 
 const MATMUL_COOP: &str = "../../wgsl/matmul_coop.glsl";
+const FLASH_COMMON: &str = "../../wgsl/flash_attention_coop_common.glsl";
+/// The tensor-core flash-attention kernels, in the order of `FLASH_ATTENTION_COOP_SPIRV`.
+const FLASH_KERNELS: [&str; 3] = [
+    "../../wgsl/flash_attention_coop_forward.glsl",
+    "../../wgsl/flash_attention_coop_dq.glsl",
+    "../../wgsl/flash_attention_coop_dkv.glsl",
+];
 
 fn main() {
-    println!("cargo:rerun-if-changed={MATMUL_COOP}");
-    let source = std::fs::read_to_string(MATMUL_COOP).unwrap_or_else(|e| panic!("{MATMUL_COOP}: {e}"));
-    let mut out = String::from(
+    let mut out = String::new();
+    matmul_coop(&mut out);
+    flash_attention_coop(&mut out);
+    let dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
+    std::fs::write(format!("{dir}/spirv.rs"), out).expect("writing spirv.rs");
+}
+
+fn read(path: &str) -> String {
+    println!("cargo:rerun-if-changed={path}");
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// `&[...]` of the SPIR-V words of `source`, compiled as a compute shader; panics with glslang's log naming `what`.
+fn words(source: &str, what: &str) -> String {
+    let words = compile(source).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut out = String::from("&[");
+    for w in words {
+        write!(out, "{w:#x},").unwrap();
+    }
+    out.push_str("],\n");
+    out
+}
+
+fn matmul_coop(out: &mut String) {
+    let source = read(MATMUL_COOP);
+    out.push_str(
         "/// SPIR-V of `wgsl/matmul_coop.glsl`, indexed by `[A_ALONG_M][B_ALONG_K][OUTPUT]` (OUTPUT_F16, \
          OUTPUT_WIDE, OUTPUT_PARTIAL).\npub(crate) static MATMUL_COOP_SPIRV: [[[&[u32]; 3]; 2]; 2] = [\n",
     );
@@ -26,21 +56,27 @@ fn main() {
                     "#version 450\n#define A_ALONG_M {a_along_m}\n#define B_ALONG_K {b_along_k}\n\
                      #define OUTPUT_F16 0\n#define OUTPUT_WIDE 1\n#define OUTPUT_PARTIAL 2\n#define OUTPUT {output}\n"
                 );
-                let words = compile(&(header + source.as_str()))
-                    .unwrap_or_else(|e| panic!("{MATMUL_COOP} ({a_along_m} {b_along_k} {output}): {e}"));
-                out.push_str("&[");
-                for w in words {
-                    write!(out, "{w:#x},").unwrap();
-                }
-                out.push_str("],\n");
+                let what = format!("{MATMUL_COOP} ({a_along_m} {b_along_k} {output})");
+                out.push_str(&words(&(header + source.as_str()), &what));
             }
             out.push_str("],\n");
         }
         out.push_str("],\n");
     }
     out.push_str("];\n");
-    let dir = std::env::var("OUT_DIR").expect("cargo sets OUT_DIR");
-    std::fs::write(format!("{dir}/spirv.rs"), out).expect("writing spirv.rs");
+}
+
+fn flash_attention_coop(out: &mut String) {
+    let common = read(FLASH_COMMON);
+    out.push_str(
+        "/// SPIR-V of the tensor-core flash-attention kernels: forward, query gradients, key/value gradients.\n\
+         pub(crate) static FLASH_ATTENTION_COOP_SPIRV: [&[u32]; 3] = [\n",
+    );
+    for kernel in FLASH_KERNELS {
+        let source = format!("#version 450\n{common}{}", read(kernel));
+        out.push_str(&words(&source, kernel));
+    }
+    out.push_str("];\n");
 }
 
 /// SPIR-V for the compute shader `source` (GLSL 450, for Vulkan 1.2), or glslang's log.

@@ -9,6 +9,7 @@ use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Language};
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::attention::{MAX_HEAD_DIM, check_shapes, token_major, view_params};
+use crate::ops::flash_attention_coop;
 use crate::tensor::{Device, Tensor};
 
 const COMMON: &str = include_str!("../../../../wgsl/flash_attention_common.wgsl");
@@ -33,7 +34,9 @@ impl Tensor {
     /// `t` at position `q_start + t`, key `j` at `k_start + j`, keys after the query or (with a `window`) `window`
     /// or more positions before it are hidden. Query head `h` reads key/value head `h / (H / KVH)`. Inputs are
     /// read through any strides. Returns a new contiguous `[B, T, H, D]` tensor and records a backward rule for
-    /// all three inputs (f32 accumulation throughout, as torch). f32 only, `D <= 256`.
+    /// all three inputs (f32 accumulation throughout, as torch). f32 only, `D <= 256`. Inside `autocast(f16)`, on
+    /// GPUs with f16 cooperative matrices and for heads of 64, forward and backward run on tensor cores in torch's
+    /// autocast precision: inputs and probabilities rounded to f16, outputs and gradients too (held as f32).
     pub fn flash_attention(
         &self,
         k: &Tensor,
@@ -63,7 +66,8 @@ impl Tensor {
                 ),
             });
         }
-        let params = Params::new(q, k, v, [q_start, k_start], window);
+        let coop = flash_attention_coop::fits(q, k, v);
+        let params = Params::new(q, k, v, [q_start, k_start], window, coop);
         let out = output(OP, &[b, t, h, d], device)?;
         let lse = output(OP, &[b, h, t], device)?;
         if b * h * t > 0 && d > 0 {
@@ -161,7 +165,7 @@ fn output(op: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
     Ok(Tensor::from_buffer(buffer, shape, DType::F32, None))
 }
 
-/// The three kernels of the op.
+/// The three kernels of the op (numbered as the tensor-core ones).
 #[derive(Clone, Copy, Debug)]
 enum Kernel {
     Forward,
@@ -296,10 +300,19 @@ fn binding(index: usize, name: &str, written: bool, rows: Rows) -> String {
 struct Params {
     words: Vec<u32>,
     d: usize,
+    /// Whether the tensor-core kernels run (chosen with the forward, kept by its backward).
+    coop: bool,
 }
 
 impl Params {
-    fn new(q: &Tensor, k: &Tensor, v: &Tensor, [q_start, k_start]: [usize; 2], window: Option<usize>) -> Self {
+    fn new(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        [q_start, k_start]: [usize; 2],
+        window: Option<usize>,
+        coop: bool,
+    ) -> Self {
         let [b, h, t, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
         let (kvh, s) = (k.shape()[1], k.shape()[2]);
         let mut words = vec![
@@ -319,12 +332,15 @@ impl Params {
         // The backward writes each gradient in the order its input's view was cut from (see `backward`).
         words.push(token_major(q) as u32);
         words.push((token_major(k) && token_major(v)) as u32);
-        Params { words, d }
+        Params { words, d, coop }
     }
 
     /// Records `kernel` with `buffers` bound in the order of [`Kernel::parts`] over `rows` (query or key rows)
     /// of each of `heads` sequence heads.
     fn launch(&self, op: &str, kernel: Kernel, buffers: &[&Tensor], [rows, heads]: [usize; 2]) -> Result<()> {
+        if self.coop {
+            return flash_attention_coop::launch(op, kernel as usize, &self.words, buffers, [rows, heads]);
+        }
         let device: &Device = buffers[0].device();
         let d4 = self.d.div_ceil(4);
         let (per_workgroup, mut constants) = kernel

@@ -7,11 +7,11 @@ use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::error::Result;
 use crate::ops::matmul::{SumOutput, split_k, split_sum};
+use crate::ops::spirv::MATMUL_COOP_SPIRV;
 use crate::shape::Layout;
 use crate::tensor::Tensor;
 
 const MATMUL_COOP_GLSL: &str = include_str!("../../../../wgsl/matmul_coop.glsl");
-include!(concat!(env!("OUT_DIR"), "/spirv.rs"));
 
 /// Output tile of one workgroup (rows and columns) and the reduction steps staged at a time.
 const TILE_M: usize = 128;

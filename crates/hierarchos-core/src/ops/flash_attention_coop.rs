@@ -1,0 +1,73 @@
+//! Flash attention on tensor cores under `autocast(f16)`: the three kernels of [`Tensor::flash_attention`] with
+//! every product on cooperative matrices (`wgsl/flash_attention_coop_*.glsl`, compiled to SPIR-V at build time and
+//! passed through wgpu as is), in the precision of torch's flash attention under autocast: f16 operands and
+//! probabilities, f32 scores, statistics and sums. They take the same launch parameters and bindings as the
+//! portable kernels, so the op only chooses which to record.
+//!
+//! [`Tensor::flash_attention`]: crate::tensor::Tensor::flash_attention
+
+use hierarchos_wgpu::{DType, Dispatch, Language};
+
+use crate::autocast::autocast_dtype;
+use crate::error::Result;
+use crate::ops::spirv::FLASH_ATTENTION_COOP_SPIRV;
+use crate::tensor::{Device, Tensor};
+
+const COMMON: &str = include_str!("../../../../wgsl/flash_attention_coop_common.glsl");
+/// The GLSL of each kernel (for its bindings), in the order of `FLASH_ATTENTION_COOP_SPIRV`.
+const KERNELS: [&str; 3] = [
+    include_str!("../../../../wgsl/flash_attention_coop_forward.glsl"),
+    include_str!("../../../../wgsl/flash_attention_coop_dq.glsl"),
+    include_str!("../../../../wgsl/flash_attention_coop_dkv.glsl"),
+];
+/// Rows each workgroup owns (queries, or keys for the key/value gradients).
+const TILE: usize = 64;
+/// The one head size the kernels are written for (the 110M Llama shape's, and most small models').
+const HEAD: usize = 64;
+/// Workgroup memory the largest of the kernels declares (the key/value kernel: three f16 tiles, one f32 score
+/// tile and two rows of statistics).
+const WORKGROUP_BYTES: usize = 3 * TILE * 72 * 2 + TILE * 72 * 4 + 2 * TILE * 4;
+
+/// Whether attention of `q` over `k`, `v` (f32, `[B, H, T, D]` and `[B, KVH, S, D]`) runs on tensor cores: inside
+/// `autocast(f16)`, on an adapter with f16 cooperative matrices and subgroups of exactly 32, for heads of 64 read
+/// as vectors of four (unit stride along d; offsets and other strides multiples of 4).
+pub(crate) fn fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+    let device: &Device = q.device();
+    let caps = device.caps();
+    let quads = |x: &Tensor| {
+        let l = x.layout();
+        l.strides[3] == 1 && l.offset.is_multiple_of(4) && l.strides[..3].iter().all(|s| s.is_multiple_of(4))
+    };
+    autocast_dtype() == Some(DType::F16)
+        && caps.cooperative_matrix
+        && caps.f16
+        && caps.subgroups
+        && caps.subgroup_size == (32, 32)
+        && device.limits().max_compute_workgroup_storage_size as usize >= WORKGROUP_BYTES
+        && q.shape()[3] == HEAD
+        && [q, k, v].into_iter().all(quads)
+}
+
+/// Records kernel `index` (0 forward, 1 query gradients, 2 key/value gradients) with `buffers` bound as the
+/// portable kernel binds them, over `rows` (query or key rows) of each of `heads` sequence heads.
+pub(crate) fn launch(
+    op: &str,
+    index: usize,
+    words: &[u32],
+    buffers: &[&Tensor],
+    [rows, heads]: [usize; 2],
+) -> Result<()> {
+    let device: &Device = buffers[0].device();
+    let raw: Vec<_> = buffers.iter().map(|t| t.buffer()).collect();
+    device.dispatch(Dispatch {
+        op,
+        runtime_checks: false,
+        language: Language::Spirv(FLASH_ATTENTION_COOP_SPIRV[index]),
+        key: &format!("flash_attention_coop:{index}"),
+        source: &|| format!("{COMMON}{}", KERNELS[index]),
+        buffers: &raw,
+        params: words,
+        workgroups: [rows.div_ceil(TILE) as u32, heads as u32, 1],
+    })?;
+    Ok(())
+}

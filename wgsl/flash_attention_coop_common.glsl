@@ -1,0 +1,178 @@
+// Shared by the tensor-core flash-attention kernels (ops/flash_attention_coop.rs): causal attention under
+// autocast(f16) with every product on cooperative matrices (16 x 16 x 16, f16 operands, f32 accumulators), in
+// GLSL for Vulkan, compiled to SPIR-V at build time (hierarchos-core's build.rs prepends the `#version` line).
+//
+// The precision is flash attention's under autocast: q, k, v and the output gradient are rounded to f16 when they
+// are staged; scores, softmax statistics and every sum are f32; the probabilities P (and dS = P (dP - delta) in the
+// backward) are rounded to f16 to enter the products with v (and q, k); outputs and gradients are rounded to f16
+// and stored as f32, as the products of autocast are.
+//
+// A workgroup is four subgroups of 32; it owns a tile of TILE = 64 rows (queries for the forward and the query
+// gradients, keys for the key/value gradients), 16 per subgroup, and walks the tiles of the other side that its
+// rows see. Tiles are staged in workgroup memory as f16 rows of D = 64 halves padded to HS quads; a subgroup's
+// f32 products go through its 16 rows of a score tile (rows of FS quads), where lane l reads row l / 2, quads
+// 2i + l % 2 (i < 8): the eight lanes of a quarter-subgroup hit distinct banks. The Rust side launches these
+// kernels only for heads of 64, subgroups of 32, and views with unit stride along d and offsets and other strides
+// multiples of 4 (q, k and v are read as vectors of four f32).
+//
+// Parameters (u32 words), as flash_attention_common.wgsl: [B, H, T, S, group (H / KVH), q_start, k_start, window
+// (0: none), D, q offset, q strides (b, h, t, d), k offset and strides, v offset and strides, whether dq is stored
+// token-major, whether dk and dv are].
+
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x = 128) in;
+
+layout(std430, binding = 0) readonly buffer Params { uint p[]; };
+
+const uint D = 64;
+const uint TILE = 64;
+// Row strides of staged f16 tiles (f16vec4) and of f32 score tiles (vec4): 72 elements.
+const uint HS = 18;
+const uint FS = 18;
+
+const uint Q_AT = 9;
+const uint K_AT = 14;
+const uint V_AT = 19;
+const uint DQ_TOKEN_MAJOR = 24;
+const uint DKV_TOKEN_MAJOR = 25;
+
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define FRAG_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+#define NEG_INF uintBitsToFloat(0xff800000u)
+
+// Element offset of row (b, head, pos) of the view whose offset and strides start at p[at].
+uint view_base(uint at, uint b, uint head, uint pos) {
+    return p[at] + b * p[at + 1] + head * p[at + 2] + pos * p[at + 3];
+}
+
+// Element offset of row (b, head, pos) of a dense [B, T, H, D] tensor (the output and its gradient).
+uint token_base(uint b, uint head, uint pos) {
+    return ((b * p[2] + pos) * p[1] + head) * D;
+}
+
+// The keys query `t` sees: [first, end).
+uvec2 keys_seen(uint t) {
+    uint qpos = p[5] + t;
+    uint end = min(p[3], qpos + 1 - p[6]);
+    uint first = 0;
+    if (p[7] > 0 && qpos + 1 > p[7] + p[6]) {
+        first = qpos + 1 - p[7] - p[6];
+    }
+    return uvec2(first, end);
+}
+
+// The queries key `j` is seen by: [first, end).
+uvec2 queries_seeing(uint j) {
+    uint kpos = p[6] + j;
+    uint first = 0;
+    if (kpos > p[5]) {
+        first = min(p[2], kpos - p[5]);
+    }
+    uint end = p[2];
+    if (p[7] > 0) {
+        end = min(p[2], max(kpos + p[7], p[5]) - p[5]);
+    }
+    return uvec2(first, max(first, end));
+}
+
+// Whether query i (of the T) sees key j (of the S).
+bool visible(uint i, uint j) {
+    uint qpos = p[5] + i;
+    uint kpos = p[6] + j;
+    return i < p[2] && j < p[3] && kpos <= qpos && (p[7] == 0 || kpos + p[7] > qpos);
+}
+
+// Stages TILE rows from `row0` of `src` (an array of vec4) into the f16 tile `dst`, rows at or past `end` as
+// zeros; BASE is the element offset of row `row` (an expression in `row`). Every thread of the workgroup runs it.
+#define STAGE(dst, src, row0, end, BASE)                                                                        \
+    [[unroll]] for (uint e_ = 0; e_ < TILE * D / 4 / 128; e_++) {                                               \
+        uint i_ = gl_LocalInvocationIndex + 128 * e_;                                                           \
+        uint row = (row0) + i_ / (D / 4);                                                                       \
+        vec4 x_ = vec4(0.0);                                                                                    \
+        if (row < (end)) {                                                                                      \
+            x_ = src[((BASE) + 4 * (i_ % (D / 4))) / 4];                                                        \
+        }                                                                                                       \
+        dst[(i_ / (D / 4)) * HS + i_ % (D / 4)] = f16vec4(x_);                                                  \
+    }
+
+// The four 16 x 16 fragments of rows 16 * sg.. of the f16 tile `src`, as left operands (D = 64 along k).
+#define LOAD_ROWS(frags, src, sg)                                                                               \
+    [[unroll]] for (uint kk_ = 0; kk_ < 4; kk_++) {                                                             \
+        coopMatLoad(frags[kk_], src, (sg) * 16 * HS + kk_ * 4, HS, gl_CooperativeMatrixLayoutRowMajor);         \
+    }
+
+// acc[n] = a (16 x 64, four fragments along k) times the transpose of rows 16n.. of the f16 tile `tile`: the
+// products of the subgroup's 16 rows with every row of the tile (scores, or output-gradient products).
+#define TIMES_ROWS(acc, a, tile)                                                                                \
+    [[unroll]] for (uint n_ = 0; n_ < 4; n_++) {                                                                \
+        acc[n_] = FRAG_C(0.0);                                                                                  \
+    }                                                                                                           \
+    [[unroll]] for (uint kk_ = 0; kk_ < 4; kk_++) {                                                             \
+        [[unroll]] for (uint n_ = 0; n_ < 4; n_++) {                                                            \
+            FRAG_B b_;                                                                                          \
+            coopMatLoad(b_, tile, n_ * 16 * HS + kk_ * 4, HS, gl_CooperativeMatrixLayoutColumnMajor);           \
+            acc[n_] = coopMatMulAdd(a[kk_], b_, acc[n_]);                                                       \
+        }                                                                                                       \
+    }
+
+// acc[n] += rows 16 * sg.. of the f16 tile `lhs` (16 x 64) times the f16 tile `rhs` (64 x 64): probabilities or
+// score gradients into the rows they weigh.
+#define ACCUMULATE(acc, lhs, sg, rhs)                                                                           \
+    [[unroll]] for (uint kk_ = 0; kk_ < 4; kk_++) {                                                             \
+        FRAG_A a_;                                                                                              \
+        coopMatLoad(a_, lhs, (sg) * 16 * HS + kk_ * 4, HS, gl_CooperativeMatrixLayoutRowMajor);                 \
+        [[unroll]] for (uint n_ = 0; n_ < 4; n_++) {                                                            \
+            FRAG_B b_;                                                                                          \
+            coopMatLoad(b_, rhs, kk_ * 16 * HS + n_ * 4, HS, gl_CooperativeMatrixLayoutRowMajor);               \
+            acc[n_] = coopMatMulAdd(a_, b_, acc[n_]);                                                           \
+        }                                                                                                       \
+    }
+
+// The subgroup's 16 x 64 f32 fragments into its rows of the score tile `Ss`, visible to all its lanes after.
+#define SPILL(acc, sg)                                                                                          \
+    [[unroll]] for (uint n_ = 0; n_ < 4; n_++) {                                                                \
+        coopMatStore(acc[n_], Ss, (sg) * 16 * FS + n_ * 4, FS, gl_CooperativeMatrixLayoutRowMajor);             \
+    }                                                                                                           \
+    subgroupBarrier();
+
+// Quad i of the lane's row of a tile (see the layout above), as an index into a tile of stride `stride`.
+uint lane_quad(uint r, uint i, uint stride) {
+    return r * stride + 2 * i + gl_SubgroupInvocationID % 2;
+}
+
+// The column (within the tile) of element e of the lane's quad i.
+uint lane_column(uint i, uint e) {
+    return 4 * (2 * i + gl_SubgroupInvocationID % 2) + e;
+}
+
+// x rounded to the nearest f16 value (ties to even), as f32, in arithmetic on its bits: the driver folds a
+// conversion to f16 and straight back into nothing, packing through packHalf2x16 too.
+float round16(float x) {
+    float a = abs(x);
+    if (isnan(x)) {
+        return x;
+    }
+    if (a >= 65520.0) {
+        return uintBitsToFloat((floatBitsToUint(x) & 0x80000000u) | 0x7f800000u);
+    }
+    if (a < 6.103515625e-05) {
+        // Subnormal f16 values: multiples of 2^-24, exact in f32.
+        return roundEven(x * 16777216.0) / 16777216.0;
+    }
+    uint u = floatBitsToUint(x);
+    u += 0xfffu + ((u >> 13) & 1u);
+    return uintBitsToFloat(u & 0xffffe000u);
+}
+
+vec4 round16(vec4 x) {
+    return vec4(round16(x.x), round16(x.y), round16(x.z), round16(x.w));
+}

@@ -1,0 +1,108 @@
+// Flash-attention backward to the keys and values on tensor cores (after flash_attention_coop_common.glsl), as
+// flash_attention_dkv.wgsl, after the query kernel stored delta: dv_j = Σ_i p_ij dout_i and dk_j = Σ_i p_ij (dout_i
+// · v_j - delta_i) q_i over the queries of every query head reading this key/value head (GQA without repeats). A
+// workgroup takes 64 keys of one key/value head; each subgroup keeps its 16 rows of k and v in registers as
+// fragments and, for each tile of 64 queries (of each head of the group in turn), computes the transposed scores
+// and output-gradient products on tensor cores; each lane pair turns one key's row of them into f16
+// probabilities, then score gradients, which multiply the output gradients and the queries on tensor cores into
+// the subgroup's dv and dk fragments.
+
+layout(std430, binding = 1) writeonly buffer Dk { vec4 dk[]; };
+layout(std430, binding = 2) writeonly buffer Dv { vec4 dv[]; };
+layout(std430, binding = 3) readonly buffer Q { vec4 q[]; };
+layout(std430, binding = 4) readonly buffer K { vec4 k[]; };
+layout(std430, binding = 5) readonly buffer V { vec4 v[]; };
+layout(std430, binding = 6) readonly buffer Dout { vec4 dout[]; };
+layout(std430, binding = 7) readonly buffer Lse { float lse[]; };
+layout(std430, binding = 8) readonly buffer Delta { float delta[]; };
+
+// The queries and their output gradients (first the workgroup's keys and values), and each subgroup's
+// probabilities, then score gradients, in its own rows.
+shared f16vec4 Qs[TILE * HS];
+shared f16vec4 Gs[TILE * HS];
+shared f16vec4 Ps[TILE * HS];
+shared vec4 Ss[TILE * FS];
+shared float lse_s[TILE];
+shared float delta_s[TILE];
+
+// Stores the subgroup's 16 x 64 gradient fragments `frags` (f16-rounded) to `dst`, rows of keys before S only.
+#define STORE_KEYS(dst, frags)                                                                                  \
+    SPILL(frags, sg);                                                                                           \
+    if (j < S) {                                                                                                \
+        [[unroll]] for (uint i = 0; i < 8; i++) {                                                               \
+            dst[row * (D / 4) + 2 * i + gl_SubgroupInvocationID % 2] = round16(Ss[lane_quad(r, i, FS)]);        \
+        }                                                                                                       \
+    }                                                                                                           \
+    subgroupBarrier();
+
+void main() {
+    uint sg = gl_SubgroupID;
+    uint H = p[1];
+    uint T = p[2];
+    uint S = p[3];
+    uint group = p[4];
+    uint kvh = H / group;
+    uint b = gl_WorkGroupID.y / kvh;
+    uint kh = gl_WorkGroupID.y % kvh;
+    uint j0 = gl_WorkGroupID.x * TILE;
+    uint r = sg * 16 + gl_SubgroupInvocationID / 2;
+    uint j = j0 + r;
+    STAGE(Qs, k, j0, S, view_base(K_AT, b, kh, row));
+    STAGE(Gs, v, j0, S, view_base(V_AT, b, kh, row));
+    barrier();
+    FRAG_A ka[4];
+    FRAG_A va[4];
+    LOAD_ROWS(ka, Qs, sg);
+    LOAD_ROWS(va, Gs, sg);
+    uint tile_first = queries_seeing(j0).x;
+    uint tile_end = queries_seeing(min(j0 + TILE, S) - 1).y;
+    uint tiles = (tile_end - tile_first + TILE - 1) / TILE;
+    FRAG_C dkc[4];
+    FRAG_C dvc[4];
+    [[unroll]] for (uint n = 0; n < 4; n++) {
+        dkc[n] = FRAG_C(0.0);
+        dvc[n] = FRAG_C(0.0);
+    }
+    for (uint round_ = 0; round_ < group * tiles; round_++) {
+        uint head = kh * group + round_ / tiles;
+        uint i0 = tile_first + (round_ % tiles) * TILE;
+        barrier();
+        STAGE(Qs, q, i0, tile_end, view_base(Q_AT, b, head, row));
+        STAGE(Gs, dout, i0, tile_end, token_base(b, head, row));
+        if (gl_LocalInvocationIndex < TILE) {
+            uint at = (b * H + head) * T + min(i0 + gl_LocalInvocationIndex, T - 1);
+            lse_s[gl_LocalInvocationIndex] = lse[at];
+            delta_s[gl_LocalInvocationIndex] = delta[at];
+        }
+        barrier();
+        FRAG_C acc[4];
+        TIMES_ROWS(acc, ka, Qs);
+        SPILL(acc, sg);
+        vec4 pr[8];
+        [[unroll]] for (uint i = 0; i < 8; i++) {
+            vec4 s = Ss[lane_quad(r, i, FS)];
+            [[unroll]] for (uint e = 0; e < 4; e++) {
+                uint c = lane_column(i, e);
+                pr[i][e] = visible(i0 + c, j) ? exp(s[e] - lse_s[c]) : 0.0;
+            }
+            Ps[lane_quad(r, i, HS)] = f16vec4(pr[i]);
+        }
+        subgroupBarrier();
+        ACCUMULATE(dvc, Ps, sg, Gs);
+        TIMES_ROWS(acc, va, Gs);
+        SPILL(acc, sg);
+        [[unroll]] for (uint i = 0; i < 8; i++) {
+            vec4 dp = Ss[lane_quad(r, i, FS)];
+            vec4 ds;
+            [[unroll]] for (uint e = 0; e < 4; e++) {
+                ds[e] = pr[i][e] * (dp[e] - delta_s[lane_column(i, e)]);
+            }
+            Ps[lane_quad(r, i, HS)] = f16vec4(ds);
+        }
+        subgroupBarrier();
+        ACCUMULATE(dkc, Ps, sg, Qs);
+    }
+    uint row = p[DKV_TOKEN_MAJOR] != 0 ? (b * S + j) * kvh + kh : (b * kvh + kh) * S + j;
+    STORE_KEYS(dk, dkc);
+    STORE_KEYS(dv, dvc);
+}

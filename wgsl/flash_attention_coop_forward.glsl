@@ -1,0 +1,94 @@
+// Flash-attention forward on tensor cores (after flash_attention_coop_common.glsl): out[b, t, h] = Σ_j
+// softmax_j(q · k_j) v_j and the log-sum-exp of each row, as flash_attention_forward.wgsl. A workgroup takes 64
+// query rows of one head; each subgroup keeps its 16 rows of q in registers as fragments and, for each tile of 64
+// keys and values, computes its 16 x 64 scores on tensor cores, then each lane pair updates the online softmax of
+// one row from the spilled scores (lane l: row l / 2) and writes that row's f16 probabilities over the staged
+// queries (no longer needed), which multiply the values on tensor cores; the lanes rescale and add the spilled
+// result to the row's output, which they keep in registers (32 elements each).
+
+layout(std430, binding = 1) writeonly buffer Out { vec4 out_[]; };
+layout(std430, binding = 2) writeonly buffer Lse { float lse[]; };
+layout(std430, binding = 3) readonly buffer Q { vec4 q[]; };
+layout(std430, binding = 4) readonly buffer K { vec4 k[]; };
+layout(std430, binding = 5) readonly buffer V { vec4 v[]; };
+
+// The queries, then each subgroup's probabilities in its own rows.
+shared f16vec4 QPs[TILE * HS];
+shared f16vec4 Ks[TILE * HS];
+shared f16vec4 Vs[TILE * HS];
+shared vec4 Ss[TILE * FS];
+
+void main() {
+    uint sg = gl_SubgroupID;
+    uint H = p[1];
+    uint T = p[2];
+    uint b = gl_WorkGroupID.y / H;
+    uint head = gl_WorkGroupID.y % H;
+    uint kh = head / p[4];
+    uint t0 = gl_WorkGroupID.x * TILE;
+    uint r = sg * 16 + gl_SubgroupInvocationID / 2;
+    uint t = t0 + r;
+    STAGE(QPs, q, t0, T, view_base(Q_AT, b, head, row));
+    barrier();
+    FRAG_A qa[4];
+    LOAD_ROWS(qa, QPs, sg);
+    uvec2 seen = keys_seen(min(t, T - 1));
+    uint tile_first = keys_seen(t0).x;
+    uint tile_end = keys_seen(min(t0 + TILE, T) - 1).y;
+    float m = NEG_INF;
+    float l = 0.0;
+    vec4 o[8];
+    [[unroll]] for (uint i = 0; i < 8; i++) {
+        o[i] = vec4(0.0);
+    }
+    for (uint j0 = tile_first; j0 < tile_end; j0 += TILE) {
+        barrier();
+        STAGE(Ks, k, j0, tile_end, view_base(K_AT, b, kh, row));
+        STAGE(Vs, v, j0, tile_end, view_base(V_AT, b, kh, row));
+        barrier();
+        FRAG_C acc[4];
+        TIMES_ROWS(acc, qa, Ks);
+        SPILL(acc, sg);
+        vec4 s[8];
+        float mx = m;
+        [[unroll]] for (uint i = 0; i < 8; i++) {
+            s[i] = Ss[lane_quad(r, i, FS)];
+            [[unroll]] for (uint e = 0; e < 4; e++) {
+                uint j = j0 + lane_column(i, e);
+                s[i][e] = (j >= seen.x && j < seen.y) ? s[i][e] : NEG_INF;
+            }
+            mx = max(mx, max(max(s[i].x, s[i].y), max(s[i].z, s[i].w)));
+        }
+        mx = max(mx, subgroupShuffleXor(mx, 1));
+        // A row that has seen no key yet keeps m = -inf and weighs nothing.
+        float alpha = mx == NEG_INF ? 1.0 : exp(m - mx);
+        float sum = 0.0;
+        [[unroll]] for (uint i = 0; i < 8; i++) {
+            vec4 pr = mx == NEG_INF ? vec4(0.0) : exp(s[i] - mx);
+            sum += (pr.x + pr.y) + (pr.z + pr.w);
+            QPs[lane_quad(r, i, HS)] = f16vec4(pr);
+            o[i] *= alpha;
+        }
+        l = l * alpha + sum + subgroupShuffleXor(sum, 1);
+        m = mx;
+        subgroupBarrier();
+        [[unroll]] for (uint n = 0; n < 4; n++) {
+            acc[n] = FRAG_C(0.0);
+        }
+        ACCUMULATE(acc, QPs, sg, Vs);
+        SPILL(acc, sg);
+        [[unroll]] for (uint i = 0; i < 8; i++) {
+            o[i] += Ss[lane_quad(r, i, FS)];
+        }
+    }
+    if (t < T) {
+        float inv = 1.0 / l;
+        uint ob = token_base(b, head, t) / 4;
+        [[unroll]] for (uint i = 0; i < 8; i++) {
+            out_[ob + 2 * i + gl_SubgroupInvocationID % 2] = round16(o[i] * inv);
+        }
+        if (gl_SubgroupInvocationID % 2 == 0) {
+            lse[(b * H + head) * T + t] = m + log(l);
+        }
+    }
+}
