@@ -1,6 +1,8 @@
 //! Mixed precision in the manner of `torch.autocast`: inside [`autocast`], matrix products of f32 operands run in
 //! a 16-bit dtype (f16 on tensor cores where the adapter has them) and hand back f32, while every other op stays
-//! in f32. The casts record backward rules, so f32 parameters (the master weights) receive f32 gradients.
+//! in f32, except flash attention, which under f16 runs on tensor cores too where it can (heads of 64; see
+//! [`Tensor::flash_attention`](crate::Tensor::flash_attention)). The casts record backward rules, so f32
+//! parameters (the master weights) receive f32 gradients.
 
 use std::cell::Cell;
 

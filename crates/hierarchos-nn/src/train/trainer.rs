@@ -120,6 +120,16 @@ impl<'m> Trainer<'m> {
         if sequences == 0 {
             return Err(Error::Invalid("the training data holds no sequence".into()));
         }
+        if config.precision == Precision::Bf16
+            && params
+                .first()
+                .is_some_and(|(_, p)| p.device().caps().cooperative_matrix)
+        {
+            tracing::warn!(
+                "bf16 products run on the portable kernels (wgpu exposes no bf16 tensor cores); f16 runs products \
+                 and attention on this GPU's tensor cores, several times faster"
+            );
+        }
         Ok(Trainer {
             lm,
             params,
