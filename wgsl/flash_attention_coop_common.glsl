@@ -91,6 +91,35 @@ bool visible(uint i, uint j) {
     return i < p[2] && j < p[3] && kpos <= qpos && (p[7] == 0 || kpos + p[7] > qpos);
 }
 
+// The lane's row within its workgroup's tile: subgroup sg owns rows 16 sg.., a lane pair each.
+uint lane_row() {
+    return gl_SubgroupID * 16 + gl_SubgroupInvocationID / 2;
+}
+
+// The query tile of a forward or query-gradient workgroup: batch b, query head and the key/value head kh it
+// reads, first row t0, the lane's query t, and the keys any row of the tile sees, [first, end).
+struct QueryTile {
+    uint b;
+    uint head;
+    uint kh;
+    uint t0;
+    uint t;
+    uint first;
+    uint end;
+};
+
+QueryTile query_tile() {
+    QueryTile q;
+    q.b = gl_WorkGroupID.y / p[1];
+    q.head = gl_WorkGroupID.y % p[1];
+    q.kh = q.head / p[4];
+    q.t0 = gl_WorkGroupID.x * TILE;
+    q.t = q.t0 + lane_row();
+    q.first = keys_seen(q.t0).x;
+    q.end = keys_seen(min(q.t0 + TILE, p[2]) - 1).y;
+    return q;
+}
+
 // Stages TILE rows from `row0` of `src` (an array of vec4) into the f16 tile `dst`, rows at or past `end` as
 // zeros; BASE is the element offset of row `row` (an expression in `row`). Every thread of the workgroup runs it.
 #define STAGE(dst, src, row0, end, BASE)                                                                        \

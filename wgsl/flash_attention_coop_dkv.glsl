@@ -45,7 +45,7 @@ void main() {
     uint b = gl_WorkGroupID.y / kvh;
     uint kh = gl_WorkGroupID.y % kvh;
     uint j0 = gl_WorkGroupID.x * TILE;
-    uint r = sg * 16 + gl_SubgroupInvocationID / 2;
+    uint r = lane_row();
     uint j = j0 + r;
     STAGE(Qs, k, j0, S, view_base(K_AT, b, kh, row));
     STAGE(Gs, v, j0, S, view_base(V_AT, b, kh, row));

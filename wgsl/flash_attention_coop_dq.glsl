@@ -25,42 +25,36 @@ void main() {
     uint sg = gl_SubgroupID;
     uint H = p[1];
     uint T = p[2];
-    uint b = gl_WorkGroupID.y / H;
-    uint head = gl_WorkGroupID.y % H;
-    uint kh = head / p[4];
-    uint t0 = gl_WorkGroupID.x * TILE;
-    uint r = sg * 16 + gl_SubgroupInvocationID / 2;
-    uint t = t0 + r;
-    STAGE(DSs, q, t0, T, view_base(Q_AT, b, head, row));
-    STAGE(Ks, dout, t0, T, token_base(b, head, row));
+    uint r = lane_row();
+    QueryTile tile = query_tile();
+    STAGE(DSs, q, tile.t0, T, view_base(Q_AT, tile.b, tile.head, row));
+    STAGE(Ks, dout, tile.t0, T, token_base(tile.b, tile.head, row));
     barrier();
     FRAG_A qa[4];
     FRAG_A ga[4];
     LOAD_ROWS(qa, DSs, sg);
     LOAD_ROWS(ga, Ks, sg);
     // delta of the lane's row, in f32 from the stored output and its gradient.
-    uint tc = min(t, T - 1);
+    uint tc = min(tile.t, T - 1);
     float delta = 0.0;
     [[unroll]] for (uint i = 0; i < 8; i++) {
-        uint at = token_base(b, head, tc) / 4 + 2 * i + gl_SubgroupInvocationID % 2;
+        uint at = token_base(tile.b, tile.head, tc) / 4 + 2 * i + gl_SubgroupInvocationID % 2;
         delta += dot(dout[at], out_[at]);
     }
     delta += subgroupShuffleXor(delta, 1);
-    if (t < T && gl_SubgroupInvocationID % 2 == 0) {
-        delta_out[(b * H + head) * T + t] = delta;
+    if (tile.t < T && gl_SubgroupInvocationID % 2 == 0) {
+        delta_out[(tile.b * H + tile.head) * T + tile.t] = delta;
     }
-    float row_lse = lse[(b * H + head) * T + tc];
+    float row_lse = lse[(tile.b * H + tile.head) * T + tc];
     uvec2 seen = keys_seen(tc);
-    uint tile_first = keys_seen(t0).x;
-    uint tile_end = keys_seen(min(t0 + TILE, T) - 1).y;
     FRAG_C dqc[4];
     [[unroll]] for (uint n = 0; n < 4; n++) {
         dqc[n] = FRAG_C(0.0);
     }
-    for (uint j0 = tile_first; j0 < tile_end; j0 += TILE) {
+    for (uint j0 = tile.first; j0 < tile.end; j0 += TILE) {
         barrier();
-        STAGE(Ks, k, j0, tile_end, view_base(K_AT, b, kh, row));
-        STAGE(Vs, v, j0, tile_end, view_base(V_AT, b, kh, row));
+        STAGE(Ks, k, j0, tile.end, view_base(K_AT, tile.b, tile.kh, row));
+        STAGE(Vs, v, j0, tile.end, view_base(V_AT, tile.b, tile.kh, row));
         barrier();
         FRAG_C acc[4];
         TIMES_ROWS(acc, qa, Ks);
@@ -83,8 +77,11 @@ void main() {
         ACCUMULATE(dqc, DSs, sg, Ks);
     }
     SPILL(dqc, sg);
-    if (t < T) {
-        uint row = p[DQ_TOKEN_MAJOR] != 0 ? (b * T + t) * H + head : (b * H + head) * T + t;
+    if (tile.t < T) {
+        uint row = (tile.b * H + tile.head) * T + tile.t;
+        if (p[DQ_TOKEN_MAJOR] != 0) {
+            row = (tile.b * T + tile.t) * H + tile.head;
+        }
         [[unroll]] for (uint i = 0; i < 8; i++) {
             dq[row * (D / 4) + 2 * i + gl_SubgroupInvocationID % 2] = round16(Ss[lane_quad(r, i, FS)]);
         }

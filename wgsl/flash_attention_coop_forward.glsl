@@ -22,29 +22,23 @@ void main() {
     uint sg = gl_SubgroupID;
     uint H = p[1];
     uint T = p[2];
-    uint b = gl_WorkGroupID.y / H;
-    uint head = gl_WorkGroupID.y % H;
-    uint kh = head / p[4];
-    uint t0 = gl_WorkGroupID.x * TILE;
-    uint r = sg * 16 + gl_SubgroupInvocationID / 2;
-    uint t = t0 + r;
-    STAGE(QPs, q, t0, T, view_base(Q_AT, b, head, row));
+    uint r = lane_row();
+    QueryTile tile = query_tile();
+    STAGE(QPs, q, tile.t0, T, view_base(Q_AT, tile.b, tile.head, row));
     barrier();
     FRAG_A qa[4];
     LOAD_ROWS(qa, QPs, sg);
-    uvec2 seen = keys_seen(min(t, T - 1));
-    uint tile_first = keys_seen(t0).x;
-    uint tile_end = keys_seen(min(t0 + TILE, T) - 1).y;
+    uvec2 seen = keys_seen(min(tile.t, T - 1));
     float m = NEG_INF;
     float l = 0.0;
     vec4 o[8];
     [[unroll]] for (uint i = 0; i < 8; i++) {
         o[i] = vec4(0.0);
     }
-    for (uint j0 = tile_first; j0 < tile_end; j0 += TILE) {
+    for (uint j0 = tile.first; j0 < tile.end; j0 += TILE) {
         barrier();
-        STAGE(Ks, k, j0, tile_end, view_base(K_AT, b, kh, row));
-        STAGE(Vs, v, j0, tile_end, view_base(V_AT, b, kh, row));
+        STAGE(Ks, k, j0, tile.end, view_base(K_AT, tile.b, tile.kh, row));
+        STAGE(Vs, v, j0, tile.end, view_base(V_AT, tile.b, tile.kh, row));
         barrier();
         FRAG_C acc[4];
         TIMES_ROWS(acc, qa, Ks);
@@ -81,14 +75,14 @@ void main() {
             o[i] += Ss[lane_quad(r, i, FS)];
         }
     }
-    if (t < T) {
+    if (tile.t < T) {
         float inv = 1.0 / l;
-        uint ob = token_base(b, head, t) / 4;
+        uint ob = token_base(tile.b, tile.head, tile.t) / 4;
         [[unroll]] for (uint i = 0; i < 8; i++) {
             out_[ob + 2 * i + gl_SubgroupInvocationID % 2] = round16(o[i] * inv);
         }
         if (gl_SubgroupInvocationID % 2 == 0) {
-            lse[(b * H + head) * T + t] = m + log(l);
+            lse[(tile.b * H + tile.head) * T + tile.t] = m + log(l);
         }
     }
 }
