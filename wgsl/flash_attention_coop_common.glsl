@@ -120,17 +120,34 @@ QueryTile query_tile() {
     return q;
 }
 
-// Stages TILE rows from `row0` of `src` (an array of vec4) into the f16 tile `dst`, rows at or past `end` as
-// zeros; BASE is the element offset of row `row` (an expression in `row`). Every thread of the workgroup runs it.
-#define STAGE(dst, src, row0, end, BASE)                                                                        \
-    [[unroll]] for (uint e_ = 0; e_ < TILE * D / 4 / 128; e_++) {                                               \
+// Quads of a tile each thread stages (TILE rows of D / 4 quads over 128 threads).
+const uint STAGED = TILE * D / 4 / 128;
+
+// Fetches into `regs` (vec4[STAGED]) the quads of TILE rows from `row0` of `src` (an array of vec4) that this
+// thread stages, rows at or past `end` (> row0) as zeros; BASE is the element offset of row `row` (an expression
+// in `row`). Addresses are clamped into the rows and every load is issued, so that none waits on a branch: the
+// loops fetch the next tile this way before they multiply the current one, whose loads are then in flight.
+#define FETCH(regs, src, row0, end, BASE)                                                                       \
+    [[unroll]] for (uint e_ = 0; e_ < STAGED; e_++) {                                                           \
         uint i_ = gl_LocalInvocationIndex + 128 * e_;                                                           \
-        uint row = (row0) + i_ / (D / 4);                                                                       \
-        vec4 x_ = vec4(0.0);                                                                                    \
-        if (row < (end)) {                                                                                      \
-            x_ = src[((BASE) + 4 * (i_ % (D / 4))) / 4];                                                        \
-        }                                                                                                       \
-        dst[(i_ / (D / 4)) * HS + i_ % (D / 4)] = f16vec4(x_);                                                  \
+        uint row = min((row0) + i_ / (D / 4), (end) - 1);                                                       \
+        vec4 x_ = src[((BASE) + 4 * (i_ % (D / 4))) / 4];                                                       \
+        regs[e_] = (row0) + i_ / (D / 4) < (end) ? x_ : vec4(0.0);                                              \
+    }
+
+// Stores fetched quads into the f16 tile `dst`, rounded to f16. Every thread of the workgroup runs it.
+#define PUT(dst, regs)                                                                                          \
+    [[unroll]] for (uint e_ = 0; e_ < STAGED; e_++) {                                                           \
+        uint i_ = gl_LocalInvocationIndex + 128 * e_;                                                           \
+        dst[(i_ / (D / 4)) * HS + i_ % (D / 4)] = f16vec4(regs[e_]);                                            \
+    }
+
+// FETCH then PUT, for the tiles staged once.
+#define STAGE(dst, src, row0, end, BASE)                                                                        \
+    {                                                                                                           \
+        vec4 staged_[STAGED];                                                                                   \
+        FETCH(staged_, src, row0, end, BASE);                                                                   \
+        PUT(dst, staged_);                                                                                      \
     }
 
 // The four 16 x 16 fragments of rows 16 * sg.. of the f16 tile `src`, as left operands (D = 64 along k).

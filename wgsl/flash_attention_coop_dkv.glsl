@@ -35,6 +35,17 @@ shared float delta_s[TILE];
     }                                                                                                           \
     subgroupBarrier();
 
+// Fetches the query tile from row i0 of query head `head`: q and dout into qr and gr, lse and delta into lse_r and
+// delta_r.
+#define FETCH_QUERIES(head, i0)                                                                                 \
+    {                                                                                                           \
+        FETCH(qr, q, i0, tile_end, view_base(Q_AT, b, head, row));                                              \
+        FETCH(gr, dout, i0, tile_end, token_base(b, head, row));                                                \
+        uint at_ = (b * H + (head)) * T + min((i0) + gl_LocalInvocationIndex % TILE, T - 1);                   \
+        lse_r = lse[at_];                                                                                       \
+        delta_r = delta[at_];                                                                                   \
+    }
+
 void main() {
     uint sg = gl_SubgroupID;
     uint H = p[1];
@@ -63,18 +74,28 @@ void main() {
         dkc[n] = FRAG_C(0.0);
         dvc[n] = FRAG_C(0.0);
     }
+    // Rounds over the query tiles of every head of the group, each tile fetched a round ahead (with its
+    // statistics, which threads lid < TILE stage).
+    vec4 qr[STAGED];
+    vec4 gr[STAGED];
+    float lse_r = 0.0;
+    float delta_r = 0.0;
+    if (tiles > 0) {
+        FETCH_QUERIES(kh * group, tile_first);
+    }
     for (uint round_ = 0; round_ < group * tiles; round_++) {
-        uint head = kh * group + round_ / tiles;
         uint i0 = tile_first + (round_ % tiles) * TILE;
         barrier();
-        STAGE(Qs, q, i0, tile_end, view_base(Q_AT, b, head, row));
-        STAGE(Gs, dout, i0, tile_end, token_base(b, head, row));
+        PUT(Qs, qr);
+        PUT(Gs, gr);
         if (gl_LocalInvocationIndex < TILE) {
-            uint at = (b * H + head) * T + min(i0 + gl_LocalInvocationIndex, T - 1);
-            lse_s[gl_LocalInvocationIndex] = lse[at];
-            delta_s[gl_LocalInvocationIndex] = delta[at];
+            lse_s[gl_LocalInvocationIndex] = lse_r;
+            delta_s[gl_LocalInvocationIndex] = delta_r;
         }
         barrier();
+        if (round_ + 1 < group * tiles) {
+            FETCH_QUERIES(kh * group + (round_ + 1) / tiles, tile_first + ((round_ + 1) % tiles) * TILE);
+        }
         FRAG_C acc[4];
         TIMES_ROWS(acc, ka, Qs);
         SPILL(acc, sg);

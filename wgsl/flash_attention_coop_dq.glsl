@@ -51,11 +51,20 @@ void main() {
     [[unroll]] for (uint n = 0; n < 4; n++) {
         dqc[n] = FRAG_C(0.0);
     }
+    // Key and value tiles, each fetched a round ahead.
+    vec4 kr[STAGED];
+    vec4 vr[STAGED];
+    FETCH(kr, k, tile.first, tile.end, view_base(K_AT, tile.b, tile.kh, row));
+    FETCH(vr, v, tile.first, tile.end, view_base(V_AT, tile.b, tile.kh, row));
     for (uint j0 = tile.first; j0 < tile.end; j0 += TILE) {
         barrier();
-        STAGE(Ks, k, j0, tile.end, view_base(K_AT, tile.b, tile.kh, row));
-        STAGE(Vs, v, j0, tile.end, view_base(V_AT, tile.b, tile.kh, row));
+        PUT(Ks, kr);
+        PUT(Vs, vr);
         barrier();
+        if (j0 + TILE < tile.end) {
+            FETCH(kr, k, j0 + TILE, tile.end, view_base(K_AT, tile.b, tile.kh, row));
+            FETCH(vr, v, j0 + TILE, tile.end, view_base(V_AT, tile.b, tile.kh, row));
+        }
         FRAG_C acc[4];
         TIMES_ROWS(acc, qa, Ks);
         SPILL(acc, sg);
