@@ -30,6 +30,8 @@ fn cached_attention_matches_reference() {
         case((1, 4, 2), (5, 17, 64), (12, 0, Some(4))),
         case((2, 9, 3), (1, 17, 3), (20, 4, Some(6))),
         case((2, 4, 2), (1, 17, 8), (20, 4, Some(100))),
+        // A window past the kernel's 32-bit positions: no window.
+        case((1, 2, 1), (2, 17, 8), (19, 4, Some(u32::MAX as usize))),
         // Prefill: the queries are the keys (square causal mask), with and without a window of 1 (only itself).
         case((1, 4, 2), (17, 17, 8), (0, 0, None)),
         case((2, 3, 1), (5, 5, 8), (9, 9, Some(1))),

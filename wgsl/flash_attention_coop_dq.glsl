@@ -39,7 +39,7 @@ void main() {
     float delta = 0.0;
     [[unroll]] for (uint i = 0; i < 8; i++) {
         uint at = token_base(tile.b, tile.head, tc) / 4 + 2 * i + gl_SubgroupInvocationID % 2;
-        delta += dot(dout[at], out_[at]);
+        delta += dot(round16(dout[at]), out_[at]);
     }
     delta += subgroupShuffleXor(delta, 1);
     if (tile.t < T && gl_SubgroupInvocationID % 2 == 0) {

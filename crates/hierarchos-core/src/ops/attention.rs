@@ -31,6 +31,17 @@ pub(crate) fn token_major(x: &Tensor) -> bool {
     x.rank() == 4 && x.layout().strides[2] > x.layout().strides[1]
 }
 
+/// The window word of the attention kernels' parameters: 0 (none) for no window, and for one too wide to hide
+/// any key from queries `q_start..q_start + t` over keys from `k_start`, so that the kernels' u32 arithmetic on
+/// positions plus the window cannot overflow.
+pub(crate) fn window_word(window: Option<usize>, q_start: usize, t: usize, k_start: usize) -> u32 {
+    match window {
+        // Some query at position q sees key k only if k + w > q: the widest gap is the last query's to the first key.
+        Some(w) if w.checked_add(k_start).is_some_and(|edge| edge < q_start + t) => w as u32,
+        _ => 0,
+    }
+}
+
 /// Offset and the four element strides of a rank-4 view, as the kernel reads them.
 pub(crate) fn view_params(t: &Tensor) -> [u32; 5] {
     let l = t.layout();
@@ -331,7 +342,7 @@ fn launch(
         (h / kvh) as u32,
         q_start as u32,
         k_start as u32,
-        window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
+        window_word(window, q_start, t, k_start),
     ];
     for view in [q, k, v] {
         params.extend(view_params(view));

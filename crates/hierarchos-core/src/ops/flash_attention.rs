@@ -8,7 +8,7 @@ use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Language};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
-use crate::ops::attention::{MAX_HEAD_DIM, check_shapes, token_major, view_params};
+use crate::ops::attention::{MAX_HEAD_DIM, check_shapes, token_major, view_params, window_word};
 use crate::ops::flash_attention_coop;
 use crate::tensor::{Device, Tensor};
 
@@ -126,7 +126,11 @@ fn backward(params: &Params, [q, k, v]: [&Tensor; 3], out: &Tensor, lse: &Tensor
     let device = q.device();
     let [b, h, t, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
     let (kvh, s) = (k.shape()[1], k.shape()[2]);
-    let g = g.contiguous()?;
+    // The kernels read the output gradient as a dense array from the start of its buffer.
+    let g = match g.is_contiguous() && g.layout().offset == 0 {
+        true => g.clone(),
+        false => g.copy()?,
+    };
     if b * h * t == 0 || d == 0 {
         // Nothing attends: zero gradients (keys and values may still have elements).
         return [q, k, v]
@@ -323,7 +327,7 @@ impl Params {
             (h / kvh.max(1)) as u32,
             q_start as u32,
             k_start as u32,
-            window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
+            window_word(window, q_start, t, k_start),
             d as u32,
         ];
         for view in [q, k, v] {
