@@ -34,12 +34,12 @@ void main() {
     FRAG_A ga[4];
     LOAD_ROWS(qa, DSs, sg);
     LOAD_ROWS(ga, Ks, sg);
-    // delta of the lane's row, in f32 from the stored output and its gradient.
+    // delta of the lane's row, in f32 from the stored output and the staged (f16) output gradient.
     uint tc = min(tile.t, T - 1);
     float delta = 0.0;
     [[unroll]] for (uint i = 0; i < 8; i++) {
         uint at = token_base(tile.b, tile.head, tc) / 4 + 2 * i + gl_SubgroupInvocationID % 2;
-        delta += dot(round16(dout[at]), out_[at]);
+        delta += dot(vec4(Ks[lane_quad(r, i, HS)]), out_[at]);
     }
     delta += subgroupShuffleXor(delta, 1);
     if (tile.t < T && gl_SubgroupInvocationID % 2 == 0) {
