@@ -84,13 +84,6 @@ uvec2 queries_seeing(uint j) {
     return uvec2(first, max(first, end));
 }
 
-// Whether query i (of the T) sees key j (of the S).
-bool visible(uint i, uint j) {
-    uint qpos = p[5] + i;
-    uint kpos = p[6] + j;
-    return i < p[2] && j < p[3] && kpos <= qpos && (p[7] == 0 || kpos + p[7] > qpos);
-}
-
 // The lane's row within its workgroup's tile: subgroup sg owns rows 16 sg.., a lane pair each.
 uint lane_row() {
     return gl_SubgroupID * 16 + gl_SubgroupInvocationID / 2;

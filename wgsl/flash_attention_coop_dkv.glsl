@@ -68,6 +68,8 @@ void main() {
     uint tile_first = queries_seeing(j0).x;
     uint tile_end = queries_seeing(min(j0 + TILE, S) - 1).y;
     uint tiles = (tile_end - tile_first + TILE - 1) / TILE;
+    // The queries that see the lane's key (none past the keys).
+    uvec2 seeing = j < S ? queries_seeing(j) : uvec2(0);
     FRAG_C dkc[4];
     FRAG_C dvc[4];
     [[unroll]] for (uint n = 0; n < 4; n++) {
@@ -104,7 +106,7 @@ void main() {
             vec4 s = Ss[lane_quad(r, i, FS)];
             [[unroll]] for (uint e = 0; e < 4; e++) {
                 uint c = lane_column(i, e);
-                pr[i][e] = visible(i0 + c, j) ? exp(s[e] - lse_s[c]) : 0.0;
+                pr[i][e] = i0 + c >= seeing.x && i0 + c < seeing.y ? exp(s[e] - lse_s[c]) : 0.0;
             }
             Ps[lane_quad(r, i, HS)] = f16vec4(pr[i]);
         }
