@@ -183,14 +183,19 @@ const uint STAGED = TILE * D / 4 / 128;
     }                                                                                                           \
     subgroupBarrier();
 
-// Quad i of the lane's row of a tile (see the layout above), as an index into a tile of stride `stride`.
+// The column quad (within a row of the tile) of the lane's quad i (see the layout above).
+uint lane_column_quad(uint i) {
+    return 2 * i + gl_SubgroupInvocationID % 2;
+}
+
+// Quad i of the lane's row r of a tile, as an index into a tile of stride `stride`.
 uint lane_quad(uint r, uint i, uint stride) {
-    return r * stride + 2 * i + gl_SubgroupInvocationID % 2;
+    return r * stride + lane_column_quad(i);
 }
 
 // The column (within the tile) of element e of the lane's quad i.
 uint lane_column(uint i, uint e) {
-    return 4 * (2 * i + gl_SubgroupInvocationID % 2) + e;
+    return 4 * lane_column_quad(i) + e;
 }
 
 // x rounded to the nearest f16 value (ties to even), as f32, in arithmetic on its bits: the driver folds a

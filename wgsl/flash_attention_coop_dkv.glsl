@@ -22,15 +22,16 @@ shared f16vec4 Qs[TILE * HS];
 shared f16vec4 Gs[TILE * HS];
 shared f16vec4 Ps[TILE * HS];
 shared vec4 Ss[TILE * FS];
-shared float lse_s[TILE];
-shared float delta_s[TILE];
+// The staged queries' lse and delta, four to a vector (read as the lanes' quads of columns).
+shared vec4 lse_s[TILE / 4];
+shared vec4 delta_s[TILE / 4];
 
 // Stores the subgroup's 16 x 64 gradient fragments `frags` (f16-rounded) to `dst`, rows of keys before S only.
 #define STORE_KEYS(dst, frags)                                                                                  \
     SPILL(frags, sg);                                                                                           \
     if (j < S) {                                                                                                \
         [[unroll]] for (uint i = 0; i < 8; i++) {                                                               \
-            dst[row * (D / 4) + 2 * i + gl_SubgroupInvocationID % 2] = round16(Ss[lane_quad(r, i, FS)]);        \
+            dst[row * (D / 4) + lane_column_quad(i)] = round16(Ss[lane_quad(r, i, FS)]);        \
         }                                                                                                       \
     }                                                                                                           \
     subgroupBarrier();
@@ -91,8 +92,8 @@ void main() {
         PUT(Qs, qr);
         PUT(Gs, gr);
         if (gl_LocalInvocationIndex < TILE) {
-            lse_s[gl_LocalInvocationIndex] = lse_r;
-            delta_s[gl_LocalInvocationIndex] = delta_r;
+            lse_s[gl_LocalInvocationIndex / 4][gl_LocalInvocationIndex % 4] = lse_r;
+            delta_s[gl_LocalInvocationIndex / 4][gl_LocalInvocationIndex % 4] = delta_r;
         }
         barrier();
         if (round_ + 1 < group * tiles) {
@@ -104,9 +105,10 @@ void main() {
         vec4 pr[8];
         [[unroll]] for (uint i = 0; i < 8; i++) {
             vec4 s = Ss[lane_quad(r, i, FS)];
+            vec4 e4 = exp(s - lse_s[lane_column_quad(i)]);
             [[unroll]] for (uint e = 0; e < 4; e++) {
-                uint c = lane_column(i, e);
-                pr[i][e] = i0 + c >= seeing.x && i0 + c < seeing.y ? exp(s[e] - lse_s[c]) : 0.0;
+                uint c = i0 + lane_column(i, e);
+                pr[i][e] = c >= seeing.x && c < seeing.y ? e4[e] : 0.0;
             }
             Ps[lane_quad(r, i, HS)] = f16vec4(pr[i]);
         }
@@ -116,11 +118,7 @@ void main() {
         SPILL(acc, sg);
         [[unroll]] for (uint i = 0; i < 8; i++) {
             vec4 dp = Ss[lane_quad(r, i, FS)];
-            vec4 ds;
-            [[unroll]] for (uint e = 0; e < 4; e++) {
-                ds[e] = pr[i][e] * (dp[e] - delta_s[lane_column(i, e)]);
-            }
-            Ps[lane_quad(r, i, HS)] = f16vec4(ds);
+            Ps[lane_quad(r, i, HS)] = f16vec4(pr[i] * (dp - delta_s[lane_column_quad(i)]));
         }
         subgroupBarrier();
         ACCUMULATE(dkc, Ps, sg, Qs);

@@ -38,7 +38,7 @@ void main() {
     uint tc = min(tile.t, T - 1);
     float delta = 0.0;
     [[unroll]] for (uint i = 0; i < 8; i++) {
-        uint at = token_base(tile.b, tile.head, tc) / 4 + 2 * i + gl_SubgroupInvocationID % 2;
+        uint at = token_base(tile.b, tile.head, tc) / 4 + lane_column_quad(i);
         delta += dot(vec4(Ks[lane_quad(r, i, HS)]), out_[at]);
     }
     delta += subgroupShuffleXor(delta, 1);
@@ -92,7 +92,7 @@ void main() {
             row = (tile.b * T + tile.t) * H + tile.head;
         }
         [[unroll]] for (uint i = 0; i < 8; i++) {
-            dq[row * (D / 4) + 2 * i + gl_SubgroupInvocationID % 2] = round16(Ss[lane_quad(r, i, FS)]);
+            dq[row * (D / 4) + lane_column_quad(i)] = round16(Ss[lane_quad(r, i, FS)]);
         }
     }
 }

@@ -88,7 +88,7 @@ void main() {
         float inv = 1.0 / l;
         uint ob = token_base(tile.b, tile.head, tile.t) / 4;
         [[unroll]] for (uint i = 0; i < 8; i++) {
-            out_[ob + 2 * i + gl_SubgroupInvocationID % 2] = round16(o[i] * inv);
+            out_[ob + lane_column_quad(i)] = round16(o[i] * inv);
         }
         if (gl_SubgroupInvocationID % 2 == 0) {
             lse[(tile.b * H + tile.head) * T + tile.t] = m + log(l);
