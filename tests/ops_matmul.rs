@@ -540,6 +540,52 @@ fn f16_products_of_exact_sums_round_like_torch() {
     }
 }
 
+/// Inside one autocast scope, products that read the same activation (the q, k and v projections of one input)
+/// share its 16-bit cast: one cast launch fewer for each further product, with the values and gradients of
+/// separate casts, bit for bit. Weights (no autograd history) are cast every time.
+#[test]
+fn autocast_products_share_an_activation_cast() {
+    let mut rng = Rng::new("autocast_products_share_an_activation_cast");
+    let d = own_dev();
+    let leaf = |rng: &mut Rng, shape: &[usize]| {
+        let n = shape.iter().product();
+        Tensor::from_slice(&rng.vec(n, -1.0, 1.0), shape, &d)
+            .unwrap()
+            .requires_grad_()
+    };
+    let (x, w1, w2) = (
+        leaf(&mut rng, &[64, 32]),
+        leaf(&mut rng, &[32, 48]),
+        leaf(&mut rng, &[32, 48]),
+    );
+    let run = |shared: bool| {
+        let h = x.mul_scalar(0.5).unwrap();
+        let before = d.dispatch_count();
+        let (y1, y2) = match shared {
+            true => autocast(DType::F16, || (h.matmul(&w1).unwrap(), h.matmul(&w2).unwrap())).unwrap(),
+            false => (
+                autocast(DType::F16, || h.matmul(&w1)).unwrap().unwrap(),
+                autocast(DType::F16, || h.matmul(&w2)).unwrap().unwrap(),
+            ),
+        };
+        let launches = d.dispatch_count() - before;
+        y1.add(&y2).unwrap().sum_all().unwrap().backward().unwrap();
+        let grads: Vec<Vec<f32>> = [&x, &w1, &w2]
+            .iter()
+            .map(|t| t.grad().unwrap().to_f32_vec().unwrap())
+            .collect();
+        for t in [&x, &w1, &w2] {
+            t.zero_grad();
+        }
+        (launches, [y1.to_f32_vec().unwrap(), y2.to_f32_vec().unwrap()], grads)
+    };
+    let (shared, values, grads) = run(true);
+    let (separate, want_values, want_grads) = run(false);
+    assert_eq!(shared + 1, separate, "one cast of the activation for both products");
+    assert_eq!(values, want_values);
+    assert_eq!(grads, want_grads);
+}
+
 /// Inside `autocast(f16 | bf16)` a product of f32 operands is the 16-bit product of the rounded operands, handed
 /// back as f32, and its gradients reach the f32 leaves as f32; outside, products are f32 again.
 #[test]

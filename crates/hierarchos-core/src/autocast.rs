@@ -4,13 +4,64 @@
 //! [`Tensor::flash_attention`](crate::Tensor::flash_attention)). The casts record backward rules, so f32
 //! parameters (the master weights) receive f32 gradients.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::sync::{Arc, Weak};
 
 use crate::error::{Error, Result};
-use hierarchos_wgpu::DType;
+use crate::shape::Layout;
+use crate::tensor::Tensor;
+use hierarchos_wgpu::{DType, GpuBuffer};
 
 thread_local! {
     static AUTOCAST: Cell<Option<DType>> = const { Cell::new(None) };
+    static RECENT_CASTS: RefCell<Vec<RecentCast>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A 16-bit cast made inside the current [`autocast`] scope, of the tensor viewing `source` through `layout`.
+/// The weak reference keeps the buffer's address from being reused while the entry exists.
+struct RecentCast {
+    source: Weak<GpuBuffer>,
+    layout: Layout,
+    cast: Tensor,
+}
+
+/// Casts kept for reuse: the projections of one input (q, k and v; gate and up) follow each other.
+const RECENT_CASTS_KEPT: usize = 2;
+
+/// The 16-bit cast `cast()` makes of `t`, shared by the products of one scope that read the same activation: an op's
+/// result (it has autograd history) is written once and never in place, so equal buffers and layouts mean equal
+/// values. The q, k and v projections then cast their input once, and keep one copy for their backward instead of
+/// three. Tensors without history (weights, which optimizers update in place, caches) are cast every time.
+pub(crate) fn shared_cast(t: &Tensor, dtype: DType, cast: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
+    if t.is_leaf_view() {
+        return cast();
+    }
+    let hit = RECENT_CASTS.with(|r| {
+        r.borrow()
+            .iter()
+            .find(|c| {
+                c.cast.dtype() == dtype
+                    && std::ptr::eq(c.source.as_ptr(), Arc::as_ptr(t.shared_buffer()))
+                    && c.layout == *t.layout()
+            })
+            .map(|c| c.cast.clone())
+    });
+    if let Some(cast) = hit {
+        return Ok(cast);
+    }
+    let made = cast()?;
+    RECENT_CASTS.with(|r| {
+        let mut r = r.borrow_mut();
+        if r.len() == RECENT_CASTS_KEPT {
+            r.remove(0);
+        }
+        r.push(RecentCast {
+            source: Arc::downgrade(t.shared_buffer()),
+            layout: t.layout().clone(),
+            cast: made.clone(),
+        });
+    });
+    Ok(made)
 }
 
 /// The dtype matrix products run in on this thread inside [`autocast`] (`None` outside).
@@ -28,12 +79,15 @@ pub fn autocast<T>(dtype: DType, f: impl FnOnce() -> T) -> Result<T> {
             message: format!("products run in f16 or bf16, not {dtype}"),
         });
     }
+    // Leaving the scope (or entering a nested one) forgets its casts: they belong to one pass over the model.
     struct Restore(Option<DType>);
     impl Drop for Restore {
         fn drop(&mut self) {
             AUTOCAST.with(|a| a.set(self.0));
+            RECENT_CASTS.with(|r| r.borrow_mut().clear());
         }
     }
+    RECENT_CASTS.with(|r| r.borrow_mut().clear());
     let _restore = Restore(AUTOCAST.with(|a| a.replace(Some(dtype))));
     Ok(f())
 }

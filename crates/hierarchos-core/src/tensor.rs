@@ -281,6 +281,11 @@ impl Tensor {
         &self.inner.buffer
     }
 
+    /// The buffer as shared, to tell whether two tensors view the same one.
+    pub(crate) fn shared_buffer(&self) -> &Arc<GpuBuffer> {
+        &self.inner.buffer
+    }
+
     /// True when the elements are dense and row-major.
     pub fn is_contiguous(&self) -> bool {
         self.inner.layout.is_contiguous()

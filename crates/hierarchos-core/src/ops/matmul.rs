@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu, Language};
 
-use crate::autocast::autocast_dtype;
+use crate::autocast::{autocast_dtype, shared_cast};
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::matmul_coop;
@@ -220,7 +220,8 @@ fn column_major(t: &Tensor) -> bool {
 /// (activations) keep their cast, half their size.
 fn autocast_product(a: &Tensor, b: &Tensor, half: DType) -> Result<Tensor> {
     // (`W.t()` is cast as `W`, whose elements are contiguous, and read transposed by the product.)
-    let (ah, bh) = (cast_in_layout(a.detach(), half)?, cast_in_layout(b.detach(), half)?);
+    let cast = |t: &Tensor| shared_cast(t, half, || cast_in_layout(t.detach(), half));
+    let (ah, bh) = (cast(a)?, cast(b)?);
     let out = product(&ah, &bh, true)?;
     let keep = |t: &Tensor, cast: Tensor| match t.is_leaf_view() {
         true => (t.detach(), true),
