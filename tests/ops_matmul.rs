@@ -584,6 +584,18 @@ fn autocast_products_share_an_activation_cast() {
     assert_eq!(shared + 1, separate, "one cast of the activation for both products");
     assert_eq!(values, want_values);
     assert_eq!(grads, want_grads);
+    // A write into the activation forgets its cast: the next product reads the new values.
+    let zeros = Tensor::zeros(&[1, 32], DType::F32, &d).unwrap();
+    let (before, after) = autocast(DType::F16, || {
+        let h = x.mul_scalar(0.5).unwrap();
+        let before = h.matmul(&w1).unwrap().to_f32_vec().unwrap();
+        h.write_at(0, 0, &zeros).unwrap();
+        (before, h.matmul(&w1).unwrap().to_f32_vec().unwrap())
+    })
+    .unwrap();
+    assert!(before[..48].iter().any(|&v| v != 0.0));
+    assert!(after[..48].iter().all(|&v| v == 0.0));
+    assert_eq!(before[48..], after[48..]);
 }
 
 /// Inside `autocast(f16 | bf16)` a product of f32 operands is the 16-bit product of the rounded operands, handed

@@ -29,9 +29,10 @@ struct RecentCast {
 const RECENT_CASTS_KEPT: usize = 2;
 
 /// The 16-bit cast `cast()` makes of `t`, shared by the products of one scope that read the same activation: an op's
-/// result (it has autograd history) is written once and never in place, so equal buffers and layouts mean equal
-/// values. The q, k and v projections then cast their input once, and keep one copy for their backward instead of
-/// three. Tensors without history (weights, which optimizers update in place, caches) are cast every time.
+/// result (it has autograd history) is written once, so equal buffers and layouts mean equal values, and any write
+/// into an existing tensor forgets the kept casts ([`forget_recent_casts`]). The q, k and v projections then cast
+/// their input once, and keep one copy for their backward instead of three. Tensors without history (weights,
+/// which optimizers update in place, caches) are cast every time.
 pub(crate) fn shared_cast(t: &Tensor, dtype: DType, cast: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
     if t.is_leaf_view() {
         return cast();
@@ -69,6 +70,11 @@ pub fn autocast_dtype() -> Option<DType> {
     AUTOCAST.with(Cell::get)
 }
 
+/// Forgets the casts kept for reuse: called by every op that writes into an existing tensor.
+pub(crate) fn forget_recent_casts() {
+    RECENT_CASTS.with(|r| r.borrow_mut().clear());
+}
+
 /// Runs `f` with matrix products of f32 operands computed in `dtype` (f16 or bf16): operands are rounded to it,
 /// the product accumulates in f32 and comes back as f32. Nested calls take the innermost dtype; the previous
 /// one returns when `f` does. Backward may run outside: the recorded products are already 16-bit ones.
@@ -84,10 +90,10 @@ pub fn autocast<T>(dtype: DType, f: impl FnOnce() -> T) -> Result<T> {
     impl Drop for Restore {
         fn drop(&mut self) {
             AUTOCAST.with(|a| a.set(self.0));
-            RECENT_CASTS.with(|r| r.borrow_mut().clear());
+            forget_recent_casts();
         }
     }
-    RECENT_CASTS.with(|r| r.borrow_mut().clear());
+    forget_recent_casts();
     let _restore = Restore(AUTOCAST.with(|a| a.replace(Some(dtype))));
     Ok(f())
 }

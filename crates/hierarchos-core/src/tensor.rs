@@ -159,11 +159,13 @@ impl Tensor {
         self
     }
 
-    /// Called by ops that write into an existing tensor: what the host knew of its values no longer holds.
+    /// Called by ops that write into an existing tensor: what the host knew of its values no longer holds, nor
+    /// the 16-bit casts autocast keeps for reuse.
     pub(crate) fn forget_id_range(&self) {
         if let Some(r) = &self.inner.id_range {
             r.valid.store(false, std::sync::atomic::Ordering::Release);
         }
+        crate::autocast::forget_recent_casts();
     }
 
     /// A fresh contiguous tensor around a newly written buffer.
