@@ -135,6 +135,12 @@ const uint STAGED = TILE * D / 4 / 128;
         dst[(i_ / (D / 4)) * HS + i_ % (D / 4)] = f16vec4(regs[e_]);                                            \
     }
 
+// For the kernels that walk key tiles (forward, query gradients): fetches the key and value tile from key j0 of
+// the query tile's key/value head into `kr` and `vr`, from the kernel's bindings `k` and `v`.
+#define FETCH_KEYS(tile, j0)                                                                                    \
+    FETCH(kr, k, j0, tile.end, view_base(K_AT, tile.b, tile.kh, row));                                          \
+    FETCH(vr, v, j0, tile.end, view_base(V_AT, tile.b, tile.kh, row));
+
 // FETCH then PUT, for the tiles staged once.
 #define STAGE(dst, src, row0, end, BASE)                                                                        \
     {                                                                                                           \

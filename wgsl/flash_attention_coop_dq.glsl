@@ -54,16 +54,14 @@ void main() {
     // Key and value tiles, each fetched a round ahead.
     vec4 kr[STAGED];
     vec4 vr[STAGED];
-    FETCH(kr, k, tile.first, tile.end, view_base(K_AT, tile.b, tile.kh, row));
-    FETCH(vr, v, tile.first, tile.end, view_base(V_AT, tile.b, tile.kh, row));
+    FETCH_KEYS(tile, tile.first);
     for (uint j0 = tile.first; j0 < tile.end; j0 += TILE) {
         barrier();
         PUT(Ks, kr);
         PUT(Vs, vr);
         barrier();
         if (j0 + TILE < tile.end) {
-            FETCH(kr, k, j0 + TILE, tile.end, view_base(K_AT, tile.b, tile.kh, row));
-            FETCH(vr, v, j0 + TILE, tile.end, view_base(V_AT, tile.b, tile.kh, row));
+            FETCH_KEYS(tile, j0 + TILE);
         }
         FRAG_C acc[4];
         TIMES_ROWS(acc, qa, Ks);
