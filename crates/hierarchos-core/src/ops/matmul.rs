@@ -44,18 +44,23 @@ const SKINNY_DOT_VEC4: &str = "let y0 = (bases.y + n * p[10]) / 4u;
 pub(crate) const MAX_BATCH_DIMS: usize = MAX_DIMS - 2;
 
 /// A product whose output tiles number fewer than this is split along K (see [`launch`]) into slices run side by
-/// side in one launch, until the slices give about this many workgroups in all (eight per multiprocessor of an
+/// side in one launch, until the slices give about this many workgroups in all (sixteen per multiprocessor of an
 /// H200)...
-const SPLIT_K_TARGET_WORKGROUPS: usize = 1056;
-/// ...with slices of at least this many steps of the reduction. On an H200 the 110M Llama shape trains at 25.3K
-/// tokens/s with these two settings, 24.6K with 2112 and 256, 18.5K with 528 and 512 (before the kernel's K loop
-/// was unrolled: the relative order held there too).
-const SPLIT_K_MIN_SLICE: usize = 256;
+const SPLIT_K_TARGET_WORKGROUPS: usize = 2112;
+/// ...with slices of at least this many steps of the reduction. On an H200 the 110M Llama shape (f32) trains at
+/// 35.4K tokens/s with these two settings and [`BIG_TILE_MIN_K`], 35.2K with 1056 and 512, 34.8K with 1056 and
+/// 384, 33.4K with 1056 and 256 (and no `BIG_TILE_MIN_K`); slices of 256 split the `[4096, 768]` products over
+/// K = 768 in two, 12% slower than whole.
+const SPLIT_K_MIN_SLICE: usize = 512;
 
 /// Output tiles of 128 x 128 (8 x 8 per thread) are the fastest once there are enough of them to fill a large GPU
 /// (on an H200, 132 multiprocessors, 2048^3 runs faster with them than with smaller tiles, 1536^3 slower)...
 pub(crate) const BIG_TILE_MIN_TILES: usize = 256;
-/// ...and below that, 64 x 128 tiles (4 x 8 per thread) while they number at least as many; 64 x 64 tiles (4 x 4)
+/// ...or, for f32 products, once K is at least this long, where split-K slices fill the GPU instead: on an H200
+/// the `[4096, 768]` and `[3072, 768]` products over K = 3072, 4096 and 32000 of the 110M Llama shape run 5% to
+/// 20% faster with them than with 64 x 128 tiles (BENCHMARKS.md).
+const BIG_TILE_MIN_K: usize = 2048;
+/// Below those, 64 x 128 tiles (4 x 8 per thread) while they number at least as many; 64 x 64 tiles (4 x 4)
 /// for smaller products. On an H200, `[4096, 768]` outputs (192 big tiles) run 10% to 40% faster with 64 x 128
 /// tiles than with 64 x 64 ones.
 const WIDE_TILE_MIN_TILES: usize = 256;
@@ -373,7 +378,8 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     let out_access = Access::new(out_dtype, native_f16);
     let batch_count = numel(batch);
     let tiles_of = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn) * batch_count;
-    let (tm, tn) = if tiles_of(128, 128) >= BIG_TILE_MIN_TILES {
+    let splits = !skinny && dtype == DType::F32;
+    let (tm, tn) = if tiles_of(128, 128) >= BIG_TILE_MIN_TILES || (splits && k >= BIG_TILE_MIN_K) {
         (8, 8)
     } else if tiles_of(64, 128) >= WIDE_TILE_MIN_TILES {
         (4, 8)
@@ -387,11 +393,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
         tiles_of(bm, bn)
     };
     // Skinny and 16-bit products are never split (a target of no workgroups gives one slice).
-    let target = if skinny || dtype != DType::F32 {
-        0
-    } else {
-        SPLIT_K_TARGET_WORKGROUPS
-    };
+    let target = if splits { SPLIT_K_TARGET_WORKGROUPS } else { 0 };
     let (slices, slice_len) = split_k(tiles, k, target, SPLIT_K_MIN_SLICE, BK);
     let mut partial_shape = out_shape.clone();
     if slices > 1 {
