@@ -453,6 +453,38 @@ fn long_reductions_split_into_slices() {
     check_shapes(&mut rng, &[3, 2050], &[2050, 5], DType::F16);
 }
 
+/// f32 products of at least 128 output tiles of 128 x 128 over K >= 2048 take those tiles and split K into slices
+/// (as the 110M shape's `[4096, 768]` products over K = 3072 do); as `a @ b` and as a weight gradient `g.t() @ x`.
+/// Checked on a sample of entries: the whole f64 reference would take minutes on a CPU device.
+#[test]
+fn long_reductions_over_many_big_tiles() {
+    let mut rng = Rng::new("long_reductions_over_many_big_tiles");
+    let (m, k, n) = (1024, 2048, 2048);
+    let (a, va) = random(&mut rng, &[m, k], DType::F32);
+    let (g, vg) = random(&mut rng, &[k, m], DType::F32);
+    let (b, vb) = random(&mut rng, &[k, n], DType::F32);
+    for (what, lhs, at) in [
+        (
+            "a @ b",
+            a,
+            Box::new(|r: usize, j: usize| va[r * k + j]) as Box<dyn Fn(usize, usize) -> f32>,
+        ),
+        ("g^T @ b", g.t().unwrap(), Box::new(|r: usize, j: usize| vg[j * m + r])),
+    ] {
+        let got = lhs.matmul(&b).unwrap().to_f32_vec().unwrap();
+        for _ in 0..128 {
+            let (r, c) = (rng.below(m), rng.below(n));
+            let want: f64 = (0..k).map(|j| at(r, j) as f64 * vb[j * n + c] as f64).sum();
+            let err = (got[r * n + c] as f64 - want).abs();
+            assert!(
+                err <= 1e-5 * want.abs() + 1e-6 * k as f64,
+                "{what} [{r}, {c}]: {} vs {want}",
+                got[r * n + c]
+            );
+        }
+    }
+}
+
 /// f16 products of whole 128 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (16 x 16 f16
 /// into f32, subgroups of 32) they run on tensor cores; elsewhere the tiled kernel. Every pairing of operand
 /// layouts, an offset view, several tiles along M and N, a batch of one (batched products stay on the tiled

@@ -56,9 +56,10 @@ const SPLIT_K_MIN_SLICE: usize = 512;
 /// Output tiles of 128 x 128 (8 x 8 per thread) are the fastest once there are enough of them to fill a large GPU
 /// (on an H200, 132 multiprocessors, 2048^3 runs faster with them than with smaller tiles, 1536^3 slower)...
 pub(crate) const BIG_TILE_MIN_TILES: usize = 256;
-/// ...or, for f32 products, once K is at least this long, where split-K slices fill the GPU instead: on an H200
-/// the `[4096, 768]` and `[3072, 768]` products over K = 3072, 4096 and 32000 of the 110M Llama shape run 5% to
-/// 20% faster with them than with 64 x 128 tiles (BENCHMARKS.md).
+/// ...or, for f32 products of at least half as many, once K is at least this long, where split-K slices fill the
+/// GPU instead: on an H200 the `[4096, 768]` and `[3072, 768]` products over K = 3072, 4096 and 32000 of the 110M
+/// Llama shape run 5% to 20% faster with them than with 64 x 128 tiles, while fewer tiles (the `[768, 768]`
+/// weight gradients, 36 tiles; prefill's `[512, 768]` products) run 2% to 6% slower (BENCHMARKS.md).
 const BIG_TILE_MIN_K: usize = 2048;
 /// Below those, 64 x 128 tiles (4 x 8 per thread) while they number at least as many; 64 x 64 tiles (4 x 4)
 /// for smaller products. On an H200, `[4096, 768]` outputs (192 big tiles) run 10% to 40% faster with 64 x 128
@@ -379,7 +380,9 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     let batch_count = numel(batch);
     let tiles_of = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn) * batch_count;
     let splits = !skinny && dtype == DType::F32;
-    let (tm, tn) = if tiles_of(128, 128) >= BIG_TILE_MIN_TILES || (splits && k >= BIG_TILE_MIN_K) {
+    let big_tiles = tiles_of(128, 128);
+    let long_k = splits && k >= BIG_TILE_MIN_K && 2 * big_tiles >= BIG_TILE_MIN_TILES;
+    let (tm, tn) = if big_tiles >= BIG_TILE_MIN_TILES || long_k {
         (8, 8)
     } else if tiles_of(64, 128) >= WIDE_TILE_MIN_TILES {
         (4, 8)
