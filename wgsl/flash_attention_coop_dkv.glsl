@@ -31,7 +31,7 @@ shared vec4 delta_s[TILE / 4];
     SPILL(frags, sg);                                                                                           \
     if (j < S) {                                                                                                \
         [[unroll]] for (uint i = 0; i < 8; i++) {                                                               \
-            dst[row * (D / 4) + lane_column_quad(i)] = round16(Ss[lane_quad(r, i, FS)]);        \
+            dst[row * (D / 4) + lane_column_quad(i)] = round16(Ss[lane_quad(r, i, FS)]);                        \
         }                                                                                                       \
     }                                                                                                           \
     subgroupBarrier();
@@ -42,7 +42,7 @@ shared vec4 delta_s[TILE / 4];
     {                                                                                                           \
         FETCH(qr, q, i0, tile_end, view_base(Q_AT, b, head, row));                                              \
         FETCH(gr, dout, i0, tile_end, token_base(b, head, row));                                                \
-        uint at_ = (b * H + (head)) * T + min((i0) + gl_LocalInvocationIndex % TILE, T - 1);                   \
+        uint at_ = (b * H + (head)) * T + min((i0) + gl_LocalInvocationIndex % TILE, T - 1);                    \
         lse_r = lse[at_];                                                                                       \
         delta_r = delta[at_];                                                                                   \
     }
