@@ -7,8 +7,9 @@
 // One workgroup of four subgroups of 32 computes a BM x BN = 128 x 128 tile; subgroup w owns the 64 x 64 block at
 // rows 64 * (w / 2), columns 64 * (w % 2): 4 x 4 accumulator fragments, so that each fragment loaded from
 // workgroup memory feeds four products. Slices of BK = 32 steps of the reduction are staged in workgroup memory as
-// vectors of four halves (rows padded by 8 halves against bank conflicts); while the subgroups multiply one slice,
-// each thread already holds the next one's loads in registers (eight halves from each operand, LOADS times).
+// the uvec4s (eight halves) they were loaded as, rows padded by 8 halves against bank conflicts; while the subgroups
+// multiply one slice, each thread already holds the next one's loads in registers (eight halves from each operand,
+// LOADS times).
 //
 // Operands are bound as arrays of uvec4 (eight halves) and read along their unit-stride dimension: lhs along K
 // (staged [m][k], loaded row-major) or along M (A_ALONG_M: a transposed operand such as a gradient in a weight
@@ -57,17 +58,11 @@ const uint AS = BK + 8;
 const uint AMS = 136;
 const uint BS = 136;
 
-shared f16vec4 As[max(BM * AS, BK * AMS) / 4];
-shared f16vec4 Bs[max(BN * AS, BK * BS) / 4];
+shared uvec4 As[max(BM * AS, BK * AMS) / 8];
+shared uvec4 Bs[max(BN * AS, BK * BS) / 8];
 // One 16 x 16 f16 fragment per subgroup on its way out as f32 (OUTPUT_WIDE).
 shared float16_t Cs[4 * 256];
 
-// Eight halves into `dst` at half `at` (a multiple of 8).
-#define STASH(dst, at, v)                                                                                       \
-    {                                                                                                           \
-        dst[(at) / 4] = f16vec4(unpackFloat2x16(v.x), unpackFloat2x16(v.y));                                    \
-        dst[(at) / 4 + 1] = f16vec4(unpackFloat2x16(v.z), unpackFloat2x16(v.w));                                \
-    }
 
 // Staged position (halves) and global uvec4 index of load `e` of thread `lid` for the slice at k0: A as 128 rows
 // of four loads, along M as 32 rows of sixteen; B along K as 128 rows of four, along N as 32 rows of sixteen.
@@ -143,8 +138,8 @@ void main() {
     for (uint k0 = k_begin; k0 < K; k0 += BK) {
         barrier();
         [[unroll]] for (uint e = 0; e < LOADS; e++) {
-            STASH(As, a_at(lid, e), ra[e]);
-            STASH(Bs, b_at(lid, e), rb[e]);
+            As[a_at(lid, e) / 8] = ra[e];
+            Bs[b_at(lid, e) / 8] = rb[e];
         }
         barrier();
         // Unconditional (the last slice loads itself again, unused), so that no branch holds these loads back.
@@ -157,17 +152,17 @@ void main() {
             FRAG_B b[4];
             [[unroll]] for (uint j = 0; j < 4; j++) {
 #if B_ALONG_K
-                coopMatLoad(b[j], Bs, ((wn + 16 * j) * AS + kk) / 4, AS / 4, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(b[j], Bs, ((wn + 16 * j) * AS + kk) / 8, AS / 8, gl_CooperativeMatrixLayoutColumnMajor);
 #else
-                coopMatLoad(b[j], Bs, (kk * BS + wn + 16 * j) / 4, BS / 4, gl_CooperativeMatrixLayoutRowMajor);
+                coopMatLoad(b[j], Bs, (kk * BS + wn + 16 * j) / 8, BS / 8, gl_CooperativeMatrixLayoutRowMajor);
 #endif
             }
             [[unroll]] for (uint i = 0; i < 4; i++) {
                 FRAG_A a;
 #if A_ALONG_M
-                coopMatLoad(a, As, (kk * AMS + wm + 16 * i) / 4, AMS / 4, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(a, As, (kk * AMS + wm + 16 * i) / 8, AMS / 8, gl_CooperativeMatrixLayoutColumnMajor);
 #else
-                coopMatLoad(a, As, ((wm + 16 * i) * AS + kk) / 4, AS / 4, gl_CooperativeMatrixLayoutRowMajor);
+                coopMatLoad(a, As, ((wm + 16 * i) * AS + kk) / 8, AS / 8, gl_CooperativeMatrixLayoutRowMajor);
 #endif
                 [[unroll]] for (uint j = 0; j < 4; j++) {
                     c[i][j] = coopMatMulAdd(a, b[j], c[i][j]);
