@@ -49,3 +49,10 @@ fn queries_seeing(j: u32) -> vec2<u32> {
     }
     return vec2<u32>(first, max(first, end));
 }
+
+// Whether query i (of the T) sees key j (of the S).
+fn visible(i: u32, j: u32) -> bool {
+    let qpos = p[5] + i;
+    let kpos = p[6] + j;
+    return i < p[2] && j < p[3] && kpos <= qpos && (p[7] == 0u || kpos + p[7] > qpos);
+}

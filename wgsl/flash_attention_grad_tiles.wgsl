@@ -60,13 +60,6 @@ fn put_key(x: u32, f: array<vec4<f32>, 2>) {
     }
 }
 
-// Whether query i (of the T) sees key j (of the S).
-fn visible(i: u32, j: u32) -> bool {
-    let qpos = p[5] + i;
-    let kpos = p[6] + j;
-    return i < p[2] && j < p[3] && kpos <= qpos && (p[7] == 0u || kpos + p[7] > qpos);
-}
-
 // Writes p and ds of the staged tiles (query rows from i0, key rows from j0) to p_s and ds_s: thread (ty, tx)
 // takes query rows ty + 8y and key rows tx + 8x.
 fn score_tile(ty: u32, tx: u32, i0: u32, j0: u32) {

@@ -16,6 +16,10 @@ const COMMON: &str = include_str!("../../../../wgsl/flash_attention_common.wgsl"
 const FORWARD: &str = include_str!("../../../../wgsl/flash_attention_forward.wgsl");
 const GRAD_Q: &str = include_str!("../../../../wgsl/flash_attention_dq.wgsl");
 const GRAD_KV: &str = include_str!("../../../../wgsl/flash_attention_dkv.wgsl");
+const GRAD_Q_ROWS: &str = include_str!("../../../../wgsl/flash_attention_dq_rows.wgsl");
+const GRAD_KV_ROWS: &str = include_str!("../../../../wgsl/flash_attention_dkv_rows.wgsl");
+const QUERY_GRADS: &str = include_str!("../../../../wgsl/flash_attention_query_grads.wgsl");
+const KEY_GRADS: &str = include_str!("../../../../wgsl/flash_attention_key_grads.wgsl");
 const KEY_TILES: &str = include_str!("../../../../wgsl/flash_attention_key_tiles.wgsl");
 const GRAD_TILES: &str = include_str!("../../../../wgsl/flash_attention_grad_tiles.wgsl");
 
@@ -23,6 +27,23 @@ const GRAD_TILES: &str = include_str!("../../../../wgsl/flash_attention_grad_til
 /// forward from 2.6 to 5.0 TFLOP/s against tiles of 64 (less workgroup memory, more workgroups resident per
 /// multiprocessor), and 256 rows per workgroup instead of 64 to 8.1.
 const MAX_TILE_ROWS: usize = 16;
+/// Quads (of four elements) of each head row a thread of the backward's row kernels keeps at most: heads of
+/// 64 take groups of two threads per row.
+const ROW_QUADS: usize = 8;
+/// `group_sum(x)` of the row kernels: the sum over a row's G threads through subgroup shuffles, or `x` itself
+/// for groups of one thread (which then need no subgroups).
+const GROUP_SUM_SHUFFLED: &str = "fn group_sum(x: f32) -> f32 {
+    var s = x;
+    for (var w = 1u; w < G; w = w * 2u) {
+        s = s + subgroupShuffleXor(s, w);
+    }
+    return s;
+}
+";
+const GROUP_SUM_SINGLE: &str = "fn group_sum(x: f32) -> f32 {
+    return x;
+}
+";
 /// Words of the launch parameters telling the backward kernels to store dq, and dk with dv, token-major (as
 /// `DQ_TOKEN_MAJOR` / `DKV_TOKEN_MAJOR` in flash_attention_common.wgsl).
 const DQ_TOKEN_MAJOR: usize = 24;
@@ -107,7 +128,7 @@ fn records_grads(inputs: [&Tensor; 3]) -> bool {
 fn tiles_fit(q: &Tensor, with_grads: bool) -> bool {
     let (d4, budget) = (q.shape()[3].div_ceil(4), workgroup_memory(q.device()));
     let kernels: &[Kernel] = if with_grads { &Kernel::ALL } else { &[Kernel::Forward] };
-    kernels.iter().all(|k| k.tiling(d4, budget).is_some())
+    kernels.iter().all(|k| k.tiling(d4, budget, q.device()).is_some())
 }
 
 fn workgroup_memory(device: &Device) -> usize {
@@ -151,9 +172,18 @@ fn backward(params: &Params, [q, k, v]: [&Tensor; 3], out: &Tensor, lse: &Tensor
     let dv = gradient(v.shape(), params.words[DKV_TOKEN_MAJOR] != 0)?;
     {
         let delta = output(OP, &[b, h, t], device)?;
-        params.launch(OP, Kernel::GradQ, &[&dq, &delta, q, k, v, out, &g, lse], [t, b * h])?;
+        // The kernels that keep rows in registers where they fit (not on the tensor-core path, which has its own).
+        let rows = !params.coop
+            && Kernel::GradQRows
+                .tiling(d.div_ceil(4), workgroup_memory(device), device)
+                .is_some();
+        let (grad_q, grad_kv) = match rows {
+            true => (Kernel::GradQRows, Kernel::GradKvRows),
+            false => (Kernel::GradQ, Kernel::GradKv),
+        };
+        params.launch(OP, grad_q, &[&dq, &delta, q, k, v, out, &g, lse], [t, b * h])?;
         if s > 0 {
-            params.launch(OP, Kernel::GradKv, &[&dk, &dv, q, k, v, &g, lse, &delta], [s, b * kvh])?;
+            params.launch(OP, grad_kv, &[&dk, &dv, q, k, v, &g, lse, &delta], [s, b * kvh])?;
         }
     }
     Ok(vec![dq, dk, dv])
@@ -169,15 +199,19 @@ fn output(op: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
     Ok(Tensor::from_buffer(buffer, shape, DType::F32, None))
 }
 
-/// The three kernels of the op (numbered as the tensor-core ones).
+/// The kernels of the op (the first three numbered as the tensor-core ones). The backward runs `GradQRows` and
+/// `GradKvRows` where they fit, else the tiled `GradQ` and `GradKv`, which every device takes.
 #[derive(Clone, Copy, Debug)]
 enum Kernel {
     Forward,
     GradQ,
     GradKv,
+    GradQRows,
+    GradKvRows,
 }
 
 impl Kernel {
+    /// The kernels every launch of the op needs.
     const ALL: [Kernel; 3] = [Kernel::Forward, Kernel::GradQ, Kernel::GradKv];
 
     /// Bindings after the parameters at 0 (name, written, what its rows are) and the kernel body.
@@ -194,7 +228,7 @@ impl Kernel {
                 ],
                 FORWARD,
             ),
-            Kernel::GradQ => (
+            Kernel::GradQ | Kernel::GradQRows => (
                 &[
                     ("dq", true, Dense),
                     ("delta_out", true, Scalars),
@@ -205,9 +239,13 @@ impl Kernel {
                     ("dout", false, Dense),
                     ("lse", false, Scalars),
                 ],
-                GRAD_Q,
+                if matches!(self, Kernel::GradQ) {
+                    GRAD_Q
+                } else {
+                    GRAD_Q_ROWS
+                },
             ),
-            Kernel::GradKv => (
+            Kernel::GradKv | Kernel::GradKvRows => (
                 &[
                     ("dk", true, Dense),
                     ("dv", true, Dense),
@@ -218,7 +256,11 @@ impl Kernel {
                     ("lse", false, Scalars),
                     ("delta", false, Scalars),
                 ],
-                GRAD_KV,
+                if matches!(self, Kernel::GradKv) {
+                    GRAD_KV
+                } else {
+                    GRAD_KV_ROWS
+                },
             ),
         }
     }
@@ -231,8 +273,38 @@ impl Kernel {
     /// (flash_attention_grad_tiles.wgsl) with R = 2 where it fits, else 1. Measured on the H200 (the 12 layers of
     /// the 110M training shape, query and key/value kernels together): 19.8 ms with R = 2, 20.7 with R = 1 and
     /// 31.4 with R = 4, whose larger register tiles and tile fetched ahead crowd the registers.
-    fn tiling(self, d4: usize, budget: usize) -> Option<(usize, Vec<(&'static str, usize)>)> {
+    ///
+    /// The row kernels keep each of their 64 rows (32 for groups of 8) in a group of G threads, at most
+    /// [`ROW_QUADS`] quads each, and stream tiles of 16 rows (8 where 16 do not fit). On the H200, the same 12
+    /// layers: 8.9 ms (query gradients 3.8, keys and values 5.0) against 13.7 for the tiled kernels; 11.1 with
+    /// 4 quads per thread (groups of 4), key/value gradients 6.4 ms with tiles of 32 rows, 7.1 with 32 keys per
+    /// workgroup and 6.1 with 128.
+    fn tiling(self, d4: usize, budget: usize, device: &Device) -> Option<(usize, Vec<(&'static str, usize)>)> {
         match self {
+            Kernel::GradQRows | Kernel::GradKvRows => {
+                // Groups of G threads per row, each holding up to ROW_QUADS quads of every row it keeps.
+                let g = d4.div_ceil(ROW_QUADS).next_power_of_two();
+                let caps = device.caps();
+                if g > 1 && !(caps.subgroups && caps.subgroup_size.0 as usize >= g) {
+                    return None;
+                }
+                let qm = d4.div_ceil(g);
+                let rows = (256 / g).min(64);
+                // Two buffers of two rows (k and v, or q and dout) per streamed row, and lse with delta.
+                let bytes = |stream: usize| 2 * stream * g * qm * 16 * 2 + 2 * stream * 4 * 2;
+                let stream = [16, 8].into_iter().find(|&stream| bytes(stream) <= budget)?;
+                Some((
+                    rows,
+                    vec![
+                        ("G", g),
+                        ("QM", qm),
+                        ("QS", g * qm),
+                        ("ROWS", rows),
+                        ("STREAM", stream),
+                        ("STAGED", (stream * qm).div_ceil(rows)),
+                    ],
+                ))
+            }
             Kernel::Forward => {
                 let bc = (budget / (2 * 16 * d4.max(1))).min(MAX_TILE_ROWS);
                 (bc > 0).then(|| (256, vec![("BR", 256), ("BC", 1 << bc.ilog2())]))
@@ -348,10 +420,11 @@ impl Params {
         let device: &Device = buffers[0].device();
         let d4 = self.d.div_ceil(4);
         let (per_workgroup, mut constants) = kernel
-            .tiling(d4, workgroup_memory(device))
+            .tiling(d4, workgroup_memory(device), device)
             .expect("checked by flash_attention");
         constants.push(("D4", d4));
-        let key = format!("flash_attention:{kernel:?}:{d4}:{per_workgroup}");
+        let shape: Vec<String> = constants.iter().map(|(_, value)| value.to_string()).collect();
+        let key = format!("flash_attention:{kernel:?}:{}", shape.join(":"));
         let source = || {
             let (bindings, body) = kernel.parts();
             let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
@@ -363,10 +436,20 @@ impl Params {
             }
             s.push_str(COMMON_WGSL);
             s.push_str(COMMON);
-            s.push_str(match kernel {
-                Kernel::Forward => KEY_TILES,
-                Kernel::GradQ | Kernel::GradKv => GRAD_TILES,
-            });
+            match kernel {
+                Kernel::Forward => s.push_str(KEY_TILES),
+                Kernel::GradQ => s.push_str(&[GRAD_TILES, QUERY_GRADS].concat()),
+                Kernel::GradKv => s.push_str(&[GRAD_TILES, KEY_GRADS].concat()),
+                Kernel::GradQRows | Kernel::GradKvRows => {
+                    s.push_str(if matches!(kernel, Kernel::GradQRows) {
+                        QUERY_GRADS
+                    } else {
+                        KEY_GRADS
+                    });
+                    let grouped = constants.iter().any(|&(name, value)| name == "G" && value > 1);
+                    s.push_str(if grouped { GROUP_SUM_SHUFFLED } else { GROUP_SUM_SINGLE });
+                }
+            }
             s.push_str(body);
             expand(&s, &constants)
         };

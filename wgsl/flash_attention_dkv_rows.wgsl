@@ -1,0 +1,130 @@
+// Causal attention for training, backward to the keys and values (ops/flash_attention.rs), after the query kernel
+// stored delta; the same sums as flash_attention_dkv.wgsl, shaped for register reuse instead of as a tiled
+// product: each key row belongs to a group of G threads (in one subgroup), thread `member` of the group holding
+// quads member + G m (m < QM) of the key, the value and both gradients in registers for the whole kernel. Query
+// rows stream past in tiles of STREAM rows (q, dout, lse, delta staged in workgroup memory, read by every group at once,
+// so each read is a broadcast); per query row a thread multiplies its quads, the group adds its partial scores
+// with subgroup shuffles, and every thread updates its quads of dk and dv from the same staged row. A workgroup
+// takes ROWS keys of one key/value head and the query tiles of every query head that reads it (GQA: the group's
+// gradients are summed here). The next tile's loads are held in registers while the current one is used.
+//
+// The Rust side defines G (a power of two, at most the smallest subgroup size), QM, QS = G QM (quads per staged
+// row, D4 padded), ROWS (rows a workgroup owns), STREAM (rows per streamed tile), STAGED = ceil(STREAM QS /
+// (ROWS G)), and group_sum(x), the sum of x over the G threads of a group (subgroup shuffles; x itself when G is
+// 1, so that no subgroup operation is needed then).
+//
+// Bindings: dk, dv [B, KVH, S, D] (dense, written), q, k, v through their views, dout [B, T, H, D], lse and
+// delta [B, H, T] (dense).
+
+const THREADS: u32 = ROWS * G;
+
+var<workgroup> q_t: array<vec4<f32>, 2u * STREAM * QS>;
+var<workgroup> g_t: array<vec4<f32>, 2u * STREAM * QS>;
+var<workgroup> lse_t: array<f32, 2u * STREAM>;
+var<workgroup> delta_t: array<f32, 2u * STREAM>;
+
+// The q and dout quads of staged quad x of the tile of query rows from i0 (zeros at or past `end`, past D and
+// past the tile), as flash_attention_grad_tiles.wgsl fetches them: addresses clamped, loads never skipped.
+fn fetch_row_quads(x: u32, i0: u32, end: u32, b: u32, h: u32) -> array<vec4<f32>, 2> {
+    let i = min(i0 + x / QS, end - 1u);
+    let c = min(x % QS, D4 - 1u);
+    let live = i0 + x / QS < end && x % QS < D4 && x < STREAM * QS;
+    let q = load_q(view_base(Q_AT, b, h, i), c);
+    let g = load_dout(((b * p[2] + i) * p[1] + h) * p[8], c);
+    return array<vec4<f32>, 2>(select(vec4<f32>(0.0), q, live), select(vec4<f32>(0.0), g, live));
+}
+
+fn put_row_quads(buf: u32, x: u32, f: array<vec4<f32>, 2>) {
+    if (x < STREAM * QS) {
+        q_t[buf * STREAM * QS + x] = f[0];
+        g_t[buf * STREAM * QS + x] = f[1];
+    }
+}
+
+@compute @workgroup_size(THREADS)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let H = p[1];
+    let T = p[2];
+    let S = p[3];
+    let group = p[4];
+    let KVH = H / group;
+    let b = wg.y / KVH;
+    let kh = wg.y % KVH;
+    let j0 = wg.x * ROWS;
+    let j = j0 + lid / G;
+    let member = lid % G;
+    let kb = view_base(K_AT, b, kh, min(j, S - 1u));
+    let vb = view_base(V_AT, b, kh, min(j, S - 1u));
+    //@FOR m QM
+    let c@m = min(member + G * @mu, D4 - 1u);
+    let in@m = member + G * @mu < D4;
+    let k@m = select(vec4<f32>(0.0), load_k(kb, c@m), in@m);
+    let v@m = select(vec4<f32>(0.0), load_v(vb, c@m), in@m);
+    var dk@m = vec4<f32>(0.0);
+    var dv@m = vec4<f32>(0.0);
+    //@END
+    let tile_first = queries_seeing(j0).x;
+    let tile_end = queries_seeing(min(j0 + ROWS, S) - 1u).y;
+    let tiles = (tile_end - tile_first + STREAM - 1u) / STREAM;
+    let rounds = group * tiles;
+    //@FOR e STAGED
+    var next@e = fetch_row_quads(lid + THREADS * @eu, tile_first, tile_end, b, kh * group);
+    //@END
+    var next_lse = 0.0;
+    var next_delta = 0.0;
+    if (lid < STREAM) {
+        let at = (b * H + kh * group) * T + min(tile_first + lid, T - 1u);
+        next_lse = lse[at];
+        next_delta = delta[at];
+    }
+    for (var n = 0u; n < rounds; n = n + 1u) {
+        let buf = n % 2u;
+        let i0 = tile_first + (n % tiles) * STREAM;
+        // The buffer written here was last read in round n - 2, before the barrier that ended round n - 1.
+        //@FOR e STAGED
+        put_row_quads(buf, lid + THREADS * @eu, next@e);
+        //@END
+        if (lid < STREAM) {
+            lse_t[buf * STREAM + lid] = next_lse;
+            delta_t[buf * STREAM + lid] = next_delta;
+        }
+        workgroupBarrier();
+        if (n + 1u < rounds) {
+            let h = kh * group + (n + 1u) / tiles;
+            let i1 = tile_first + ((n + 1u) % tiles) * STREAM;
+            //@FOR e STAGED
+            next@e = fetch_row_quads(lid + THREADS * @eu, i1, tile_end, b, h);
+            //@END
+            if (lid < STREAM) {
+                let at = (b * H + h) * T + min(i1 + lid, T - 1u);
+                next_lse = lse[at];
+                next_delta = delta[at];
+            }
+        }
+        let row0 = buf * STREAM * QS + member;
+        for (var r = 0u; r < STREAM; r = r + 1u) {
+            let at = row0 + r * QS;
+            // Each score a sum of four independent chains of multiply-adds.
+            var sv = vec4<f32>(0.0);
+            var dpv = vec4<f32>(0.0);
+            //@FOR m QM
+            let q@m = q_t[at + G * @mu];
+            let g@m = g_t[at + G * @mu];
+            sv = fma(q@m, k@m, sv);
+            dpv = fma(g@m, v@m, dpv);
+            //@END
+            let s = group_sum((sv.x + sv.y) + (sv.z + sv.w));
+            let dp = group_sum((dpv.x + dpv.y) + (dpv.z + dpv.w));
+            let pr = select(0.0, exp(s - lse_t[buf * STREAM + r]), visible(i0 + r, j));
+            let ds = pr * (dp - delta_t[buf * STREAM + r]);
+            //@FOR m QM
+            dv@m = fma(vec4<f32>(pr), g@m, dv@m);
+            dk@m = fma(vec4<f32>(ds), q@m, dk@m);
+            //@END
+        }
+        workgroupBarrier();
+    }
+    //@FOR m QM
+    store_key(b, kh, j, member + G * @mu, dk@m, dv@m);
+    //@END
+}

@@ -1,0 +1,108 @@
+// Causal attention for training, backward to the queries (ops/flash_attention.rs), run before the key/value
+// kernel; the same sums as flash_attention_dq.wgsl (and delta, stored for the key/value kernel), shaped as
+// flash_attention_dkv_rows.wgsl: each query row belongs to a group of G threads (in one subgroup), thread
+// `member` holding quads member + G m (m < QM) of the query, the output gradient and the query gradient in
+// registers. Keys and values stream past in tiles of STREAM rows staged in workgroup memory (each read a broadcast); per
+// key a thread multiplies its quads, the group adds its partial scores with subgroup shuffles, and every thread
+// updates its quads of dq. A workgroup takes ROWS query rows of one head; the next key tile's loads are held in
+// registers while the current one is used.
+//
+// The Rust side defines the constants and group_sum(x) as for flash_attention_dkv_rows.wgsl.
+//
+// Bindings: dq [B, H, T, D] and delta [B, H, T] (dense, written), q, k, v through their views, out and dout
+// [B, T, H, D] and lse [B, H, T] (dense).
+
+const THREADS: u32 = ROWS * G;
+
+var<workgroup> k_t: array<vec4<f32>, 2u * STREAM * QS>;
+var<workgroup> v_t: array<vec4<f32>, 2u * STREAM * QS>;
+
+// The k and v quads of staged quad x of the tile of key rows from j0 (zeros at or past `end`, past D and past
+// the tile): addresses clamped, loads never skipped.
+fn fetch_key_quads(x: u32, j0: u32, end: u32, b: u32, kh: u32) -> array<vec4<f32>, 2> {
+    let j = min(j0 + x / QS, end - 1u);
+    let c = min(x % QS, D4 - 1u);
+    let live = j0 + x / QS < end && x % QS < D4 && x < STREAM * QS;
+    let k = load_k(view_base(K_AT, b, kh, j), c);
+    let v = load_v(view_base(V_AT, b, kh, j), c);
+    return array<vec4<f32>, 2>(select(vec4<f32>(0.0), k, live), select(vec4<f32>(0.0), v, live));
+}
+
+fn put_key_quads(buf: u32, x: u32, f: array<vec4<f32>, 2>) {
+    if (x < STREAM * QS) {
+        k_t[buf * STREAM * QS + x] = f[0];
+        v_t[buf * STREAM * QS + x] = f[1];
+    }
+}
+
+@compute @workgroup_size(THREADS)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let H = p[1];
+    let T = p[2];
+    let D = p[8];
+    let b = wg.y / H;
+    let h = wg.y % H;
+    let kh = h / p[4];
+    let t0 = wg.x * ROWS;
+    let t = t0 + lid / G;
+    let member = lid % G;
+    let tc = min(t, T - 1u);
+    let qb = view_base(Q_AT, b, h, tc);
+    let ob = ((b * T + tc) * H + h) * D;
+    var delta_part = vec4<f32>(0.0);
+    //@FOR m QM
+    let c@m = min(member + G * @mu, D4 - 1u);
+    let in@m = member + G * @mu < D4;
+    let q@m = select(vec4<f32>(0.0), load_q(qb, c@m), in@m);
+    let g@m = select(vec4<f32>(0.0), load_dout(ob, c@m), in@m);
+    delta_part = fma(g@m, select(vec4<f32>(0.0), load_out(ob, c@m), in@m), delta_part);
+    var dq@m = vec4<f32>(0.0);
+    //@END
+    let delta = group_sum((delta_part.x + delta_part.y) + (delta_part.z + delta_part.w));
+    if (t < T && member == 0u) {
+        delta_out[(b * H + h) * T + t] = delta;
+    }
+    let row_lse = lse[(b * H + h) * T + tc];
+    let tile_first = keys_seen(t0).x;
+    let tile_end = keys_seen(min(t0 + ROWS, T) - 1u).y;
+    let tiles = (tile_end - tile_first + STREAM - 1u) / STREAM;
+    //@FOR e STAGED
+    var next@e = fetch_key_quads(lid + THREADS * @eu, tile_first, tile_end, b, kh);
+    //@END
+    for (var n = 0u; n < tiles; n = n + 1u) {
+        let buf = n % 2u;
+        let j0 = tile_first + n * STREAM;
+        // The buffer written here was last read in round n - 2, before the barrier that ended round n - 1.
+        //@FOR e STAGED
+        put_key_quads(buf, lid + THREADS * @eu, next@e);
+        //@END
+        workgroupBarrier();
+        if (n + 1u < tiles) {
+            //@FOR e STAGED
+            next@e = fetch_key_quads(lid + THREADS * @eu, j0 + STREAM, tile_end, b, kh);
+            //@END
+        }
+        let row0 = buf * STREAM * QS + member;
+        for (var r = 0u; r < STREAM; r = r + 1u) {
+            let at = row0 + r * QS;
+            // Each score a sum of four independent chains of multiply-adds.
+            var sv = vec4<f32>(0.0);
+            var dpv = vec4<f32>(0.0);
+            //@FOR m QM
+            let k@m = k_t[at + G * @mu];
+            sv = fma(q@m, k@m, sv);
+            dpv = fma(g@m, v_t[at + G * @mu], dpv);
+            //@END
+            let s = group_sum((sv.x + sv.y) + (sv.z + sv.w));
+            let dp = group_sum((dpv.x + dpv.y) + (dpv.z + dpv.w));
+            let ds = select(0.0, exp(s - row_lse), visible(t, j0 + r)) * (dp - delta);
+            //@FOR m QM
+            dq@m = fma(vec4<f32>(ds), k@m, dq@m);
+            //@END
+        }
+        workgroupBarrier();
+    }
+    //@FOR m QM
+    store_query(b, h, t, member + G * @mu, dq@m);
+    //@END
+}
