@@ -11,34 +11,20 @@
 // The Rust side defines G (a power of two, at most the smallest subgroup size), QM, QS = G QM (quads per staged
 // row, D4 padded), ROWS (rows a workgroup owns), STREAM (rows per streamed tile), STAGED = ceil(STREAM QS /
 // (ROWS G)), and group_sum(x), the sum of x over the G threads of a group (subgroup shuffles; x itself when G is
-// 1, so that no subgroup operation is needed then).
+// 1, so that no subgroup operation is needed then); flash_attention_rows_common.wgsl holds what both row kernels
+// share.
 //
 // Bindings: dk, dv [B, KVH, S, D] (dense, written), q, k, v through their views, dout [B, T, H, D], lse and
 // delta [B, H, T] (dense).
 
-const THREADS: u32 = ROWS * G;
-
-var<workgroup> q_t: array<vec4<f32>, 2u * STREAM * QS>;
-var<workgroup> g_t: array<vec4<f32>, 2u * STREAM * QS>;
 var<workgroup> lse_t: array<f32, 2u * STREAM>;
 var<workgroup> delta_t: array<f32, 2u * STREAM>;
 
-// The q and dout quads of staged quad x of the tile of query rows from i0 (zeros at or past `end`, past D and
-// past the tile), as flash_attention_grad_tiles.wgsl fetches them: addresses clamped, loads never skipped.
-fn fetch_row_quads(x: u32, i0: u32, end: u32, b: u32, h: u32) -> array<vec4<f32>, 2> {
-    let i = min(i0 + x / QS, end - 1u);
-    let c = min(x % QS, D4 - 1u);
-    let live = i0 + x / QS < end && x % QS < D4 && x < STREAM * QS;
+// Quad c of query row i's q and dout (the streamed rows), head h of sequence b.
+fn stream_quads(i: u32, c: u32, b: u32, h: u32) -> array<vec4<f32>, 2> {
     let q = load_q(view_base(Q_AT, b, h, i), c);
     let g = load_dout(((b * p[2] + i) * p[1] + h) * p[8], c);
-    return array<vec4<f32>, 2>(select(vec4<f32>(0.0), q, live), select(vec4<f32>(0.0), g, live));
-}
-
-fn put_row_quads(buf: u32, x: u32, f: array<vec4<f32>, 2>) {
-    if (x < STREAM * QS) {
-        q_t[buf * STREAM * QS + x] = f[0];
-        g_t[buf * STREAM * QS + x] = f[1];
-    }
+    return array<vec4<f32>, 2>(q, g);
 }
 
 @compute @workgroup_size(THREADS)
@@ -68,7 +54,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let tiles = (tile_end - tile_first + STREAM - 1u) / STREAM;
     let rounds = group * tiles;
     //@FOR e STAGED
-    var next@e = fetch_row_quads(lid + THREADS * @eu, tile_first, tile_end, b, kh * group);
+    var next@e = fetch_stream(lid + THREADS * @eu, tile_first, tile_end, b, kh * group);
     //@END
     var next_lse = 0.0;
     var next_delta = 0.0;
@@ -82,7 +68,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let i0 = tile_first + (n % tiles) * STREAM;
         // The buffer written here was last read in round n - 2, before the barrier that ended round n - 1.
         //@FOR e STAGED
-        put_row_quads(buf, lid + THREADS * @eu, next@e);
+        put_stream(buf, lid + THREADS * @eu, next@e);
         //@END
         if (lid < STREAM) {
             lse_t[buf * STREAM + lid] = next_lse;
@@ -93,7 +79,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let h = kh * group + (n + 1u) / tiles;
             let i1 = tile_first + ((n + 1u) % tiles) * STREAM;
             //@FOR e STAGED
-            next@e = fetch_row_quads(lid + THREADS * @eu, i1, tile_end, b, h);
+            next@e = fetch_stream(lid + THREADS * @eu, i1, tile_end, b, h);
             //@END
             if (lid < STREAM) {
                 let at = (b * H + h) * T + min(i1 + lid, T - 1u);
@@ -108,8 +94,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var sv = vec4<f32>(0.0);
             var dpv = vec4<f32>(0.0);
             //@FOR m QM
-            let q@m = q_t[at + G * @mu];
-            let g@m = g_t[at + G * @mu];
+            let q@m = stream_a[at + G * @mu];
+            let g@m = stream_b[at + G * @mu];
             sv = fma(q@m, k@m, sv);
             dpv = fma(g@m, v@m, dpv);
             //@END

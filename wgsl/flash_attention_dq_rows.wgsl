@@ -12,27 +12,11 @@
 // Bindings: dq [B, H, T, D] and delta [B, H, T] (dense, written), q, k, v through their views, out and dout
 // [B, T, H, D] and lse [B, H, T] (dense).
 
-const THREADS: u32 = ROWS * G;
-
-var<workgroup> k_t: array<vec4<f32>, 2u * STREAM * QS>;
-var<workgroup> v_t: array<vec4<f32>, 2u * STREAM * QS>;
-
-// The k and v quads of staged quad x of the tile of key rows from j0 (zeros at or past `end`, past D and past
-// the tile): addresses clamped, loads never skipped.
-fn fetch_key_quads(x: u32, j0: u32, end: u32, b: u32, kh: u32) -> array<vec4<f32>, 2> {
-    let j = min(j0 + x / QS, end - 1u);
-    let c = min(x % QS, D4 - 1u);
-    let live = j0 + x / QS < end && x % QS < D4 && x < STREAM * QS;
+// Quad c of key row j's k and v (the streamed rows), key/value head kh of sequence b.
+fn stream_quads(j: u32, c: u32, b: u32, kh: u32) -> array<vec4<f32>, 2> {
     let k = load_k(view_base(K_AT, b, kh, j), c);
     let v = load_v(view_base(V_AT, b, kh, j), c);
-    return array<vec4<f32>, 2>(select(vec4<f32>(0.0), k, live), select(vec4<f32>(0.0), v, live));
-}
-
-fn put_key_quads(buf: u32, x: u32, f: array<vec4<f32>, 2>) {
-    if (x < STREAM * QS) {
-        k_t[buf * STREAM * QS + x] = f[0];
-        v_t[buf * STREAM * QS + x] = f[1];
-    }
+    return array<vec4<f32>, 2>(k, v);
 }
 
 @compute @workgroup_size(THREADS)
@@ -67,19 +51,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let tile_end = keys_seen(min(t0 + ROWS, T) - 1u).y;
     let tiles = (tile_end - tile_first + STREAM - 1u) / STREAM;
     //@FOR e STAGED
-    var next@e = fetch_key_quads(lid + THREADS * @eu, tile_first, tile_end, b, kh);
+    var next@e = fetch_stream(lid + THREADS * @eu, tile_first, tile_end, b, kh);
     //@END
     for (var n = 0u; n < tiles; n = n + 1u) {
         let buf = n % 2u;
         let j0 = tile_first + n * STREAM;
         // The buffer written here was last read in round n - 2, before the barrier that ended round n - 1.
         //@FOR e STAGED
-        put_key_quads(buf, lid + THREADS * @eu, next@e);
+        put_stream(buf, lid + THREADS * @eu, next@e);
         //@END
         workgroupBarrier();
         if (n + 1u < tiles) {
             //@FOR e STAGED
-            next@e = fetch_key_quads(lid + THREADS * @eu, j0 + STREAM, tile_end, b, kh);
+            next@e = fetch_stream(lid + THREADS * @eu, j0 + STREAM, tile_end, b, kh);
             //@END
         }
         let row0 = buf * STREAM * QS + member;
@@ -89,9 +73,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             var sv = vec4<f32>(0.0);
             var dpv = vec4<f32>(0.0);
             //@FOR m QM
-            let k@m = k_t[at + G * @mu];
+            let k@m = stream_a[at + G * @mu];
             sv = fma(q@m, k@m, sv);
-            dpv = fma(g@m, v_t[at + G * @mu], dpv);
+            dpv = fma(g@m, stream_b[at + G * @mu], dpv);
             //@END
             let s = group_sum((sv.x + sv.y) + (sv.z + sv.w));
             let dp = group_sum((dpv.x + dpv.y) + (dpv.z + dpv.w));

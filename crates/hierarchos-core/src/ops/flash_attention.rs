@@ -18,6 +18,7 @@ const GRAD_Q: &str = include_str!("../../../../wgsl/flash_attention_dq.wgsl");
 const GRAD_KV: &str = include_str!("../../../../wgsl/flash_attention_dkv.wgsl");
 const GRAD_Q_ROWS: &str = include_str!("../../../../wgsl/flash_attention_dq_rows.wgsl");
 const GRAD_KV_ROWS: &str = include_str!("../../../../wgsl/flash_attention_dkv_rows.wgsl");
+const ROWS_COMMON: &str = include_str!("../../../../wgsl/flash_attention_rows_common.wgsl");
 const QUERY_GRADS: &str = include_str!("../../../../wgsl/flash_attention_query_grads.wgsl");
 const KEY_GRADS: &str = include_str!("../../../../wgsl/flash_attention_key_grads.wgsl");
 const KEY_TILES: &str = include_str!("../../../../wgsl/flash_attention_key_tiles.wgsl");
@@ -446,6 +447,7 @@ impl Params {
                     } else {
                         KEY_GRADS
                     });
+                    s.push_str(ROWS_COMMON);
                     let grouped = constants.iter().any(|&(name, value)| name == "G" && value > 1);
                     s.push_str(if grouped { GROUP_SUM_SHUFFLED } else { GROUP_SUM_SINGLE });
                 }
