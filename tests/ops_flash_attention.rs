@@ -84,6 +84,8 @@ fn flash_attention_matches_reference() {
         case((2, 9, 3), (3, 17, 3), (14, 0, None)),
         case((1, 3, 3), (5, 17, 8), (6, 2, Some(3))),
         case((1, 4, 2), (5, 17, 64), (12, 0, Some(4))),
+        // Over a hundred keys before a short window that no query sees (a whole workgroup of keys without queries).
+        case((1, 2, 1), (3, 130, 8), (127, 0, Some(2))),
         // A head size filling 2 components of the last quad (17 and 3 fill 1 and 3 of them).
         case((1, 2, 1), (3, 17, 66), (14, 0, None)),
         // Heads of 128: the backward's smallest tiles on lavapipe (32 KiB of workgroup memory), more query and key

@@ -1,9 +1,11 @@
 // Causal attention for training, backward to the keys and values (ops/flash_attention.rs), after the query kernel
 // stored delta; the same sums as flash_attention_dkv.wgsl, shaped for register reuse instead of as a tiled
-// product: each key row belongs to a group of G threads (in one subgroup), thread `member` of the group holding
-// quads member + G m (m < QM) of the key, the value and both gradients in registers for the whole kernel. Query
-// rows stream past in tiles of STREAM rows (q, dout, lse, delta staged in workgroup memory, read by every group at once,
-// so each read is a broadcast); per query row a thread multiplies its quads, the group adds its partial scores
+// product: each key row belongs to a group of G consecutive threads, thread `member` of the group holding quads
+// member + G m (m < QM) of the key, the value and both gradients in registers for the whole kernel. (The group
+// must lie in one subgroup, lanes in invocation order: so on every driver we run, where a workgroup's subgroups
+// are its invocations in order.) Query rows stream past in tiles of STREAM rows (q, dout, lse, delta staged in
+// workgroup memory, read by every group at once, so each read is a broadcast); per query row a thread
+// multiplies its quads, the group adds its partial scores
 // with subgroup shuffles, and every thread updates its quads of dk and dv from the same staged row. A workgroup
 // takes ROWS keys of one key/value head and the query tiles of every query head that reads it (GQA: the group's
 // gradients are summed here). The next tile's loads are held in registers while the current one is used.
@@ -66,7 +68,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var n = 0u; n < rounds; n = n + 1u) {
         let buf = n % 2u;
         let i0 = tile_first + (n % tiles) * STREAM;
-        // The buffer written here was last read in round n - 2, before the barrier that ended round n - 1.
+        // The buffer written here was last read in round n - 2; every thread has passed round n - 1's barrier since,
+        // so one barrier a round suffices.
         //@FOR e STAGED
         put_stream(buf, lid + THREADS * @eu, next@e);
         //@END
@@ -108,7 +111,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             dk@m = fma(vec4<f32>(ds), q@m, dk@m);
             //@END
         }
-        workgroupBarrier();
     }
     //@FOR m QM
     store_key(b, kh, j, member + G * @mu, dk@m, dv@m);

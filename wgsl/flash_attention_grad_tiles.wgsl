@@ -1,4 +1,4 @@
-// Shared by the two backward kernels of flash attention (ops/flash_attention.rs), which work like a matrix
+// Shared by the two tiled backward kernels of flash attention (ops/flash_attention.rs), which work like a matrix
 // product: a workgroup of 64 threads (8 x 8) holds one tile of TILE query rows (q, dout, with their lse and delta)
 // and one of TILE key rows (k, v) in workgroup memory, and each thread computes R x R entries of the tile's scores
 // s = q · k and output-gradient products dp = dout · v from vec4 reads, R + R rows read for R * R dot products.
@@ -26,9 +26,9 @@ var<workgroup> delta_s: array<f32, TILE>;
 // The q and dout quads of quad x of the tile of query rows from i0, of batch b, head h (zeros at or past `end` and
 // past the tile). The kernels fetch the tile they stream one round ahead, so that its loads are in flight while
 // the current tile is multiplied, and put it into workgroup memory the next round. Straight-line code: addresses
-// are clamped into the rows (`end` > i0), loads are never skipped, the unwanted ones are zeroed.
+// are clamped into the rows (to row 0 when there are none), loads are never skipped, the unwanted ones are zeroed.
 fn fetch_query(x: u32, i0: u32, end: u32, b: u32, h: u32) -> array<vec4<f32>, 2> {
-    let i = min(i0 + x / D4, end - 1u);
+    let i = min(i0 + x / D4, max(end, 1u) - 1u);
     let c = x % D4;
     let live = i0 + x / D4 < end && x < TILE * D4;
     let q = load_q(view_base(Q_AT, b, h, i), c);
@@ -45,7 +45,7 @@ fn put_query(x: u32, f: array<vec4<f32>, 2>) {
 
 // The k and v quads of quad x of the tile of key rows from j0, of batch b, key/value head kh, as fetch_query.
 fn fetch_key(x: u32, j0: u32, end: u32, b: u32, kh: u32) -> array<vec4<f32>, 2> {
-    let j = min(j0 + x / D4, end - 1u);
+    let j = min(j0 + x / D4, max(end, 1u) - 1u);
     let c = x % D4;
     let live = j0 + x / D4 < end && x < TILE * D4;
     let k = load_k(view_base(K_AT, b, kh, j), c);

@@ -10,9 +10,10 @@ var<workgroup> stream_b: array<vec4<f32>, 2u * STREAM * QS>;
 
 // The two quads of staged quad x of the tile of rows from r0 of sequence b, head `head` (zeros at or past `end`,
 // past D and past the tile). The kernels fetch the tile they stream one round ahead, so that its loads are in
-// flight while the current tile is used: addresses clamped into the rows (`end` > r0), loads never skipped.
+// flight while the current tile is used: addresses clamped into the rows (to row 0 when there are none: keys
+// that no query sees), loads never skipped.
 fn fetch_stream(x: u32, r0: u32, end: u32, b: u32, head: u32) -> array<vec4<f32>, 2> {
-    let r = min(r0 + x / QS, end - 1u);
+    let r = min(r0 + x / QS, max(end, 1u) - 1u);
     let c = min(x % QS, D4 - 1u);
     let live = r0 + x / QS < end && x % QS < D4 && x < STREAM * QS;
     let f = stream_quads(r, c, b, head);
