@@ -33,16 +33,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let tc = min(t, T - 1u);
     let qb = view_base(Q_AT, b, h, tc);
     let ob = ((b * T + tc) * H + h) * D;
-    var delta_part = vec4<f32>(0.0);
+    var delta_part = 0.0;
     //@FOR m QM
     let c@m = min(member + G * @mu, D4 - 1u);
     let in@m = member + G * @mu < D4;
     let q@m = select(vec4<f32>(0.0), load_q(qb, c@m), in@m);
     let g@m = select(vec4<f32>(0.0), load_dout(ob, c@m), in@m);
-    delta_part = fma(g@m, select(vec4<f32>(0.0), load_out(ob, c@m), in@m), delta_part);
+    delta_part = delta_part + dot(g@m, select(vec4<f32>(0.0), load_out(ob, c@m), in@m));
     var dq@m = vec4<f32>(0.0);
     //@END
-    let delta = group_sum((delta_part.x + delta_part.y) + (delta_part.z + delta_part.w));
+    let delta = group_sum(delta_part);
     if (t < T && member == 0u) {
         delta_out[(b * H + h) * T + t] = delta;
     }
@@ -70,16 +70,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let row0 = buf * STREAM * QS + member;
         for (var r = 0u; r < STREAM; r = r + 1u) {
             let at = row0 + r * QS;
-            // Each score a sum of four independent chains of multiply-adds.
-            var sv = vec4<f32>(0.0);
-            var dpv = vec4<f32>(0.0);
+            // Sums in the tiled kernels' order (a dot product per quad, quads in order): with one thread per row
+            // both kernels round alike. (Four chains of multiply-adds instead ran no faster on the H200 and moved
+            // the two-step training fixtures' parameter errors past their bound.)
+            var s_part = 0.0;
+            var dp_part = 0.0;
             //@FOR m QM
             let k@m = stream_a[at + G * @mu];
-            sv = fma(q@m, k@m, sv);
-            dpv = fma(g@m, stream_b[at + G * @mu], dpv);
+            s_part = s_part + dot(q@m, k@m);
+            dp_part = dp_part + dot(g@m, stream_b[at + G * @mu]);
             //@END
-            let s = group_sum((sv.x + sv.y) + (sv.z + sv.w));
-            let dp = group_sum((dpv.x + dpv.y) + (dpv.z + dpv.w));
+            let s = group_sum(s_part);
+            let dp = group_sum(dp_part);
             let ds = select(0.0, exp(s - row_lse), visible(t, j0 + r)) * (dp - delta);
             //@FOR m QM
             dq@m = fma(vec4<f32>(ds), k@m, dq@m);
