@@ -1,14 +1,14 @@
 // Causal attention for training, backward to the keys and values (ops/flash_attention.rs), after the query kernel
 // stored delta; the same sums as flash_attention_dkv.wgsl, shaped for register reuse instead of as a tiled
 // product: each key row belongs to a group of G consecutive threads, thread `member` of the group holding quads
-// member + G m (m < QM) of the key, the value and both gradients in registers for the whole kernel. (The group
-// must lie in one subgroup, lanes in invocation order: so on every driver we run, where a workgroup's subgroups
-// are its invocations in order.) Query rows stream past in tiles of STREAM rows (q, dout, lse, delta staged in
-// workgroup memory, read by every group at once, so each read is a broadcast); per query row a thread
-// multiplies its quads, the group adds its partial scores
-// with subgroup shuffles, and every thread updates its quads of dk and dv from the same staged row. A workgroup
-// takes ROWS keys of one key/value head and the query tiles of every query head that reads it (GQA: the group's
-// gradients are summed here). The next tile's loads are held in registers while the current one is used.
+// member + G m (m < QM) of the key, the value and both gradients in registers for the whole kernel. (A group
+// must lie in one subgroup with its lanes in invocation order, as on every driver we run, whose subgroups are a
+// workgroup's invocations in order.) Query rows stream past in tiles of STREAM rows (q, dout, lse, delta staged
+// in workgroup memory, read by every group at once, so each read is a broadcast); per query row a thread
+// multiplies its quads, the group adds its partial scores with subgroup shuffles, and every thread updates its
+// quads of dk and dv from the same staged row. A workgroup takes ROWS keys of one key/value head and the query
+// tiles of every query head that reads it (GQA: the group's gradients are summed here). The next tile's loads
+// are held in registers while the current one is used.
 //
 // The Rust side defines G (a power of two, at most the smallest subgroup size), QM, QS = G QM (quads per staged
 // row, D4 padded), ROWS (rows a workgroup owns), STREAM (rows per streamed tile), STAGED = ceil(STREAM QS /

@@ -441,16 +441,13 @@ impl Params {
                 Kernel::Forward => s.push_str(KEY_TILES),
                 Kernel::GradQ => s.push_str(&[GRAD_TILES, QUERY_GRADS].concat()),
                 Kernel::GradKv => s.push_str(&[GRAD_TILES, KEY_GRADS].concat()),
-                Kernel::GradQRows | Kernel::GradKvRows => {
-                    s.push_str(if matches!(kernel, Kernel::GradQRows) {
-                        QUERY_GRADS
-                    } else {
-                        KEY_GRADS
-                    });
-                    s.push_str(ROWS_COMMON);
-                    let grouped = constants.iter().any(|&(name, value)| name == "G" && value > 1);
-                    s.push_str(if grouped { GROUP_SUM_SHUFFLED } else { GROUP_SUM_SINGLE });
-                }
+                Kernel::GradQRows => s.push_str(QUERY_GRADS),
+                Kernel::GradKvRows => s.push_str(KEY_GRADS),
+            }
+            if matches!(kernel, Kernel::GradQRows | Kernel::GradKvRows) {
+                s.push_str(ROWS_COMMON);
+                let grouped = constants.iter().any(|&(name, value)| name == "G" && value > 1);
+                s.push_str(if grouped { GROUP_SUM_SHUFFLED } else { GROUP_SUM_SINGLE });
             }
             s.push_str(body);
             expand(&s, &constants)
