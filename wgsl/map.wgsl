@@ -1,5 +1,7 @@
-// Elementwise "map" kernel template: each thread computes one output word (one element, or two for packed
-// 16-bit outputs) from strided inputs. The Rust side prepends bindings, load/store functions and `compute`.
+// Elementwise "map" kernel template: each thread computes WPT output words (one element each, or two for packed
+// 16-bit outputs), 256 words apart, from strided inputs. The Rust side prepends bindings, load/store functions,
+// `compute` and its type COMPUTE, and WPT. A thread issues all its loads before its stores, so that it keeps several
+// loads in flight.
 //
 // Parameters (binding 0, u32 words): [numel, rank, shape[8], then per input: offset, strides[8], then the word
 // where the output starts (OUT_AT), then extras].
@@ -25,15 +27,9 @@ fn extra_u32(j: u32) -> u32 {
     return p[EXTRA + j];
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let w = (wid.x + wid.y * nwg.x) * 256u + lid;
-    let n = p[0];
+// Output word `w`: one element, or two for packed 16-bit outputs.
+fn word(w: u32, n: u32) -> vec2<COMPUTE> {
     let i0 = w * EPW;
-    if (i0 >= n) {
-        return;
-    }
     let v0 = compute(i0);
     var v1 = v0;
     if (EPW == 2u) {
@@ -45,5 +41,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             v1 = load_out(2u * (p[OUT_AT] + w) + 1u);
         }
     }
-    store_out(p[OUT_AT] + w, v0, v1);
+    return vec2<COMPUTE>(v0, v1);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let first = (wid.x + wid.y * nwg.x) * (256u * WPT) + lid;
+    let n = p[0];
+    let words = (n + EPW - 1u) / EPW;
+    var v: array<vec2<COMPUTE>, WPT>;
+    for (var k = 0u; k < WPT; k = k + 1u) {
+        let w = first + 256u * k;
+        if (w < words) {
+            v[k] = word(w, n);
+        }
+    }
+    for (var k = 0u; k < WPT; k = k + 1u) {
+        let w = first + 256u * k;
+        if (w < words) {
+            store_out(p[OUT_AT] + w, v[k].x, v[k].y);
+        }
+    }
 }

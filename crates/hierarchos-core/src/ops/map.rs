@@ -11,6 +11,8 @@ use crate::shape::{Layout, MAX_DIMS, numel};
 use crate::tensor::Tensor;
 
 const MAP_WGSL: &str = include_str!("../../../../wgsl/map.wgsl");
+/// Output words per thread (map.wgsl's `WPT`): one a thread kept too few loads in flight to fill the memory bus.
+const MAP_WORDS_PER_THREAD: u32 = 4;
 
 /// One elementwise kernel launch.
 pub(crate) struct Map<'a> {
@@ -198,8 +200,10 @@ impl Map<'_> {
             s.push_str(COMMON_WGSL);
             let _ = writeln!(
                 s,
-                "const EPW: u32 = {}u;\nconst OUT_AT: u32 = {out_at}u;\nconst EXTRA: u32 = {extra_base}u;",
-                out_access.elems_per_word()
+                "const EPW: u32 = {}u;\nconst OUT_AT: u32 = {out_at}u;\nconst EXTRA: u32 = {extra_base}u;\n\
+                 alias COMPUTE = {};\nconst WPT: u32 = {MAP_WORDS_PER_THREAD}u;",
+                out_access.elems_per_word(),
+                self.dtype.compute_type()
             );
             let _ = writeln!(s, "fn compute(i: u32) -> {} {{", self.dtype.compute_type());
             if self.preload {
@@ -228,7 +232,7 @@ impl Map<'_> {
             source: &source,
             buffers: &buffers,
             params: &params,
-            workgroups: Gpu::grid(words.div_ceil(256)),
+            workgroups: Gpu::grid(words.div_ceil(256 * MAP_WORDS_PER_THREAD)),
         })?;
         Ok(())
     }
