@@ -217,6 +217,8 @@ fn norms_in_16_bit() {
             check(&mut rng, &[2, 3], 16, layer, true, layer, dtype, "contiguous");
             check(&mut rng, &[3], 17, layer, true, layer, dtype, "contiguous");
             check(&mut rng, &[2], 1, layer, false, false, dtype, "contiguous");
+            // Several words of a row per thread, and more rows than the backward takes per workgroup.
+            check(&mut rng, &[19], 1100, layer, true, layer, dtype, "contiguous");
         }
     }
 }
@@ -264,6 +266,54 @@ fn norm_gradcheck() {
     gradcheck("layer_norm without affine", &mut rng, &inputs[..1], |t| {
         t[0].layer_norm(None, None, 1e-5)
     });
+}
+
+/// The backward computes only the gradients asked for (one kernel for all of them, with fewer rows per workgroup
+/// when no weight gradient is summed): each must be the same bits as when all are asked for.
+#[test]
+fn norm_gradients_of_frozen_inputs() {
+    let mut rng = Rng::new("norm_gradients_of_frozen_inputs");
+    let d = dev();
+    let (rows, c) = (37, 300);
+    let (x, w, b, g) = (
+        rng.vec(rows * c, -2.0, 2.0),
+        rng.vec(c, 0.5, 1.5),
+        rng.vec(c, -1.0, 1.0),
+        rng.vec(rows * c, -1.0, 1.0),
+    );
+    for layer in [false, true] {
+        let grads = |trained: [bool; 3]| -> Vec<Option<Vec<f32>>> {
+            let t = |v: &[f32], shape: &[usize], train: bool| {
+                let t = Tensor::from_slice(v, shape, &d).unwrap();
+                if train { t.requires_grad_() } else { t }
+            };
+            let (xt, wt, bt) = (
+                t(&x, &[rows, c], trained[0]),
+                t(&w, &[c], trained[1]),
+                t(&b, &[c], trained[2]),
+            );
+            let y = if layer {
+                xt.layer_norm(Some(&wt), Some(&bt), 1e-5)
+            } else {
+                xt.rms_norm(Some(&wt), 1e-5)
+            }
+            .unwrap();
+            let gt = Tensor::from_slice(&g, &[rows, c], &d).unwrap();
+            y.mul(&gt).unwrap().sum_all().unwrap().backward().unwrap();
+            [xt, wt, bt]
+                .iter()
+                .map(|t| t.grad().map(|g| g.to_f32_vec().unwrap()))
+                .collect()
+        };
+        let all = grads([true, true, layer]);
+        for (k, want) in all.iter().enumerate().take(if layer { 3 } else { 2 }) {
+            let mut trained = [false; 3];
+            trained[k] = true;
+            let got = grads(trained);
+            assert_eq!(&got[k], want, "layer={layer}: gradient {k} alone");
+            assert!(got.iter().enumerate().all(|(j, g)| j == k || g.is_none()));
+        }
+    }
 }
 
 #[test]

@@ -1,31 +1,75 @@
-// Normalization backward for x, an output kernel of rows.wgsl, from g (view 0), x (view 1) and the saved
-// (mean, rstd): with ĝ = g * w and x̂ = (x - mean) * rstd, dx = rstd * (ĝ - mean(ĝ) - x̂ * mean(ĝ * x̂)); RMSNorm
-// drops the mean(ĝ) term.
+// Normalization backward, one pass for the input and the weight and bias gradients (an `Entry::Groups` kernel
+// of rows.wgsl): workgroup `group` takes rows group * PER .. (group + 1) * PER (PER = scalar 5) of g (view 0) and x
+// (view 1), with the (mean, rstd) the forward saved. Each thread owns the output words lid + WG * k of a row
+// (k < WPT, EPW elements each) and keeps ĝ = g * w and x̂ = (x - mean) * rstd of their elements in registers
+// between the row's reduction and its output
+//   dx = rstd * (ĝ - mean(ĝ) - x̂ * mean(ĝ * x̂))      (RMSNorm drops the mean(ĝ) term),
+// while it adds g * x̂ (the weight's gradient) and g (the bias's) of its elements over the rows. Those sums go out
+// per workgroup as [groups, PARTS, C], weight part first; the Rust side adds them. The Rust side defines WPT, DX,
+// DW, DB and PARTS, and `store_dx` / `store_partial` (empty when not written).
 
-fn row_context(row: u32, lid: u32, sg_lane: u32) -> RowCtx {
-    let bg = row_base(0u, row);
-    let bx = row_base(1u, row);
+const EPT: u32 = WPT * EPW;
+
+fn run_group(group: u32, lid: u32, sg_lane: u32) {
+    let per = scalar_u32(5u);
+    let r0 = group * per;
+    if (r0 >= p[0]) {
+        return;
+    }
+    let r1 = min(r0 + per, p[0]);
+    let c = p[1];
+    let wpr = c / EPW;
     let sg = col_stride(0u);
     let sx = col_stride(1u);
-    let mean = stats[2u * row];
-    let rstd = stats[2u * row + 1u];
-    let c = p[1];
-    var acc = vec4<f32>(0.0);
-    for (var j = lid; j < c; j = j + WG) {
-        let gh = f32(load_g(bg + j * sg)) * weight(j);
-        let xh = (f32(load_x(bx + j * sx)) - mean) * rstd;
-        acc = acc + vec4<f32>(gh, gh * xh, 0.0, 0.0);
+    var dw: array<f32, EPT>;
+    var db: array<f32, EPT>;
+    for (var row = r0; row < r1; row = row + 1u) {
+        let bg = row_base(0u, row);
+        let bx = row_base(1u, row);
+        let mean = stats[2u * row];
+        let rstd = stats[2u * row + 1u];
+        var gh: array<f32, EPT>;
+        var xh: array<f32, EPT>;
+        var acc = vec4<f32>(0.0);
+        for (var k = 0u; k < EPT; k = k + 1u) {
+            let j = (lid + WG * (k / EPW)) * EPW + k % EPW;
+            if (j < c) {
+                let g = f32(load_g(bg + j * sg));
+                let x = (f32(load_x(bx + j * sx)) - mean) * rstd;
+                gh[k] = g * weight(j);
+                xh[k] = x;
+                acc = acc + vec4<f32>(gh[k], gh[k] * x, 0.0, 0.0);
+                dw[k] = dw[k] + g * x;
+                db[k] = db[k] + g;
+            }
+        }
+        let t = workgroup_reduce(lid, acc, SUM);
+        if (DX) {
+            let mean_g = select(0.0, t.x / f32(c), LAYER);
+            let mean_gx = t.y / f32(c);
+            for (var k = 0u; k < WPT; k = k + 1u) {
+                let w = lid + WG * k;
+                if (w < wpr) {
+                    let e = k * EPW;
+                    let v0 = rstd * (gh[e] - mean_g - xh[e] * mean_gx);
+                    var v1 = v0;
+                    if (EPW == 2u) {
+                        v1 = rstd * (gh[e + 1u] - mean_g - xh[e + 1u] * mean_gx);
+                    }
+                    store_dx(row * wpr + w, v0, v1);
+                }
+            }
+        }
     }
-    let t = workgroup_reduce(lid, acc, SUM);
-    var mean_g = 0.0;
-    if (LAYER) {
-        mean_g = t.x / f32(c);
+    for (var k = 0u; k < EPT; k = k + 1u) {
+        let j = (lid + WG * (k / EPW)) * EPW + k % EPW;
+        if (j < c) {
+            if (DW) {
+                store_partial(group * PARTS * c + j, dw[k], 0.0);
+            }
+            if (DB) {
+                store_partial((group * PARTS + PARTS - 1u) * c + j, db[k], 0.0);
+            }
+        }
     }
-    return RowCtx(vec4<f32>(mean, rstd, mean_g, t.y / f32(c)), bg, bx);
-}
-
-fn out_value(ctx: RowCtx, j: u32) -> f32 {
-    let gh = f32(load_g(ctx.base0 + j * col_stride(0u))) * weight(j);
-    let xh = (f32(load_x(ctx.base1 + j * col_stride(1u))) - ctx.v.x) * ctx.v.y;
-    return ctx.v.y * (gh - ctx.v.z - xh * ctx.v.w);
 }

@@ -11,14 +11,9 @@ use crate::tensor::Tensor;
 
 const NORM_FORWARD_WGSL: &str = include_str!("../../../../wgsl/norm_forward.wgsl");
 const NORM_BACKWARD_WGSL: &str = include_str!("../../../../wgsl/norm_backward.wgsl");
-const NORM_WEIGHT_GRAD_WGSL: &str = include_str!("../../../../wgsl/norm_weight_grad.wgsl");
-
-/// Rows per workgroup of the weight-gradient column reduction when there are enough columns to fill the GPU. On
-/// the H200 (110M shape, 4096 rows of 768) 16 took the 25 reductions of a training step from 1.51 to 0.82 ms
-/// against 64: more workgroups, shorter dependent loops.
-const WEIGHT_GRAD_ROWS: usize = 16;
-/// Workgroups the weight-gradient reduction aims for, so that narrow weights still spread over many rows.
-const WEIGHT_GRAD_WORKGROUPS: usize = 2048;
+/// Rows per workgroup of the backward when it also sums the weight or bias gradients (one row otherwise): each
+/// workgroup writes one partial sum per column, so fewer rows per workgroup mean more partial sums to add after.
+const GRAD_ROWS: usize = 8;
 
 /// Which normalization.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -48,16 +43,9 @@ impl Norm {
             Norm::Layer => "layer_norm_backward",
         }
     }
-
-    fn weight_grad_name(self) -> &'static str {
-        match self {
-            Norm::Rms => "rms_norm_weight_grad",
-            Norm::Layer => "layer_norm_weight_grad",
-        }
-    }
 }
 
-/// Which direction a `norm.wgsl` kernel runs: the forward also saves (mean, rstd) per row.
+/// Which forward a `norm_forward.wgsl` kernel runs; both save (mean, rstd) per row.
 #[derive(Clone, Copy)]
 enum Pass<'a> {
     Forward,
@@ -65,7 +53,6 @@ enum Pass<'a> {
     AddForward {
         sum: &'a Tensor,
     },
-    Backward,
 }
 
 /// The affine part of a normalization and its epsilon.
@@ -199,7 +186,7 @@ fn new_stats(op: &'static str, x: &Tensor, rows: usize) -> Result<Tensor> {
     ))
 }
 
-/// Runs the normalization kernel for `pass` over rows of `inputs` (views 0, 1, ...), giving a new tensor of
+/// Runs the normalization forward for `pass` over rows of `inputs` (views 0, 1, ...), giving a new tensor of
 /// `inputs[0]`'s shape in `dtype`.
 fn norm_rows(
     kind: Norm,
@@ -209,10 +196,9 @@ fn norm_rows(
     stats: &Tensor,
     dtype: DType,
 ) -> Result<Tensor> {
-    let (op, file) = match pass {
-        Pass::Forward => (kind.name(), NORM_FORWARD_WGSL),
-        Pass::AddForward { .. } => (kind.add_name(), NORM_FORWARD_WGSL),
-        Pass::Backward => (kind.backward_name(), NORM_BACKWARD_WGSL),
+    let op = match pass {
+        Pass::Forward => kind.name(),
+        Pass::AddForward { .. } => kind.add_name(),
     };
     let shape = inputs[0].1.shape();
     let mut defs = format!("const LAYER: bool = {};\n{}", kind == Norm::Layer, affine.defs());
@@ -227,7 +213,6 @@ fn norm_rows(
             bindings.push(Binding::write("sum", sum));
             defs.push_str(&input_defs(dtype, true));
         }
-        Pass::Backward => bindings.push(Binding::read("stats", stats)),
     }
     bindings.extend(inputs.iter().map(|&(name, t)| Binding::read(name, t)));
     bindings.extend(affine.bindings());
@@ -236,62 +221,123 @@ fn norm_rows(
         views: inputs.iter().map(|(_, t)| t.layout()).collect(),
         bindings,
         defs,
-        ..RowKernel::new(op, &shape[..shape.len() - 1], shape[shape.len() - 1], &[file])
+        ..RowKernel::new(
+            op,
+            &shape[..shape.len() - 1],
+            shape[shape.len() - 1],
+            &[NORM_FORWARD_WGSL],
+        )
     }
     .output(dtype, inputs[0].1.device())
 }
 
-/// Σ over rows of g·x̂ and of g (f32, shape [cols] each): the weight and bias gradients before the dtype cast.
-fn weight_grads(kind: Norm, g: &Tensor, x: &Tensor, stats: &Tensor) -> Result<(Tensor, Tensor)> {
-    let op = kind.weight_grad_name();
+/// The gradients a normalization node needs from `g`, in one pass over `g` and `x`: `[dx, dw, db]` for the
+/// `need`ed ones, dx in x's dtype, the weight's and bias's (Σ over rows of g·x̂ and of g) in f32.
+fn norm_backward(
+    kind: Norm,
+    g: &Tensor,
+    x: &Tensor,
+    affine: &Affine,
+    stats: &Tensor,
+    need: [bool; 3],
+) -> Result<[Option<Tensor>; 3]> {
+    let op = kind.backward_name();
     let device = x.device().clone();
     let shape = x.shape();
     let (lead, cols) = (&shape[..shape.len() - 1], shape[shape.len() - 1]);
     let rows = numel(lead);
-    if rows == 0 || cols == 0 {
-        let z = Tensor::zeros(&[cols], DType::F32, &device)?;
-        return Ok((z.clone(), z));
-    }
-    let col_blocks = cols.div_ceil(256);
-    if col_blocks > 65535 {
-        return Err(Error::Invalid {
-            op,
-            message: format!("rows of {cols} elements are too long"),
-        });
-    }
-    let chunks = rows
-        .div_ceil(WEIGHT_GRAD_ROWS)
-        .clamp(1, (WEIGHT_GRAD_WORKGROUPS / col_blocks).max(1));
-    let per = rows.div_ceil(chunks);
-    let chunks = rows.div_ceil(per);
-    let partial = Tensor::from_buffer(
-        device.alloc(op, Tensor::bytes_for(chunks * 2 * cols, DType::F32))?,
-        &[chunks, 2, cols],
-        DType::F32,
-        None,
-    );
-    RowKernel {
-        scalars: [0, 0, 0, 0, 0, per as u32],
-        views: vec![g.layout(), x.layout()],
-        bindings: vec![
-            Binding::write("partial", &partial),
-            Binding::read("g", g),
-            Binding::read("x", x),
-            Binding::read("stats", stats),
-        ],
-        entry: Entry::Grid([col_blocks as u32, chunks as u32, 1]),
-        ..RowKernel::new(op, lead, cols, &[NORM_WEIGHT_GRAD_WGSL])
-    }
-    .run(&device)?;
-    let sums = if chunks == 1 {
-        partial.reshape(&[2, cols])?
+    let [need_x, need_w, need_b] = need;
+    // As `RowKernel::output`: packed 16-bit rows of odd length would share words, so such dx goes out in f32.
+    let dx_dtype = if Access::new(x.dtype(), device.caps().f16).packed && cols % 2 == 1 {
+        DType::F32
     } else {
-        partial.sum(&[0], false)?
+        x.dtype()
     };
-    Ok((
-        sums.narrow(0, 0, 1)?.reshape(&[cols])?,
-        sums.narrow(0, 1, 1)?.reshape(&[cols])?,
-    ))
+    let dx = need_x
+        .then(|| {
+            let bytes = Tensor::bytes_for(x.numel(), dx_dtype);
+            Ok::<_, Error>(Tensor::from_buffer(device.alloc(op, bytes)?, shape, dx_dtype, None))
+        })
+        .transpose()?;
+    let parts = usize::from(need_w) + usize::from(need_b);
+    let per = if parts > 0 { GRAD_ROWS } else { 1 };
+    let groups = rows.div_ceil(per);
+    let partial = (parts > 0)
+        .then(|| {
+            let bytes = Tensor::bytes_for(groups * parts * cols, DType::F32);
+            Ok::<_, Error>(Tensor::from_buffer(
+                device.alloc(op, bytes)?,
+                &[groups, parts, cols],
+                DType::F32,
+                None,
+            ))
+        })
+        .transpose()?;
+    if rows > 0 && cols > 0 && (need_x || parts > 0) {
+        if groups > u32::MAX as usize {
+            return Err(Error::Invalid {
+                op,
+                message: format!("{rows} rows are too many"),
+            });
+        }
+        let epw = if need_x {
+            Access::new(dx_dtype, device.caps().f16).elems_per_word() as usize
+        } else {
+            1
+        };
+        // dx leaves the bias out, so the kernel binds none.
+        let affine = Affine {
+            bias: None,
+            ..affine.clone()
+        };
+        let mut defs = format!(
+            "const LAYER: bool = {};\n{}const EPW: u32 = {epw}u;\nconst WPT: u32 = {}u;\n\
+             const DX: bool = {need_x};\nconst DW: bool = {need_w};\nconst DB: bool = {need_b};\n\
+             const PARTS: u32 = {parts}u;\n",
+            kind == Norm::Layer,
+            affine.defs(),
+            cols.div_ceil(256 * epw),
+        );
+        let mut bindings = vec![Binding::read("stats", stats)];
+        match &dx {
+            Some(dx) => bindings.push(Binding::write("dx", dx)),
+            None => defs.push_str("fn store_dx(w: u32, v0: f32, v1: f32) {}\n"),
+        }
+        match &partial {
+            Some(partial) => bindings.push(Binding::write("partial", partial)),
+            None => defs.push_str("fn store_partial(w: u32, v0: f32, v1: f32) {}\n"),
+        }
+        bindings.extend([Binding::read("g", g), Binding::read("x", x)]);
+        bindings.extend(affine.bindings());
+        let mut scalars = affine.scalars();
+        scalars[5] = per as u32;
+        RowKernel {
+            scalars,
+            views: vec![g.layout(), x.layout()],
+            bindings,
+            defs,
+            entry: Entry::Groups(groups as u32),
+            ..RowKernel::new(op, lead, cols, &[NORM_BACKWARD_WGSL])
+        }
+        .run(&device)?;
+    }
+    let dx = dx.map(|dx| no_grad(|| dx.to_dtype(x.dtype()))).transpose()?;
+    let sums = match partial {
+        Some(p) if groups == 1 => Some(p.reshape(&[parts, cols])?),
+        Some(p) => Some(p.sum(&[0], false)?),
+        None => None,
+    };
+    let part = |k: usize| -> Result<Tensor> {
+        match &sums {
+            Some(s) if rows > 0 => s.narrow(0, k, 1)?.reshape(&[cols]),
+            _ => Tensor::zeros(&[cols], DType::F32, &device),
+        }
+    };
+    Ok([
+        dx,
+        need_w.then(|| part(0)).transpose()?,
+        need_b.then(|| part(parts - 1)).transpose()?,
+    ])
 }
 
 impl Tensor {
@@ -435,31 +481,12 @@ impl Tensor {
             kind.name(),
             &inputs,
             Box::new(move |g| {
-                let grad_affine = Affine {
-                    bias: None,
-                    ..affine.clone()
-                };
-                let mut grads = vec![if needs[0] {
-                    Some(norm_rows(
-                        kind,
-                        Pass::Backward,
-                        &[("g", g), ("x", &x)],
-                        &grad_affine,
-                        &stats,
-                        x.dtype(),
-                    )?)
-                } else {
-                    None
-                }];
-                if needs[1] || needs[2] {
-                    let (dw, db) = weight_grads(kind, g, &x, &stats)?;
-                    for (p, d, need) in [(&affine.weight, dw, needs[1]), (&affine.bias, db, needs[2])] {
-                        if let Some(p) = p {
-                            grads.push(if need { Some(d.to_dtype(p.dtype())?) } else { None });
-                        }
+                let [dx, dw, db] = norm_backward(kind, g, &x, &affine, &stats, needs)?;
+                let mut grads = vec![dx];
+                for (p, d) in [(&affine.weight, dw), (&affine.bias, db)] {
+                    if let Some(p) = p {
+                        grads.push(d.map(|d| d.to_dtype(p.dtype())).transpose()?);
                     }
-                } else {
-                    grads.extend(affine.weight.iter().chain(&affine.bias).map(|_| None));
                 }
                 Ok(grads)
             }),

@@ -73,8 +73,9 @@ pub(crate) enum Entry {
     /// One workgroup per row runs `fn row_context(row: u32, lid: u32, sg_lane: u32) -> RowCtx`, then
     /// `fn out_value(ctx: RowCtx, j: u32) -> f32` for each output element (set by [`RowKernel::output`]).
     Output,
-    /// The kernel defines `main`, run on this grid.
-    Grid([u32; 3]),
+    /// At least this many workgroups (the grid may round up) run `fn run_group(group: u32, lid: u32, sg_lane: u32)`,
+    /// which returns at once for groups past the kernel's work: for kernels that take several rows a workgroup.
+    Groups(u32),
 }
 
 /// One launch of a row kernel. `sg_lane` is the subgroup lane when the device has subgroup operations (0
@@ -128,9 +129,9 @@ impl<'a> RowKernel<'a> {
         }
         let rows = numel(self.lead);
         let workgroups = match self.entry {
-            Entry::Grid(grid) => grid,
             Entry::Rows | Entry::Output if rows == 0 => return Ok(()),
             Entry::Rows | Entry::Output => Gpu::grid(rows as u32),
+            Entry::Groups(count) => Gpu::grid(count),
         };
         let subgroups = device.caps().subgroups;
         let mut params = vec![rows as u32, self.cols as u32, nlead as u32];
@@ -144,7 +145,7 @@ impl<'a> RowKernel<'a> {
         let entry_tag = match self.entry {
             Entry::Rows => "rows",
             Entry::Output => "output",
-            Entry::Grid(_) => "grid",
+            Entry::Groups(_) => "groups",
         };
         let native = device.caps().f16;
         let access: Vec<Access> = self
@@ -187,30 +188,31 @@ impl<'a> RowKernel<'a> {
             if let Entry::Output = self.entry {
                 s.push_str(OUTPUT_RUN_ROW);
             }
-            if let Entry::Rows | Entry::Output = self.entry {
-                // Naga 30 rejects `enable subgroups;`: the subgroup builtins are available as soon as the device
-                // has `Features::SUBGROUP`.
-                let (lane_param, lane, init) = if subgroups {
-                    (
-                        ", @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32, \
-                         @builtin(num_subgroups) n_sg: u32",
-                        "sg_lane",
-                        "sg_id_p = sg_id;\n    n_sg_p = n_sg;\n",
-                    )
-                } else {
-                    ("", "0u", "")
-                };
-                let _ = write!(
-                    s,
-                    "@compute @workgroup_size(256)\n\
-                     fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,\n\
-                     \x20       @builtin(local_invocation_index) lid: u32{lane_param}) {{\n\
-                     \x20   {init}\
-                     \x20   let row = wid.x + wid.y * nwg.x;\n\
-                     \x20   if (row >= p[0]) {{ return; }}\n\
-                     \x20   run_row(row, lid, {lane});\n}}\n"
-                );
-            }
+            let call = match self.entry {
+                Entry::Rows | Entry::Output => "if (row >= p[0]) { return; }\n    run_row",
+                Entry::Groups(_) => "run_group",
+            };
+            // Naga 30 rejects `enable subgroups;`: the subgroup builtins are available as soon as the device
+            // has `Features::SUBGROUP`.
+            let (lane_param, lane, init) = if subgroups {
+                (
+                    ", @builtin(subgroup_invocation_id) sg_lane: u32, @builtin(subgroup_id) sg_id: u32, \
+                     @builtin(num_subgroups) n_sg: u32",
+                    "sg_lane",
+                    "sg_id_p = sg_id;\n    n_sg_p = n_sg;\n",
+                )
+            } else {
+                ("", "0u", "")
+            };
+            let _ = write!(
+                s,
+                "@compute @workgroup_size(256)\n\
+                 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,\n\
+                 \x20       @builtin(local_invocation_index) lid: u32{lane_param}) {{\n\
+                 \x20   {init}\
+                 \x20   let row = wid.x + wid.y * nwg.x;\n\
+                 \x20   {call}(row, lid, {lane});\n}}\n"
+            );
             s
         };
         let buffers: Vec<&GpuBuffer> = self.bindings.iter().map(|b| b.tensor.buffer()).collect();
