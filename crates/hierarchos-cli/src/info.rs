@@ -122,6 +122,10 @@ fn gpu_info() -> Result<()> {
     println!("  f16: {}", on(caps.f16));
     println!("  timestamps: {}", on(caps.timestamps));
     println!("  cooperative matrix: {}", on(caps.cooperative_matrix));
+    match caps.multiprocessors {
+        Some(n) => println!("  multiprocessors: {n}"),
+        None => println!("  multiprocessors: not reported"),
+    }
     println!("  max buffer: {} MiB", l.max_buffer_size >> 20);
     println!("  max storage binding: {} MiB", l.max_storage_buffer_binding_size >> 20);
     println!(
@@ -137,6 +141,6 @@ fn gpu_info() -> Result<()> {
         l.max_storage_buffers_per_shader_stage
     );
     println!("Select another adapter with HIERARCHOS_ADAPTER=<index or name>; turn features off with");
-    println!("HIERARCHOS_DISABLE=subgroup,f16,coopmat.");
+    println!("HIERARCHOS_DISABLE=subgroup,f16,coopmat,multiprocessors.");
     Ok(())
 }

@@ -41,6 +41,9 @@ pub struct Caps {
     pub cooperative_matrix: bool,
     /// The device takes SPIR-V as is (Vulkan, natively), so kernels in [`Language::Spirv`] run.
     pub spirv_passthrough: bool,
+    /// Multiprocessors (SMs, compute units), where the adapter tells (NVIDIA under Vulkan): products split along
+    /// K to launch whole waves of workgroups.
+    pub multiprocessors: Option<u32>,
 }
 
 /// Bytes the pool hands out and keeps.
@@ -393,6 +396,10 @@ impl Gpu {
             timestamps,
             cooperative_matrix: coop,
             spirv_passthrough: passthrough,
+            multiprocessors: options
+                .multiprocessors
+                .then(|| crate::hardware::multiprocessors(&adapter))
+                .flatten(),
         };
         tracing::info!(adapter = %info.name, backend = ?info.backend, ?caps, "opened GPU");
         let params_buffer = device.create_buffer(&wgpu::BufferDescriptor {

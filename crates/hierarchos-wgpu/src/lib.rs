@@ -12,6 +12,7 @@ mod dtype;
 mod error;
 mod glsl;
 mod gpu;
+mod hardware;
 mod options;
 #[cfg(not(target_arch = "wasm32"))]
 mod pipeline_cache;

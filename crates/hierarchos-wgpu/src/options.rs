@@ -31,6 +31,9 @@ pub struct GpuOptions {
     /// the tensor-core products 30%, flash attention's backward half its speed and decoding 45% of its tokens/s
     /// (BENCHMARKS.md). On (`HIERARCHOS_SHADER_CHECKS=1`) to rule a kernel bug out.
     pub shader_checks: bool,
+    /// Ask the adapter how many multiprocessors it has ([`crate::Caps::multiprocessors`]); off, kernels size their
+    /// launches as on any GPU.
+    pub multiprocessors: bool,
 }
 
 /// `<user cache folder>/hierarchos/pipelines` (e.g. `~/.cache/hierarchos/pipelines` on Linux).
@@ -52,6 +55,7 @@ impl Default for GpuOptions {
             memory_limit: None,
             pipeline_cache: default_pipeline_cache(),
             shader_checks: false,
+            multiprocessors: true,
         }
     }
 }
@@ -60,8 +64,8 @@ impl GpuOptions {
     /// Options from `HIERARCHOS_ADAPTER` (name part or index), `HIERARCHOS_PROFILE=1`,
     /// `HIERARCHOS_MEMORY_LIMIT_MIB`, `HIERARCHOS_PIPELINE_CACHE` (a folder), `HIERARCHOS_SHADER_CHECKS=1` and
     /// `HIERARCHOS_DISABLE`, a
-    /// comma-separated list of `subgroup`, `f16`, `coopmat` (so the portable fallback kernels can be exercised)
-    /// and `pipeline_cache` to turn off.
+    /// comma-separated list of `subgroup`, `f16`, `coopmat`, `multiprocessors` (so the portable fallback kernels
+    /// and launch sizes can be exercised) and `pipeline_cache` to turn off.
     pub fn from_env() -> Self {
         let memory_limit = std::env::var("HIERARCHOS_MEMORY_LIMIT_MIB").ok().and_then(|v| {
             let mib = v.trim().parse::<u64>().ok();
@@ -86,6 +90,7 @@ impl GpuOptions {
                     "subgroup" | "subgroups" => o.subgroups = false,
                     "f16" => o.f16 = false,
                     "coopmat" | "cooperative_matrix" => o.cooperative_matrix = false,
+                    "multiprocessors" => o.multiprocessors = false,
                     "pipeline_cache" => o.pipeline_cache = None,
                     "" => {}
                     other => {
