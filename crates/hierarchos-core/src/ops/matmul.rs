@@ -543,6 +543,10 @@ pub(crate) fn full_wave_split(
     })
 }
 
+/// Output elements per thread of [`split_sum`] (matmul_split_sum.wgsl's `WPT`): one a thread, each waiting on
+/// its loads slice after slice, kept too few loads in flight to fill the memory bus.
+const SPLIT_SUM_PER_THREAD: usize = 4;
+
 /// What [`split_sum`] writes: the f32 sum, or it rounded to f16 (round to nearest even), as f16 or widened back
 /// to f32 (the products of autocast), so that no cast follows in launches of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -578,11 +582,11 @@ pub(crate) fn split_sum(partial: &Tensor, shape: &[usize], output: SumOutput) ->
                     "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return unpack2x16float(f32_to_f16(x)).x; }\n"
                 }
             };
-            format!("{out}{MATMUL_SPLIT_SUM_WGSL}{COMMON_WGSL}")
+            format!("{out}const WPT: u32 = {SPLIT_SUM_PER_THREAD}u;\n{MATMUL_SPLIT_SUM_WGSL}{COMMON_WGSL}")
         },
         buffers: &[&out, partial.buffer()],
         params: &[n as u32, partial.shape()[0] as u32],
-        workgroups: Gpu::grid(n.div_ceil(256) as u32),
+        workgroups: Gpu::grid(n.div_ceil(256 * SPLIT_SUM_PER_THREAD) as u32),
     })?;
     Ok(Tensor::from_buffer(out, shape, dtype, None))
 }
