@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 
-use hierarchos::core::ops::adamw::AdamWStep;
+use hierarchos::core::ops::adamw::{AdamWStep, AdamWUpdate, adamw_update_many};
 use hierarchos::core::{DType, Error, Tensor};
 
 /// torch.optim.AdamW's single-tensor update in f64, in place.
@@ -118,4 +118,80 @@ fn adamw_empty_and_errors() {
     ] {
         assert!(p.adamw_update(&g, &m, &v, &bad).is_err(), "{bad:?}");
     }
+}
+
+/// Many parameters in as few launches as the bindings allow (more than one launch's worth, vec4 and scalar ones,
+/// two views of one buffer, which cannot share a launch, an empty one) give the same bits as one update each.
+#[test]
+fn many_updates_match_one_at_a_time() {
+    let d = dev();
+    let mut rng = Rng::new("adamw_many");
+    let holder_values = rng.vec(40, -1.0, 1.0);
+    let mut sizes: Vec<usize> = (0..40).map(|i| [1, 3, 4, 17, 64, 257, 1028][i % 7]).collect();
+    sizes.push(0);
+    let make = |values: &[f32]| -> (Vec<Tensor>, Tensor) {
+        let holder = Tensor::from_slice(&holder_values, &[40], &d).unwrap();
+        let mut params: Vec<Tensor> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Tensor::from_slice(&values[i * 1100..i * 1100 + n], &[n], &d).unwrap())
+            .collect();
+        params.push(holder.narrow(0, 0, 12).unwrap());
+        params.push(holder.narrow(0, 12, 20).unwrap());
+        (params, holder)
+    };
+    let values = rng.vec(sizes.len() * 1100, -1.0, 1.0);
+    let grads: Vec<Vec<f32>> = sizes.iter().chain(&[12, 20]).map(|&n| rng.vec(n, -2.0, 2.0)).collect();
+    let step = |k: usize| AdamWStep {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-6,
+        weight_decay: if k.is_multiple_of(2) { 0.1 } else { 0.0 },
+        step: 1 + (k % 3) as u64,
+        grad_scale: 0.5,
+    };
+    let run = |together: bool| -> (Vec<Vec<f32>>, Vec<f32>) {
+        let (params, holder) = make(&values);
+        let g: Vec<Tensor> = grads
+            .iter()
+            .map(|g| Tensor::from_slice(g, &[g.len()], &d).unwrap())
+            .collect();
+        let moments: Vec<(Tensor, Tensor)> = params
+            .iter()
+            .map(|p| {
+                let ones = Tensor::ones(p.shape(), DType::F32, &d).unwrap();
+                (ones.mul_scalar(0.25).unwrap(), ones.mul_scalar(0.5).unwrap())
+            })
+            .collect();
+        let updates: Vec<AdamWUpdate<'_>> = (0..params.len())
+            .map(|k| AdamWUpdate {
+                param: &params[k],
+                grad: &g[k],
+                m: &moments[k].0,
+                v: &moments[k].1,
+                step: step(k),
+            })
+            .collect();
+        if together {
+            adamw_update_many(&updates).unwrap();
+        } else {
+            for u in &updates {
+                u.param.adamw_update(u.grad, u.m, u.v, &u.step).unwrap();
+            }
+        }
+        let mut out: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec::<f32>().unwrap()).collect();
+        out.extend(
+            moments
+                .iter()
+                .flat_map(|(m, v)| [m.to_vec::<f32>().unwrap(), v.to_vec::<f32>().unwrap()]),
+        );
+        (out, holder.to_vec::<f32>().unwrap())
+    };
+    let (one, one_holder) = run(false);
+    let (many, many_holder) = run(true);
+    assert_eq!(one, many);
+    assert_eq!(one_holder, many_holder);
+    assert_ne!(one_holder[..32], holder_values[..32], "the views were updated");
+    assert_eq!(one_holder[32..], holder_values[32..], "outside the views");
 }

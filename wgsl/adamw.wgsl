@@ -1,44 +1,58 @@
-// One AdamW step over a parameter tensor (ops/adamw.rs), in the order of torch.optim.AdamW's single-tensor
-// update so that f32 results round like PyTorch's:
+// One AdamW step over several parameter tensors in one launch (ops/adamw.rs), in the order of
+// torch.optim.AdamW's single-tensor update so that f32 results round like PyTorch's:
 //   x <- x * (1 - lr * wd)
 //   m <- m + (g - m) * (1 - beta1)            (lerp)
 //   v <- v * beta2 + (1 - beta2) * g * g
 //   x <- x - step_size * m / (sqrt(v) / sqrt(1 - beta2^t) + eps),   step_size = lr / (1 - beta1^t)
 // where g is the gradient times the step's gradient scale (gradient clipping's factor, as clip_grad_norm_ scales
-// the gradients before the step). The step's scalars are computed on the host in f64 and passed as f32 bits. Each
-// thread updates W elements: the Rust side defines `alias V` (f32, or vec4<f32> when the length and every offset
-// are multiples of 4: wider loads, the same arithmetic per element) and W.
+// the gradients before the step). The step's scalars are computed on the host in f64 and passed as f32 bits.
+// Workgroup w updates 256 W elements of the tensor whose range of workgroups holds it, W per thread. The Rust side
+// defines `alias V` (f32, or vec4<f32> when every length and offset of the launch is a multiple of 4: wider loads,
+// the same arithmetic per element), W, the bindings param<t>, grad<t>, m<t>, v<t> and `update(t, i)`,
+// which runs `adamw` on element i of tensor t of the launch.
 //
-// Parameters (u32 words): [n, param offset, grad offset, m offset, v offset, decay, 1 - beta1, beta2, 1 - beta2,
-// step_size, sqrt(1 - beta2^t), eps, gradient scale].
+// Parameters (u32 words): [tensors, then WORDS per tensor: n, param offset, grad offset, m offset, v offset,
+// decay, 1 - beta1, beta2, 1 - beta2, step_size, sqrt(1 - beta2^t), eps, gradient scale, first workgroup].
 
-@group(0) @binding(0) var<storage, read> p: array<u32>;
-@group(0) @binding(1) var<storage, read_write> param: array<V>;
-@group(0) @binding(2) var<storage, read> grad: array<V>;
-@group(0) @binding(3) var<storage, read_write> m: array<V>;
-@group(0) @binding(4) var<storage, read_write> v: array<V>;
+const WORDS: u32 = 14u;
 
-fn scalar(k: u32) -> f32 {
-    return bitcast<f32>(p[k]);
+fn word(t: u32, k: u32) -> u32 {
+    return p[1u + WORDS * t + k];
+}
+
+fn scalar(t: u32, k: u32) -> f32 {
+    return bitcast<f32>(word(t, k));
+}
+
+struct Moved {
+    x: V,
+    m: V,
+    v: V,
+}
+
+fn adamw(t: u32, x0: V, g0: V, m0: V, v0: V) -> Moved {
+    let g = g0 * scalar(t, 12u);
+    let x = x0 * scalar(t, 5u);
+    let m = m0 + (g - m0) * scalar(t, 6u);
+    let v = v0 * scalar(t, 7u) + scalar(t, 8u) * (g * g);
+    let denom = sqrt(v) / scalar(t, 10u) + scalar(t, 11u);
+    return Moved(x - scalar(t, 9u) * (m / denom), m, v);
 }
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.x + wid.y * nwg.x) * 256u + lid;
-    if (i >= p[0] / W) {
+    let w = wid.x + wid.y * nwg.x;
+    var t = 0u;
+    for (var k = 1u; k < p[0]; k = k + 1u) {
+        if (w >= word(k, 13u)) {
+            t = k;
+        }
+    }
+    let i = (w - word(t, 13u)) * 256u + lid;
+    // Past the last tensor's workgroups (the grid may round up), i is past its end too.
+    if (i >= word(t, 0u) / W) {
         return;
     }
-    let xi = p[1] / W + i;
-    let gi = p[2] / W + i;
-    let mi = p[3] / W + i;
-    let vi = p[4] / W + i;
-    let g = grad[gi] * scalar(12u);
-    let x = param[xi] * scalar(5u);
-    let m1 = m[mi] + (g - m[mi]) * scalar(6u);
-    let v1 = v[vi] * scalar(7u) + scalar(8u) * (g * g);
-    m[mi] = m1;
-    v[vi] = v1;
-    let denom = sqrt(v1) / scalar(10u) + scalar(11u);
-    param[xi] = x - scalar(9u) * (m1 / denom);
+    update(t, i);
 }

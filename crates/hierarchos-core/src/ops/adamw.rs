@@ -1,14 +1,21 @@
-//! The fused AdamW update: one launch per parameter tensor reads the gradient once and writes the parameter and
-//! both moment estimates in place (a composed update would be a dozen launches and as many temporaries).
+//! The fused AdamW update: each parameter tensor's gradient is read once and the parameter and both moment
+//! estimates are written in place (a composed update would be a dozen launches and as many temporaries), and one
+//! launch updates as many tensors as the device's bindings allow, so that a model's hundred parameters take a few
+//! launches rather than a hundred.
 
+use std::fmt::Write;
 use std::sync::Arc;
 
-use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
+use hierarchos_wgpu::{DType, Dispatch, Gpu, GpuBuffer, Language};
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 const ADAMW_WGSL: &str = include_str!("../../../../wgsl/adamw.wgsl");
+const OP: &str = "adamw";
+
+/// Most tensors one launch updates (four storage buffers each), so that the kernels stay few and small.
+const MAX_TENSORS: usize = 16;
 
 /// The scalars of one AdamW step, as `torch.optim.AdamW` takes them.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,12 +36,28 @@ pub struct AdamWStep {
     pub grad_scale: f64,
 }
 
-impl Tensor {
-    /// One AdamW step in place: `self` (the parameter), `m` and `v` (its moment estimates) are dense f32 tensors
-    /// of one shape, `grad` an f32 tensor of that shape in any layout. Not recorded by autograd.
-    pub fn adamw_update(&self, grad: &Tensor, m: &Tensor, v: &Tensor, s: &AdamWStep) -> Result<()> {
-        const OP: &str = "adamw";
-        for t in [self, grad, m, v] {
+/// One parameter's AdamW step: the parameter, `m` and `v` (its moment estimates) are dense f32 tensors of one
+/// shape, updated in place; `grad` is an f32 tensor of that shape in any layout.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWUpdate<'a> {
+    /// The parameter.
+    pub param: &'a Tensor,
+    /// Its gradient.
+    pub grad: &'a Tensor,
+    /// First moment.
+    pub m: &'a Tensor,
+    /// Second moment.
+    pub v: &'a Tensor,
+    /// The step's scalars.
+    pub step: AdamWStep,
+}
+
+impl AdamWUpdate<'_> {
+    /// The error [`adamw_update_many`] would give for this update, found before anything runs (so that a caller
+    /// can name the parameter).
+    pub fn check(&self) -> Result<()> {
+        let p = self.param;
+        for t in [p, self.grad, self.m, self.v] {
             if t.dtype() != DType::F32 {
                 return Err(Error::DTypeMismatch {
                     op: OP,
@@ -42,33 +65,34 @@ impl Tensor {
                     got: t.dtype(),
                 });
             }
-            if t.shape() != self.shape() {
+            if t.shape() != p.shape() {
                 return Err(Error::ShapeMismatch {
                     op: OP,
-                    lhs: self.shape().to_vec(),
+                    lhs: p.shape().to_vec(),
                     rhs: t.shape().to_vec(),
                 });
             }
-            if !Arc::ptr_eq(t.device(), self.device()) {
+            if !Arc::ptr_eq(t.device(), p.device()) {
                 return Err(Error::Invalid {
                     op: OP,
                     message: "the parameter, its gradient and moments live on different devices".into(),
                 });
             }
         }
-        if [self, m, v].iter().any(|t| !t.is_contiguous()) {
+        if [p, self.m, self.v].iter().any(|t| !t.is_contiguous()) {
             return Err(Error::Invalid {
                 op: OP,
                 message: "the parameter and its moments must be dense".into(),
             });
         }
-        let written = [self.buffer(), m.buffer(), v.buffer()];
+        let written = [p.buffer(), self.m.buffer(), self.v.buffer()];
         if (0..3).any(|a| (a + 1..3).any(|b| std::ptr::eq(written[a], written[b]))) {
             return Err(Error::Invalid {
                 op: OP,
                 message: "the parameter and its two moments must be separate buffers".into(),
             });
         }
+        let s = &self.step;
         let valid = s.lr.is_finite()
             && s.lr >= 0.0
             && (0.0..1.0).contains(&s.beta1)
@@ -85,47 +109,180 @@ impl Tensor {
                 message: format!("invalid AdamW settings {s:?}"),
             });
         }
-        let n = self.numel();
-        if n == 0 {
-            return Ok(());
-        }
-        let grad = crate::autograd::no_grad(|| grad.contiguous())?;
-        let t = s.step.min(i32::MAX as u64) as i32;
-        let bits = |x: f64| (x as f32).to_bits();
-        let params = [
-            n as u32,
-            self.layout().offset as u32,
-            grad.layout().offset as u32,
-            m.layout().offset as u32,
-            v.layout().offset as u32,
-            bits(1.0 - s.lr * s.weight_decay),
-            bits(1.0 - s.beta1),
-            bits(s.beta2),
-            bits(1.0 - s.beta2),
-            bits(s.lr / (1.0 - s.beta1.powi(t))),
-            bits((1.0 - s.beta2.powi(t)).sqrt()),
-            bits(s.eps),
-            bits(s.grad_scale),
-        ];
-        // Four elements per thread where the length and the offsets allow vec4 loads.
-        let width = if n.is_multiple_of(4) && params[1..5].iter().all(|o| o.is_multiple_of(4)) {
+        Ok(())
+    }
+}
+
+impl Tensor {
+    /// One AdamW step in place on this parameter (see [`AdamWUpdate`]). Not recorded by autograd.
+    pub fn adamw_update(&self, grad: &Tensor, m: &Tensor, v: &Tensor, s: &AdamWStep) -> Result<()> {
+        adamw_update_many(&[AdamWUpdate {
+            param: self,
+            grad,
+            m,
+            v,
+            step: *s,
+        }])
+    }
+}
+
+/// A checked update with a dense gradient, ready to launch.
+struct Ready<'a> {
+    update: AdamWUpdate<'a>,
+    grad: Tensor,
+    words: [u32; 13],
+}
+
+impl Ready<'_> {
+    /// Elements per thread: four where the length and every offset allow vec4 loads.
+    fn width(&self) -> usize {
+        if self.words[..5].iter().all(|w| w.is_multiple_of(4)) {
             4
         } else {
             1
-        };
-        self.device().dispatch(Dispatch {
-            op: OP,
-            runtime_checks: false,
-            language: Language::Wgsl,
-            key: &format!("adamw:{width}"),
-            source: &|| {
-                let v = if width == 4 { "vec4<f32>" } else { "f32" };
-                format!("alias V = {v};\nconst W: u32 = {width}u;\n{ADAMW_WGSL}")
-            },
-            buffers: &[self.buffer(), grad.buffer(), m.buffer(), v.buffer()],
-            params: &params,
-            workgroups: Gpu::grid(((n / width) as u32).div_ceil(256)),
-        })?;
-        Ok(())
+        }
     }
+
+    fn buffers(&self) -> [&GpuBuffer; 4] {
+        [
+            self.update.param.buffer(),
+            self.grad.buffer(),
+            self.update.m.buffer(),
+            self.update.v.buffer(),
+        ]
+    }
+}
+
+/// AdamW steps of many parameters, as few launches as the device's storage-buffer bindings allow (each checked
+/// first: on an error nothing is updated). Not recorded by autograd.
+pub fn adamw_update_many(updates: &[AdamWUpdate<'_>]) -> Result<()> {
+    for u in updates {
+        u.check()?;
+    }
+    let ready = crate::autograd::no_grad(|| {
+        updates
+            .iter()
+            .filter(|u| u.param.numel() > 0)
+            .map(|u| {
+                let grad = u.grad.contiguous()?;
+                let s = &u.step;
+                let t = s.step.min(i32::MAX as u64) as i32;
+                let bits = |x: f64| (x as f32).to_bits();
+                let words = [
+                    u.param.numel() as u32,
+                    u.param.layout().offset as u32,
+                    grad.layout().offset as u32,
+                    u.m.layout().offset as u32,
+                    u.v.layout().offset as u32,
+                    bits(1.0 - s.lr * s.weight_decay),
+                    bits(1.0 - s.beta1),
+                    bits(s.beta2),
+                    bits(1.0 - s.beta2),
+                    bits(s.lr / (1.0 - s.beta1.powi(t))),
+                    bits((1.0 - s.beta2.powi(t)).sqrt()),
+                    bits(s.eps),
+                    bits(s.grad_scale),
+                ];
+                Ok(Ready {
+                    update: *u,
+                    grad,
+                    words,
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let Some(first) = ready.first() else {
+        return Ok(());
+    };
+    let device = first.update.param.device();
+    let per_launch =
+        ((device.limits().max_storage_buffers_per_shader_stage as usize).saturating_sub(1) / 4).clamp(1, MAX_TENSORS);
+    for width in [4, 1] {
+        // A launch binds each buffer once: an update sharing a buffer with one already in the launch starts the
+        // next launch.
+        let mut launch: Vec<&Ready<'_>> = Vec::new();
+        for r in ready.iter().filter(|r| r.width() == width) {
+            let shares = launch.iter().any(|l| {
+                l.buffers()
+                    .iter()
+                    .any(|a| r.buffers().iter().any(|b| std::ptr::eq(*a, *b)))
+            });
+            if launch.len() == per_launch || shares {
+                run(device, &launch, width)?;
+                launch.clear();
+            }
+            launch.push(r);
+        }
+        if !launch.is_empty() {
+            run(device, &launch, width)?;
+        }
+    }
+    Ok(())
+}
+
+/// One launch over `launch`'s tensors, `width` elements per thread.
+fn run(device: &crate::tensor::Device, launch: &[&Ready<'_>], width: usize) -> Result<()> {
+    let mut params = vec![launch.len() as u32];
+    let mut workgroups = 0u32;
+    for r in launch {
+        params.extend(r.words);
+        params.push(workgroups);
+        workgroups += (r.words[0] / width as u32).div_ceil(256);
+    }
+    let buffers: Vec<&GpuBuffer> = launch.iter().flat_map(|r| r.buffers()).collect();
+    let count = launch.len();
+    device.dispatch(Dispatch {
+        op: OP,
+        runtime_checks: false,
+        language: Language::Wgsl,
+        key: &format!("adamw:{width}:{count}"),
+        source: &|| source(width, count),
+        buffers: &buffers,
+        params: &params,
+        workgroups: Gpu::grid(workgroups),
+    })?;
+    Ok(())
+}
+
+/// The kernel for `count` tensors, `width` elements per thread: bindings and `update`.
+fn source(width: usize, count: usize) -> String {
+    let v = if width == 4 { "vec4<f32>" } else { "f32" };
+    let mut s = format!(
+        "alias V = {v};\nconst W: u32 = {width}u;\n\
+         @group(0) @binding(0) var<storage, read> p: array<u32>;\n"
+    );
+    for t in 0..count {
+        for (k, (name, mode)) in [
+            ("param", "read_write"),
+            ("grad", "read"),
+            ("m", "read_write"),
+            ("v", "read_write"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let _ = writeln!(
+                s,
+                "@group(0) @binding({}) var<storage, {mode}> {name}{t}: array<V>;",
+                1 + 4 * t + k
+            );
+        }
+    }
+    s.push_str("fn update(t: u32, i: u32) {\n");
+    for t in 0..count {
+        let _ = write!(
+            s,
+            "    if (t == {t}u) {{\n\
+             \x20       let xi = word({t}u, 1u) / W + i;\n\
+             \x20       let mi = word({t}u, 3u) / W + i;\n\
+             \x20       let vi = word({t}u, 4u) / W + i;\n\
+             \x20       let r = adamw({t}u, param{t}[xi], grad{t}[word({t}u, 2u) / W + i], m{t}[mi], v{t}[vi]);\n\
+             \x20       param{t}[xi] = r.x;\n\
+             \x20       m{t}[mi] = r.m;\n\
+             \x20       v{t}[vi] = r.v;\n\
+             \x20   }}\n"
+        );
+    }
+    s.push_str("}\n");
+    s + ADAMW_WGSL
 }

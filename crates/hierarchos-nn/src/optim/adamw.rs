@@ -1,8 +1,8 @@
-//! AdamW with decoupled weight decay, `torch.optim.AdamW`'s math, one fused launch per parameter tensor.
+//! AdamW with decoupled weight decay, `torch.optim.AdamW`'s math, fused launches over many parameter tensors.
 
 use std::collections::HashMap;
 
-use hierarchos_core::ops::adamw::AdamWStep;
+use hierarchos_core::ops::adamw::{AdamWStep, AdamWUpdate, adamw_update_many};
 use hierarchos_core::{DType, Tensor, no_grad};
 
 use crate::error::{Error, Result};
@@ -85,6 +85,7 @@ impl AdamW {
             )));
         }
         no_grad(|| {
+            let mut steps = Vec::new();
             for (name, p) in params {
                 let Some(g) = p.grad() else { continue };
                 let state = match self.moments.entry(name.clone()) {
@@ -95,7 +96,6 @@ impl AdamW {
                         step: 0,
                     }),
                 };
-                state.step += 1;
                 let decay = if self.config.no_decay_1d && p.rank() <= 1 {
                     0.0
                 } else {
@@ -107,14 +107,33 @@ impl AdamW {
                     beta2: self.config.beta2,
                     eps: self.config.eps,
                     weight_decay: decay,
-                    step: state.step,
+                    step: state.step + 1,
                     grad_scale,
                 };
-                p.adamw_update(&g, &state.m, &state.v, &s)
-                    .map_err(|source| Error::Param {
-                        name: name.clone(),
+                steps.push((name, p, g, s));
+            }
+            let updates: Vec<AdamWUpdate<'_>> = steps
+                .iter()
+                .map(|(name, p, g, s)| {
+                    let state = &self.moments[name.as_str()];
+                    let u = AdamWUpdate {
+                        param: p,
+                        grad: g,
+                        m: &state.m,
+                        v: &state.v,
+                        step: *s,
+                    };
+                    u.check().map(|()| u).map_err(|source| Error::Param {
+                        name: name.to_string(),
                         source,
-                    })?;
+                    })
+                })
+                .collect::<Result<_>>()?;
+            adamw_update_many(&updates)?;
+            for (name, p, _, _) in &steps {
+                if let Some(state) = self.moments.get_mut(name.as_str()) {
+                    state.step += 1;
+                }
                 p.zero_grad();
             }
             Ok(())
