@@ -121,13 +121,15 @@ fn adamw_empty_and_errors() {
 }
 
 /// Many parameters in as few launches as the bindings allow (more than one launch's worth, vec4 and scalar ones,
-/// two views of one buffer, which cannot share a launch, an empty one) give the same bits as one update each.
+/// two views of one buffer, a gradient read from a buffer that other updates write, an empty one) give the same
+/// bits as one update each.
 #[test]
 fn many_updates_match_one_at_a_time() {
     let d = dev();
     let mut rng = Rng::new("adamw_many");
     let holder_values = rng.vec(40, -1.0, 1.0);
     let mut sizes: Vec<usize> = (0..40).map(|i| [1, 3, 4, 17, 64, 257, 1028][i % 7]).collect();
+    assert_eq!(sizes[2], 4);
     sizes.push(0);
     let make = |values: &[f32]| -> (Vec<Tensor>, Tensor) {
         let holder = Tensor::from_slice(&holder_values, &[40], &d).unwrap();
@@ -153,10 +155,12 @@ fn many_updates_match_one_at_a_time() {
     };
     let run = |together: bool| -> (Vec<Vec<f32>>, Vec<f32>) {
         let (params, holder) = make(&values);
-        let g: Vec<Tensor> = grads
+        let mut g: Vec<Tensor> = grads
             .iter()
             .map(|g| Tensor::from_slice(g, &[g.len()], &d).unwrap())
             .collect();
+        // The third parameter's gradient (vec4 updates, like the holder's views): holder elements no update writes.
+        g[2] = holder.narrow(0, 32, 4).unwrap();
         let moments: Vec<(Tensor, Tensor)> = params
             .iter()
             .map(|p| {

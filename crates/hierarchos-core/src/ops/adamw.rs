@@ -37,7 +37,7 @@ pub struct AdamWStep {
 }
 
 /// One parameter's AdamW step: the parameter, `m` and `v` (its moment estimates) are dense f32 tensors of one
-/// shape, updated in place; `grad` is an f32 tensor of that shape in any layout.
+/// shape, updated in place; `grad` is an f32 tensor of that shape in any layout, in none of their buffers.
 #[derive(Clone, Copy, Debug)]
 pub struct AdamWUpdate<'a> {
     /// The parameter.
@@ -92,6 +92,12 @@ impl AdamWUpdate<'_> {
                 message: "the parameter and its two moments must be separate buffers".into(),
             });
         }
+        if written.iter().any(|w| std::ptr::eq(*w, self.grad.buffer())) {
+            return Err(Error::Invalid {
+                op: OP,
+                message: "the gradient shares a buffer with the parameter or a moment".into(),
+            });
+        }
         let s = &self.step;
         let valid = s.lr.is_finite()
             && s.lr >= 0.0
@@ -141,6 +147,12 @@ impl Ready<'_> {
         } else {
             1
         }
+    }
+
+    /// Whether this update writes `other`'s gradient buffer.
+    fn clashes(&self, other: &Ready<'_>) -> bool {
+        let [param, _, m, v] = self.buffers();
+        [param, m, v].iter().any(|w| std::ptr::eq(*w, other.grad.buffer()))
     }
 
     fn buffers(&self) -> [&GpuBuffer; 4] {
@@ -198,16 +210,12 @@ pub fn adamw_update_many(updates: &[AdamWUpdate<'_>]) -> Result<()> {
     let per_launch =
         ((device.limits().max_storage_buffers_per_shader_stage as usize).saturating_sub(1) / 4).clamp(1, MAX_TENSORS);
     for width in [4, 1] {
-        // A launch binds each buffer once: an update sharing a buffer with one already in the launch starts the
-        // next launch.
+        // Parameters that are views of one buffer share launches (the buffer is written through several
+        // bindings, at disjoint elements), but a buffer cannot be read and written by one launch: an update whose
+        // gradient another one of the launch writes, or that writes another's gradient, starts the next launch.
         let mut launch: Vec<&Ready<'_>> = Vec::new();
         for r in ready.iter().filter(|r| r.width() == width) {
-            let shares = launch.iter().any(|l| {
-                l.buffers()
-                    .iter()
-                    .any(|a| r.buffers().iter().any(|b| std::ptr::eq(*a, *b)))
-            });
-            if launch.len() == per_launch || shares {
+            if launch.len() == per_launch || launch.iter().any(|l| r.clashes(l) || l.clashes(r)) {
                 run(device, &launch, width)?;
                 launch.clear();
             }
