@@ -12,8 +12,10 @@ use crate::tensor::Tensor;
 const NORM_FORWARD_WGSL: &str = include_str!("../../../../wgsl/norm_forward.wgsl");
 const NORM_BACKWARD_WGSL: &str = include_str!("../../../../wgsl/norm_backward.wgsl");
 /// Rows per workgroup of the backward when it also sums the weight or bias gradients (one row otherwise): each
-/// workgroup writes one partial sum per column, so fewer rows per workgroup mean more partial sums to add after.
-const GRAD_ROWS: usize = 8;
+/// workgroup writes one partial sum per column, so fewer rows per workgroup mean more partial sums to add after,
+/// more rows fewer workgroups to keep the GPU busy. On an H200 (110M shape, 25 backward passes a step over 4096
+/// rows of 768, then the sums) 1, 2, 4 and 8 rows took 1.47, 1.22, 1.12 and 1.23 ms.
+const GRAD_ROWS: usize = 4;
 
 /// Which normalization.
 #[derive(Clone, Copy, PartialEq, Eq)]
