@@ -339,6 +339,32 @@ fn norm_rejects_bad_arguments() {
             .layer_norm(None, None, 1e-5)
             .is_err()
     );
+    // The longest rows the backward takes, then longer ones: the forward runs, the backward names the limit.
+    let c = 1 << 16;
+    let (x, w) = (
+        Tensor::ones(&[1, c], DType::F32, &d).unwrap().requires_grad_(),
+        Tensor::ones(&[c], DType::F32, &d).unwrap().requires_grad_(),
+    );
+    x.rms_norm(Some(&w), 1e-5)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert!(
+        w.grad()
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+            .iter()
+            .all(|&v| (v - 1.0).abs() < 1e-5)
+    );
+    let long = Tensor::zeros(&[1, (1 << 16) + 1], DType::F32, &d)
+        .unwrap()
+        .requires_grad_();
+    let y = long.rms_norm(None, 1e-5).unwrap();
+    let err = y.sum_all().unwrap().backward().unwrap_err();
+    assert!(err.to_string().contains("longer than the backward takes"), "{err}");
 }
 
 /// A `rows x c` tensor of `dtype` holding `vals` (row-major), viewed through `layout`: contiguous, transposed

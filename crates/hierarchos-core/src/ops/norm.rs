@@ -16,6 +16,9 @@ const NORM_BACKWARD_WGSL: &str = include_str!("../../../../wgsl/norm_backward.wg
 /// more rows fewer workgroups to keep the GPU busy. On an H200 (110M shape, 25 backward passes a step over 4096
 /// rows of 768, then the sums) 1, 2, 4 and 8 rows took 1.47, 1.22, 1.12 and 1.23 ms.
 const GRAD_ROWS: usize = 4;
+/// Longest row the backward takes: each thread keeps its share of a row in four arrays (4 KiB at this length,
+/// within the 8 KiB of function memory WGSL guarantees).
+const BACKWARD_MAX_COLS: usize = 1 << 16;
 
 /// Which normalization.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -249,6 +252,12 @@ fn norm_backward(
     let (lead, cols) = (&shape[..shape.len() - 1], shape[shape.len() - 1]);
     let rows = numel(lead);
     let [need_x, need_w, need_b] = need;
+    if cols > BACKWARD_MAX_COLS {
+        return Err(Error::Invalid {
+            op,
+            message: format!("rows of {cols} elements are longer than the backward takes ({BACKWARD_MAX_COLS})"),
+        });
+    }
     // As `RowKernel::output`: packed 16-bit rows of odd length would share words, so such dx goes out in f32.
     let dx_dtype = if Access::new(x.dtype(), device.caps().f16).packed && cols % 2 == 1 {
         DType::F32
