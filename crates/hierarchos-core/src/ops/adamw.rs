@@ -155,6 +155,7 @@ impl Ready<'_> {
         [param, m, v].iter().any(|w| std::ptr::eq(*w, other.grad.buffer()))
     }
 
+    /// The buffers bound for this update, in binding order.
     fn buffers(&self) -> [&GpuBuffer; 4] {
         [
             self.update.param.buffer(),
@@ -165,8 +166,8 @@ impl Ready<'_> {
     }
 }
 
-/// AdamW steps of many parameters, as few launches as the device's storage-buffer bindings allow (each checked
-/// first: on an error nothing is updated). Not recorded by autograd.
+/// AdamW steps of many parameters, as few launches as the device's storage-buffer bindings allow. Every update is
+/// checked before any runs, so that a bad one leaves all parameters as they were. Not recorded by autograd.
 pub fn adamw_update_many(updates: &[AdamWUpdate<'_>]) -> Result<()> {
     for u in updates {
         u.check()?;
