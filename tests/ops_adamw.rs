@@ -121,8 +121,8 @@ fn adamw_empty_and_errors() {
 }
 
 /// Many parameters in as few launches as the bindings allow (more than one launch's worth, vec4 and scalar ones,
-/// two views of one buffer, a gradient read from a buffer that other updates write, an empty one) give the same
-/// bits as one update each.
+/// two views of one buffer and a gradient in that buffer too, which WebGPU lets no launch bind together, an empty
+/// one) give the same bits as one update each.
 #[test]
 fn many_updates_match_one_at_a_time() {
     let d = dev();

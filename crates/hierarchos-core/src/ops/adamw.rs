@@ -149,10 +149,11 @@ impl Ready<'_> {
         }
     }
 
-    /// Whether this update writes `other`'s gradient buffer.
-    fn clashes(&self, other: &Ready<'_>) -> bool {
-        let [param, _, m, v] = self.buffers();
-        [param, m, v].iter().any(|w| std::ptr::eq(*w, other.grad.buffer()))
+    /// Whether this update binds a buffer that `other` binds too.
+    fn shares_buffer(&self, other: &Ready<'_>) -> bool {
+        self.buffers()
+            .iter()
+            .any(|a| other.buffers().iter().any(|b| std::ptr::eq(*a, *b)))
     }
 
     /// The buffers bound for this update, in binding order.
@@ -211,19 +212,21 @@ pub fn adamw_update_many(updates: &[AdamWUpdate<'_>]) -> Result<()> {
     let per_launch =
         ((device.limits().max_storage_buffers_per_shader_stage as usize).saturating_sub(1) / 4).clamp(1, MAX_TENSORS);
     for width in [4, 1] {
-        // Parameters that are views of one buffer share launches (the buffer is written through several
-        // bindings, at disjoint elements), but a buffer cannot be read and written by one launch: an update whose
-        // gradient another one of the launch writes, or that writes another's gradient, starts the next launch.
-        let mut launch: Vec<&Ready<'_>> = Vec::new();
+        // WebGPU forbids one launch to bind a buffer twice where one binding is written (even at disjoint
+        // elements), so each update goes to the first launch that has room and none of its buffers: parameters
+        // that are views of one buffer (a loaded model's) take a launch each.
+        let mut launches: Vec<Vec<&Ready<'_>>> = Vec::new();
         for r in ready.iter().filter(|r| r.width() == width) {
-            if launch.len() == per_launch || launch.iter().any(|l| r.clashes(l) || l.clashes(r)) {
-                run(device, &launch, width)?;
-                launch.clear();
+            match launches
+                .iter_mut()
+                .find(|l| l.len() < per_launch && !l.iter().any(|o| o.shares_buffer(r)))
+            {
+                Some(l) => l.push(r),
+                None => launches.push(vec![r]),
             }
-            launch.push(r);
         }
-        if !launch.is_empty() {
-            run(device, &launch, width)?;
+        for l in &launches {
+            run(device, l, width)?;
         }
     }
     Ok(())
