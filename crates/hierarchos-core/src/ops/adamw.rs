@@ -214,7 +214,7 @@ pub fn adamw_update_many(updates: &[AdamWUpdate<'_>]) -> Result<()> {
     for width in [4, 1] {
         // WebGPU forbids one launch to bind a buffer twice where one binding is written (even at disjoint
         // elements), so each update goes to the first launch that has room and none of its buffers: parameters
-        // that are views of one buffer (a loaded model's) take a launch each.
+        // that are views of one buffer (stacked experts) spread over launches.
         let mut launches: Vec<Vec<&Ready<'_>>> = Vec::new();
         for r in ready.iter().filter(|r| r.width() == width) {
             match launches

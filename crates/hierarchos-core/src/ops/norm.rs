@@ -5,7 +5,7 @@ use hierarchos_wgpu::{Access, DType};
 
 use crate::autograd::{Node, grad_enabled, no_grad};
 use crate::error::{Error, Result};
-use crate::ops::rows::{Binding, Entry, RowKernel, SCALARS};
+use crate::ops::rows::{Binding, Entry, RowKernel, SCALARS, stored_dtype};
 use crate::shape::numel;
 use crate::tensor::Tensor;
 
@@ -258,12 +258,7 @@ fn norm_backward(
             message: format!("rows of {cols} elements are longer than the backward takes ({BACKWARD_MAX_COLS})"),
         });
     }
-    // As `RowKernel::output`: packed 16-bit rows of odd length would share words, so such dx goes out in f32.
-    let dx_dtype = if Access::new(x.dtype(), device.caps().f16).packed && cols % 2 == 1 {
-        DType::F32
-    } else {
-        x.dtype()
-    };
+    let dx_dtype = stored_dtype(x.dtype(), cols, &device);
     let dx = need_x
         .then(|| {
             let bytes = Tensor::bytes_for(x.numel(), dx_dtype);
@@ -273,6 +268,12 @@ fn norm_backward(
     let parts = usize::from(need_w) + usize::from(need_b);
     let per = if parts > 0 { GRAD_ROWS } else { 1 };
     let groups = rows.div_ceil(per);
+    if groups > u32::MAX as usize {
+        return Err(Error::Invalid {
+            op,
+            message: format!("{rows} rows are too many"),
+        });
+    }
     let partial = (parts > 0)
         .then(|| {
             let bytes = Tensor::bytes_for(groups * parts * cols, DType::F32);
@@ -285,12 +286,6 @@ fn norm_backward(
         })
         .transpose()?;
     if rows > 0 && cols > 0 && (need_x || parts > 0) {
-        if groups > u32::MAX as usize {
-            return Err(Error::Invalid {
-                op,
-                message: format!("{rows} rows are too many"),
-            });
-        }
         let epw = if need_x {
             Access::new(dx_dtype, device.caps().f16).elems_per_word() as usize
         } else {
@@ -436,11 +431,7 @@ impl Tensor {
         let stats = new_stats(op, self, numel(&shape[..shape.len() - 1]))?;
         // The sum is stored like the normalized output (`RowKernel::output`): in f32 when packed 16-bit rows of odd
         // length would share words, holding values already rounded to `dtype`, so the cast back is exact.
-        let sum_dtype = if Access::new(dtype, device.caps().f16).packed && shape[shape.len() - 1] % 2 == 1 {
-            DType::F32
-        } else {
-            dtype
-        };
+        let sum_dtype = stored_dtype(dtype, shape[shape.len() - 1], device);
         let sum = Tensor::from_buffer(
             device.alloc(op, Tensor::bytes_for(self.numel(), sum_dtype))?,
             shape,

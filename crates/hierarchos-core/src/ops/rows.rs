@@ -232,11 +232,7 @@ impl<'a> RowKernel<'a> {
     /// Runs the kernel as [`Entry::Output`] and returns its output, a new `lead + [cols]` tensor in `dtype` bound
     /// first as `out`: written directly when no two rows share an output word, else in f32 and then cast.
     pub(crate) fn output(mut self, dtype: DType, device: &Device) -> Result<Tensor> {
-        let out_dtype = if Access::new(dtype, device.caps().f16).packed && self.cols % 2 == 1 {
-            DType::F32
-        } else {
-            dtype
-        };
+        let out_dtype = stored_dtype(dtype, self.cols, device);
         self.entry = Entry::Output;
         let epw = Access::new(out_dtype, device.caps().f16).elems_per_word();
         let _ = writeln!(self.defs, "const EPW: u32 = {epw}u;");
@@ -266,6 +262,16 @@ impl<'a> RowKernel<'a> {
             kernel.run(device)?;
         }
         Ok(out)
+    }
+}
+
+/// The dtype a row kernel writes rows of `cols` elements of `dtype` in: `dtype` itself, or f32 where packed 16-bit
+/// rows of odd length would share words between rows (the caller casts back).
+pub(crate) fn stored_dtype(dtype: DType, cols: usize, device: &Device) -> DType {
+    if Access::new(dtype, device.caps().f16).packed && cols % 2 == 1 {
+        DType::F32
+    } else {
+        dtype
     }
 }
 
