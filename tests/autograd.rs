@@ -143,3 +143,49 @@ fn the_graph_keeps_only_what_gradients_read() {
     y.sum_all().unwrap().backward().unwrap();
     assert!(x.grad().is_some());
 }
+
+/// Gradients of narrowed views of a recorded tensor: slices that tile it, leave gaps, overlap, repeat or cut
+/// along another dimension, together with a use of the whole, sum to what the padded slices would.
+#[test]
+fn narrowed_views_gather_their_gradients() {
+    let d = dev();
+    let mut rng = Rng::new("narrowed_views_gather_their_gradients");
+    let (rows, cols) = (4, 7);
+    let x = Tensor::from_slice(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], &d)
+        .unwrap()
+        .requires_grad_();
+    let cuts: [(usize, usize, usize); 7] = [
+        (1, 0, 2),
+        (1, 2, 3),
+        (1, 5, 2),
+        (1, 3, 2),
+        (1, 0, 2),
+        (0, 1, 2),
+        (1, 6, 1),
+    ];
+    for used in [3, cuts.len()] {
+        x.zero_grad();
+        let y = x.mul_scalar(2.0).unwrap();
+        let whole = rng.vec(rows * cols, -1.0, 1.0);
+        let mut expected: Vec<f64> = whole.iter().map(|&w| 2.0 * w as f64).collect();
+        let mut loss = y
+            .mul(&Tensor::from_slice(&whole, &[rows, cols], &d).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        for &(dim, start, len) in &cuts[..used] {
+            let part = y.narrow(dim as isize, start, len).unwrap();
+            let w = rng.vec(part.numel(), -1.0, 1.0);
+            for (i, &wi) in w.iter().enumerate() {
+                let (r, c) = (i / part.shape()[1], i % part.shape()[1]);
+                let (r, c) = if dim == 0 { (r + start, c) } else { (r, c + start) };
+                expected[r * cols + c] += 2.0 * wi as f64;
+            }
+            let term = part.mul(&Tensor::from_slice(&w, part.shape(), &d).unwrap()).unwrap();
+            loss = loss.add(&term.sum_all().unwrap()).unwrap();
+        }
+        loss.backward().unwrap();
+        let got = x.grad().unwrap().to_vec::<f32>().unwrap();
+        assert_close("narrowed views", &got, &expected, 1e-5, 1e-5);
+    }
+}

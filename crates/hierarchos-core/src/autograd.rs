@@ -34,6 +34,81 @@ pub(crate) struct Node {
     backward: Mutex<Option<BackwardFn>>,
     /// The op only looks at its input's storage another way (transpose, reshape, ...).
     view: bool,
+    /// The op is a `narrow` of its input: where the input is itself recorded, the gradient is handed to it as a
+    /// slice (see [`Pending`]) instead of being padded with zeros by the backward rule.
+    narrow: Option<Narrow>,
+}
+
+/// Where a `narrow` cut its input: from `start` along `dim`, whose whole length is `full`.
+#[derive(Clone, Copy)]
+pub(crate) struct Narrow {
+    pub(crate) dim: usize,
+    pub(crate) start: usize,
+    pub(crate) full: usize,
+}
+
+/// The gradient of a narrowed input: `g` placed at `narrow`, zeros elsewhere.
+fn pad(g: &Tensor, narrow: Narrow) -> Result<Tensor> {
+    join(&[(narrow.start, g.clone())], narrow.dim, narrow.full)
+}
+
+/// One tensor of length `full` along `dim` holding each `(start, g)` at `start` and zeros between them; the
+/// pieces are sorted and do not overlap.
+fn join(pieces: &[(usize, Tensor)], dim: usize, full: usize) -> Result<Tensor> {
+    let first = &pieces[0].1;
+    let mut shape = first.shape().to_vec();
+    let mut parts = Vec::with_capacity(2 * pieces.len() + 1);
+    let mut at = 0;
+    let mut zeros = |from: usize, to: usize, parts: &mut Vec<Tensor>| -> Result<()> {
+        if to > from {
+            shape[dim] = to - from;
+            parts.push(Tensor::zeros(&shape, first.dtype(), first.device())?);
+        }
+        Ok(())
+    };
+    for (start, g) in pieces {
+        zeros(at, *start, &mut parts)?;
+        parts.push(g.clone());
+        at = start + g.shape()[dim];
+    }
+    zeros(at, full, &mut parts)?;
+    match parts.as_slice() {
+        [whole] => Ok(whole.clone()),
+        _ => Tensor::cat(&parts, dim as isize),
+    }
+}
+
+/// A node's gradient while backward gathers it. Gradients of its narrowed views are kept as slices until the
+/// node runs, so that slices which tile it (the q, k and v cut from one projection) are joined by one `cat`
+/// rather than each padded to the whole size and added.
+#[derive(Default)]
+struct Pending {
+    whole: Option<Tensor>,
+    slices: Vec<(Narrow, Tensor)>,
+}
+
+impl Pending {
+    /// The gradient as one tensor: the slices along one dimension that do not overlap in one `cat`, any others
+    /// padded, then everything added.
+    fn into_tensor(mut self) -> Result<Option<Tensor>> {
+        self.slices.sort_by_key(|(n, _)| (n.dim, n.start));
+        let mut total = self.whole;
+        let mut rest = self.slices.into_iter().peekable();
+        while let Some((n, g)) = rest.next() {
+            let mut end = n.start + g.shape()[n.dim];
+            let mut pieces = vec![(n.start, g)];
+            while let Some((m, _)) = rest.peek()
+                && m.dim == n.dim
+                && m.start >= end
+            {
+                let (m, g) = rest.next().expect("peeked");
+                end = m.start + g.shape()[m.dim];
+                pieces.push((m.start, g));
+            }
+            accumulate(&mut total, join(&pieces, n.dim, n.full)?)?;
+        }
+        Ok(total)
+    }
 }
 
 static NEXT_NODE: AtomicUsize = AtomicUsize::new(0);
@@ -63,15 +138,32 @@ pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
 impl Node {
     /// Records an op whose inputs are `inputs`; `None` when no input needs a gradient (or grad is off).
     pub(crate) fn record(name: &'static str, inputs: &[&Tensor], backward: BackwardFn) -> Option<Arc<Node>> {
-        Node::new(name, inputs, backward, false)
+        Node::new(name, inputs, backward, false, None)
     }
 
     /// [`Node::record`] for a view of `input`.
     pub(crate) fn record_view(name: &'static str, input: &Tensor, backward: BackwardFn) -> Option<Arc<Node>> {
-        Node::new(name, &[input], backward, true)
+        Node::new(name, &[input], backward, true, None)
     }
 
-    fn new(name: &'static str, inputs: &[&Tensor], backward: BackwardFn, view: bool) -> Option<Arc<Node>> {
+    /// [`Node::record_view`] for `narrow`, whose gradient [`run_backward`] may hand on as a slice.
+    pub(crate) fn record_narrow(input: &Tensor, narrow: Narrow) -> Option<Arc<Node>> {
+        Node::new(
+            "narrow",
+            &[input],
+            Box::new(move |g| Ok(vec![Some(pad(g, narrow)?)])),
+            true,
+            Some(narrow),
+        )
+    }
+
+    fn new(
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: BackwardFn,
+        view: bool,
+        narrow: Option<Narrow>,
+    ) -> Option<Arc<Node>> {
         if !grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
             return None;
         }
@@ -81,6 +173,7 @@ impl Node {
             edges: inputs.iter().map(|t| t.edge()).collect(),
             backward: Mutex::new(Some(backward)),
             view,
+            narrow,
         }))
     }
 
@@ -125,10 +218,16 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
         }
     }
     no_grad(|| {
-        let mut grads: HashMap<usize, Tensor> = HashMap::new();
-        grads.insert(root.id, seed);
+        let mut grads: HashMap<usize, Pending> = HashMap::new();
+        grads.insert(
+            root.id,
+            Pending {
+                whole: Some(seed),
+                slices: Vec::new(),
+            },
+        );
         for node in order.iter().rev() {
-            let Some(g) = grads.remove(&node.id) else {
+            let Some(g) = grads.remove(&node.id).map(Pending::into_tensor).transpose()?.flatten() else {
                 continue;
             };
             let f = node
@@ -142,6 +241,10 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
                         node.name
                     ))
                 })?;
+            if let (Some(narrow), [Some(Edge::Node(n))]) = (node.narrow, node.edges.as_slice()) {
+                grads.entry(n.id).or_default().slices.push((narrow, g));
+                continue;
+            }
             let input_grads = f(&g)?;
             drop(g);
             for (edge, ig) in node.edges.iter().zip(input_grads) {
@@ -150,11 +253,7 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
                 };
                 match edge {
                     Edge::Leaf(cell) => accumulate(&mut cell.grad.lock().unwrap_or_else(|p| p.into_inner()), ig)?,
-                    Edge::Node(n) => {
-                        let mut slot = grads.remove(&n.id);
-                        accumulate(&mut slot, ig)?;
-                        grads.insert(n.id, slot.expect("just accumulated"));
-                    }
+                    Edge::Node(n) => accumulate(&mut grads.entry(n.id).or_default().whole, ig)?,
                 }
             }
         }

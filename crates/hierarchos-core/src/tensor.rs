@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use hierarchos_wgpu::{DType, Gpu, GpuBuffer};
 
-use crate::autograd::{self, Edge, GradCell, Node};
+use crate::autograd::{self, Edge, GradCell, Narrow, Node};
 use crate::error::{Error, Result};
 use crate::shape::{Layout, MAX_DIMS, numel, resolve_dim};
 
@@ -505,25 +505,13 @@ impl Tensor {
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
         let d = resolve_dim("narrow", dim, self.rank())?;
         let layout = self.layout().narrow(d, start, len)?;
-        let full = self.shape()[d];
-        Ok(self.view(
-            "narrow",
-            layout,
-            Box::new(move |g| {
-                let mut shape = g.shape().to_vec();
-                let mut parts = Vec::new();
-                if start > 0 {
-                    shape[d] = start;
-                    parts.push(Tensor::zeros(&shape, g.dtype(), g.device())?);
-                }
-                parts.push(g.clone());
-                if start + len < full {
-                    shape[d] = full - start - len;
-                    parts.push(Tensor::zeros(&shape, g.dtype(), g.device())?);
-                }
-                Ok(vec![Some(Tensor::cat(&parts, d as isize)?)])
-            }),
-        ))
+        let narrow = Narrow {
+            dim: d,
+            start,
+            full: self.shape()[d],
+        };
+        let node = Node::record_narrow(self, narrow);
+        Ok(self.derive(layout, node, None))
     }
 
     /// Broadcasts to `shape` without copying (size-1 and missing leading dimensions repeat).
