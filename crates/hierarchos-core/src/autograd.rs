@@ -97,11 +97,7 @@ impl Pending {
         while let Some((n, g)) = rest.next() {
             let mut end = n.start + g.shape()[n.dim];
             let mut pieces = vec![(n.start, g)];
-            while let Some((m, _)) = rest.peek()
-                && m.dim == n.dim
-                && m.start >= end
-            {
-                let (m, g) = rest.next().expect("peeked");
+            while let Some((m, g)) = rest.next_if(|(m, _)| m.dim == n.dim && m.start >= end) {
                 end = m.start + g.shape()[m.dim];
                 pieces.push((m.start, g));
             }
@@ -223,7 +219,7 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
             root.id,
             Pending {
                 whole: Some(seed),
-                slices: Vec::new(),
+                ..Pending::default()
             },
         );
         for node in order.iter().rev() {
