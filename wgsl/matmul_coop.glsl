@@ -64,6 +64,13 @@ shared uvec4 Bs[max(BN * AS, BK * BS) / 8];
 shared float16_t Cs[4 * 256];
 
 
+// The staged row of the `q`-th run of LOADS uvec4s along K. Eight threads store at once (a quarter of a subgroup,
+// 128 bits each): rows 4 apart land in opposite halves of the banks at a row stride of AS, where consecutive rows
+// would overlap; each block of eight rows still comes from the same eight threads' loads.
+uint k_row(uint q) {
+    return (q & ~7u) | ((q & 7u) >> 1) | ((q & 1u) << 2);
+}
+
 // Staged position (halves) and global uvec4 index of load `e` of thread `lid` for the slice at k0: A as 128 rows
 // of four loads, along M as 32 rows of sixteen; B along K as 128 rows of four, along N as 32 rows of sixteen.
 uint a_at(uint lid, uint e) {
@@ -71,7 +78,7 @@ uint a_at(uint lid, uint e) {
 #if A_ALONG_M
     return (i / 16) * AMS + (i % 16) * 8;
 #else
-    return (i / LOADS) * AS + (i % LOADS) * 8;
+    return k_row(i / LOADS) * AS + (i % LOADS) * 8;
 #endif
 }
 
@@ -80,14 +87,14 @@ uint a_src(uint lid, uint e, uint m0, uint k0) {
 #if A_ALONG_M
     return (p[3] + (k0 + i / 16) * p[4] + m0 + (i % 16) * 8) / 8;
 #else
-    return (p[3] + (m0 + i / LOADS) * p[4] + k0 + (i % LOADS) * 8) / 8;
+    return (p[3] + (m0 + k_row(i / LOADS)) * p[4] + k0 + (i % LOADS) * 8) / 8;
 #endif
 }
 
 uint b_at(uint lid, uint e) {
     uint i = lid + 128 * e;
 #if B_ALONG_K
-    return (i / LOADS) * AS + (i % LOADS) * 8;
+    return k_row(i / LOADS) * AS + (i % LOADS) * 8;
 #else
     return (i / 16) * BS + (i % 16) * 8;
 #endif
@@ -96,7 +103,7 @@ uint b_at(uint lid, uint e) {
 uint b_src(uint lid, uint e, uint n0, uint k0) {
     uint i = lid + 128 * e;
 #if B_ALONG_K
-    return (p[5] + (n0 + i / LOADS) * p[6] + k0 + (i % LOADS) * 8) / 8;
+    return (p[5] + (n0 + k_row(i / LOADS)) * p[6] + k0 + (i % LOADS) * 8) / 8;
 #else
     return (p[5] + (k0 + i / 16) * p[6] + n0 + (i % 16) * 8) / 8;
 #endif
