@@ -222,7 +222,13 @@ fn ref_rope(x: &[f32], d: usize, cs: impl Fn(usize) -> (Vec<f64>, Vec<f64>)) -> 
 fn rope_op_matches_rotate_half_on_strided_inputs() {
     let dv = dev();
     let mut rng = Rng::new("rope_op");
-    for (b, h, t, d) in [(1usize, 1usize, 1usize, 2usize), (2, 3, 5, 8), (1, 2, 17, 16)] {
+    // Heads whose half is a multiple of 4 take four pairs a thread, the others (2, 6) one.
+    for (b, h, t, d) in [
+        (1usize, 1usize, 1usize, 2usize),
+        (2, 3, 5, 8),
+        (1, 2, 17, 16),
+        (2, 3, 4, 6),
+    ] {
         // x is stored [B, T, H, D] and viewed [B, H, T, D], as attention does.
         let xs = rng.vec(b * t * h * d, -1.0, 1.0);
         let cos = rng.vec(t * d / 2, -1.0, 1.0);
@@ -292,6 +298,13 @@ fn rope_op_gradient_and_errors() {
     let sin = Tensor::from_slice(&rng.vec(t * d / 2, -1.0, 1.0), &[t, d / 2], &dv).unwrap();
     let x = rng.vec(2 * t * d, -1.0, 1.0);
     gradcheck("rope", &mut rng, &[(x, vec![2, t, d])], |v| v[0].rope(&cos, &sin));
+    // Four pairs a thread (heads of 8), forward and backward.
+    let table = |rng: &mut Rng| Tensor::from_slice(&rng.vec(t * 4, -1.0, 1.0), &[t, 4], &dv).unwrap();
+    let (cos8, sin8) = (table(&mut rng), table(&mut rng));
+    let x = rng.vec(2 * t * 8, -1.0, 1.0);
+    gradcheck("rope, heads of 8", &mut rng, &[(x, vec![2, t, 8])], |v| {
+        v[0].rope(&cos8, &sin8)
+    });
     // Rank 5 takes the elementwise form, forward and backward.
     let (cos5, sin5) = (
         cos.reshape(&[t, 1, d / 2]).unwrap(),

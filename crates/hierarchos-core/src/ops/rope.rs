@@ -74,10 +74,10 @@ impl Tensor {
         Ok(out.with_node(node))
     }
 
-    /// [`Tensor::rope`] in the pair kernel (one thread per rotated pair) for f32 tensors of rank 1 to 4 with
-    /// tables broadcast to `half_shape`; `None` for the rest, which take the elementwise form. Training applies
-    /// RoPE to every layer's queries and keys forward and backward, where the elementwise form spent most of its
-    /// time computing strided coordinates for every element.
+    /// [`Tensor::rope`] in the pair kernel (one thread per rotated pair, or per four) for f32 tensors of rank 1 to
+    /// 4 with tables broadcast to `half_shape`; `None` for the rest, which take the elementwise form. Training
+    /// applies RoPE to every layer's queries and keys forward and backward, where the elementwise form spent most
+    /// of its time computing strided coordinates for every element.
     fn rope_pairs(&self, cos: &Tensor, sin: &Tensor, half_shape: &[usize], inverse: bool) -> Result<Option<Tensor>> {
         const OP: &str = "rope";
         let r = self.rank();
@@ -94,10 +94,26 @@ impl Tensor {
         let mut lead = vec![1usize; 4 - r];
         lead.extend(&self.shape()[..r - 1]);
         let half = half_shape[r - 1];
-        let mut params = vec![(self.numel() / 2) as u32, half as u32, lead[1] as u32, lead[2] as u32];
+        let cos_layout = cos.layout().broadcast_to(OP, half_shape)?;
+        let sin_layout = sin.layout().broadcast_to(OP, half_shape)?;
+        // Four pairs a thread where every row starts on a vec4 and its pairs lie at unit stride.
+        let quads = |l: &crate::shape::Layout| {
+            l.strides[r - 1] == 1 && l.offset.is_multiple_of(4) && l.strides[..r - 1].iter().all(|s| s % 4 == 0)
+        };
+        let w = if half.is_multiple_of(4) && [self.layout(), &cos_layout, &sin_layout].into_iter().all(quads) {
+            4
+        } else {
+            1
+        };
+        let mut params = vec![
+            (self.numel() / 2 / w) as u32,
+            half as u32,
+            lead[1] as u32,
+            lead[2] as u32,
+        ];
         params.extend(padded(self.layout()));
-        params.extend(padded(&cos.layout().broadcast_to(OP, half_shape)?));
-        params.extend(padded(&sin.layout().broadcast_to(OP, half_shape)?));
+        params.extend(padded(&cos_layout));
+        params.extend(padded(&sin_layout));
         // Queries and keys are views of `[B, T, H, D]` projections seen as `[B, H, T, D]`: the rotated tensor keeps
         // that order (and so do the attention gradients it is fed back), so that the projections' backward
         // reshapes the gradient without a copy. Other inputs come out dense.
@@ -115,11 +131,14 @@ impl Tensor {
             op: OP,
             runtime_checks: false,
             language: Language::Wgsl,
-            key: "rope_pairs",
-            source: &|| ROPE_PAIRS_WGSL.to_string(),
+            key: &format!("rope_pairs:{w}"),
+            source: &|| {
+                let word = if w == 4 { "vec4<f32>" } else { "f32" };
+                format!("alias Word = {word};\nconst W: u32 = {w}u;\n{ROPE_PAIRS_WGSL}")
+            },
             buffers: &[&out, self.buffer(), cos.buffer(), sin.buffer()],
             params: &params,
-            workgroups: Gpu::grid((self.numel() / 2).div_ceil(256) as u32),
+            workgroups: Gpu::grid((self.numel() / 2 / w).div_ceil(256) as u32),
         })?;
         Ok(Some(match keep_order {
             true => {
