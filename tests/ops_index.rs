@@ -512,44 +512,55 @@ fn host_ids_known_in_range_skip_the_gpu_check() {
 
 #[test]
 fn row_lookup_gradient_over_many_strided_ids() {
-    // More ids than one block of the row-gradient kernel (4096), read through a stride, with a row never looked up.
+    // More ids than one block of the row-gradient kernel (4096), read through a stride, with a row never looked up;
+    // tables of fewer rows than one workgroup takes (8) and of several workgroups, the last one partial.
     let d = dev();
     let mut rng = Rng::new("row_lookup_gradient");
-    let (rows, width, k) = (7, 5, 5000);
-    let all: Vec<u32> = (0..2 * k).map(|_| rng.below(rows - 1) as u32).collect();
-    let ids = Tensor::from_slice(&all, &[k, 2], &d)
-        .unwrap()
-        .narrow(1, 0, 1)
-        .unwrap()
-        .squeeze(1)
-        .unwrap();
-    assert!(!ids.is_contiguous());
-    let x = Tensor::from_slice(&rng.vec(rows * width, -1.0, 1.0), &[rows, width], &d)
-        .unwrap()
-        .requires_grad_();
-    let c = rng.vec(k * width, -1.0, 1.0);
-    let weights = Tensor::from_slice(&c, &[k, width], &d).unwrap();
-    x.index_select(0, &ids)
-        .unwrap()
-        .mul(&weights)
-        .unwrap()
-        .sum(&[], false)
-        .unwrap()
-        .backward()
-        .unwrap();
-    let mut want = vec![0.0f64; rows * width];
-    for j in 0..k {
-        let t = all[2 * j] as usize;
-        for col in 0..width {
-            want[t * width + col] += c[j * width + col] as f64;
+    for (rows, width, k) in [(7, 5, 5000), (19, 300, 4500)] {
+        let all: Vec<u32> = (0..2 * k).map(|_| rng.below(rows - 1) as u32).collect();
+        let ids = Tensor::from_slice(&all, &[k, 2], &d)
+            .unwrap()
+            .narrow(1, 0, 1)
+            .unwrap()
+            .squeeze(1)
+            .unwrap();
+        assert!(!ids.is_contiguous());
+        let x = Tensor::from_slice(&rng.vec(rows * width, -1.0, 1.0), &[rows, width], &d)
+            .unwrap()
+            .requires_grad_();
+        let c = rng.vec(k * width, -1.0, 1.0);
+        let weights = Tensor::from_slice(&c, &[k, width], &d).unwrap();
+        x.index_select(0, &ids)
+            .unwrap()
+            .mul(&weights)
+            .unwrap()
+            .sum(&[], false)
+            .unwrap()
+            .backward()
+            .unwrap();
+        let mut want = vec![0.0f64; rows * width];
+        for j in 0..k {
+            let t = all[2 * j] as usize;
+            for col in 0..width {
+                want[t * width + col] += c[j * width + col] as f64;
+            }
         }
+        let got = x.grad().unwrap().to_vec::<f32>().unwrap();
+        assert_close(&format!("row lookup gradient, {rows} rows"), &got, &want, 1e-5, 1e-4);
+        assert!(got[(rows - 1) * width..].iter().all(|&v| v == 0.0));
+        // The same sums in the same order as the generic scatter: bit for bit.
+        let scattered = Tensor::zeros(&[rows, width], DType::F32, &d)
+            .unwrap()
+            .scatter_add(
+                0,
+                &ids.unsqueeze(1).unwrap().broadcast_to(&[k, width]).unwrap(),
+                &weights,
+            )
+            .unwrap();
+        assert_eq!(
+            got,
+            scattered.to_vec::<f32>().unwrap(),
+            "{rows} rows: as the generic scatter"
+        );
     }
-    assert_close(
-        "row lookup gradient",
-        &x.grad().unwrap().to_vec::<f32>().unwrap(),
-        &want,
-        1e-5,
-        1e-4,
-    );
-    assert!(want[(rows - 1) * width..].iter().all(|&v| v == 0.0));
 }

@@ -225,8 +225,8 @@ fn scatter_into_zeros(
 }
 
 /// A table of `shape` whose row `t` is the sum of the rows `k` of `g` (`[ids.len(), shape[1..]]`, f32) with
-/// `ids[k] == t`, in ascending `k`: the gradient of a row lookup, one workgroup per table row (see
-/// index_add_rows.wgsl). Bit for bit what the generic scatter gives.
+/// `ids[k] == t`, in ascending `k`: the gradient of a row lookup, one workgroup per [`INDEX_ADD_ROWS`] table rows
+/// (see index_add_rows.wgsl). Bit for bit what the generic scatter gives.
 fn index_add_rows(shape: &[usize], ids: &Tensor, g: &Tensor) -> Result<Tensor> {
     let device = g.device().clone();
     let g = g.contiguous()?;
@@ -256,10 +256,13 @@ fn index_add_rows(shape: &[usize], ids: &Tensor, g: &Tensor) -> Result<Tensor> {
         source: &|| INDEX_ADD_ROWS_WGSL.to_string(),
         buffers: &[out.buffer(), ids.buffer(), g.buffer()],
         params: &params,
-        workgroups: Gpu::grid(rows as u32),
+        workgroups: Gpu::grid(rows.div_ceil(INDEX_ADD_ROWS) as u32),
     })?;
     Ok(out)
 }
+
+/// Table rows per workgroup of index_add_rows.wgsl (its `ROWS`).
+const INDEX_ADD_ROWS: usize = 8;
 
 /// `t` padded with trailing zeros along every dimension up to `shape`.
 fn pad_to(t: Tensor, shape: &[usize]) -> Result<Tensor> {
