@@ -99,6 +99,16 @@ impl Layout {
         true
     }
 
+    /// True when the last dimension has unit stride and every row starts on a multiple of 4 elements (offset and
+    /// other strides multiples of 4): kernels can then read the rows as vectors of four.
+    pub fn rows_of_vec4s(&self) -> bool {
+        let r = self.rank();
+        r > 0
+            && self.strides[r - 1] == 1
+            && self.offset.is_multiple_of(4)
+            && self.strides[..r - 1].iter().all(|s| s.is_multiple_of(4))
+    }
+
     /// One past the largest element index this layout touches (0 for an empty tensor).
     pub fn span_end(&self) -> usize {
         if self.numel() == 0 {

@@ -356,11 +356,7 @@ fn launch(
         params.extend([l.strides[0] as u32, l.strides[1] as u32]);
     }
     // Keys and values as vec4s when every row starts on 16 bytes and is dense.
-    let vec4 = d.is_multiple_of(4)
-        && [k, v].iter().all(|t| {
-            let l = t.layout();
-            l.strides[3] == 1 && l.offset % 4 == 0 && l.strides[..3].iter().all(|s| s % 4 == 0)
-        });
+    let vec4 = d.is_multiple_of(4) && [k, v].iter().all(|t| t.layout().rows_of_vec4s());
     let fused = step.is_some();
     let subgroups = device.caps().subgroups;
     let key = format!("cached_attention:{vec4}:{fused}:{subgroups}:{d}");

@@ -34,10 +34,6 @@ const WORKGROUP_BYTES: usize = 3 * TILE * 72 * 2 + TILE * 72 * 4 + 2 * TILE * 4;
 pub(crate) fn fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     let device: &Device = q.device();
     let caps = device.caps();
-    let quads = |x: &Tensor| {
-        let l = x.layout();
-        l.strides[3] == 1 && l.offset.is_multiple_of(4) && l.strides[..3].iter().all(|s| s.is_multiple_of(4))
-    };
     autocast_dtype() == Some(DType::F16)
         && caps.cooperative_matrix
         && caps.f16
@@ -45,7 +41,7 @@ pub(crate) fn fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
         && caps.subgroup_size == (32, 32)
         && device.limits().max_compute_workgroup_storage_size as usize >= WORKGROUP_BYTES
         && q.shape()[3] == HEAD
-        && [q, k, v].into_iter().all(quads)
+        && [q, k, v].iter().all(|t| t.layout().rows_of_vec4s())
 }
 
 /// Records kernel `index` (0 forward, 1 query gradients, 2 key/value gradients) with `buffers` bound as the

@@ -97,14 +97,10 @@ impl Tensor {
         let cos_layout = cos.layout().broadcast_to(OP, half_shape)?;
         let sin_layout = sin.layout().broadcast_to(OP, half_shape)?;
         // Four pairs a thread where every row starts on a vec4 and its pairs lie at unit stride.
-        let quads = |l: &crate::shape::Layout| {
-            l.strides[r - 1] == 1 && l.offset.is_multiple_of(4) && l.strides[..r - 1].iter().all(|s| s % 4 == 0)
-        };
-        let w = if half.is_multiple_of(4) && [self.layout(), &cos_layout, &sin_layout].into_iter().all(quads) {
-            4
-        } else {
-            1
-        };
+        let quads = [self.layout(), &cos_layout, &sin_layout]
+            .iter()
+            .all(|l| l.rows_of_vec4s());
+        let w = if half.is_multiple_of(4) && quads { 4 } else { 1 };
         let mut params = vec![
             (self.numel() / 2 / w) as u32,
             half as u32,
