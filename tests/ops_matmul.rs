@@ -245,9 +245,9 @@ fn half_precision() {
     }
 }
 
-/// Outputs of at least 256 tiles of 128 x 128 switch to big tiles; K stays small so that a CPU device finishes
-/// quickly, but one product takes three staged slices of K (the last partial). M and N are not multiples of 128, so
-/// edge tiles are partial.
+/// Outputs of at least 256 tiles of 128 x 128 switch to big tiles (fewer, but at least 256 of 128 x 64, to those);
+/// K stays small so that a CPU device finishes quickly, but one product takes three staged slices of K (the last
+/// partial). M and N are not multiples of 128, so edge tiles are partial.
 #[test]
 fn large_tiles() {
     let mut rng = Rng::new("large_tiles");
@@ -257,12 +257,14 @@ fn large_tiles() {
     check("batched a @ b^T, large tiles", &a, &va, &b.t().unwrap(), &vb);
     check_shapes(&mut rng, &[4, 1100, 37], &[37, 1050], DType::F32);
     check_shapes(&mut rng, &[2100, 5], &[5, 2000], DType::BF16);
+    check_shapes(&mut rng, &[1100, 5], &[5, 1800], DType::BF16);
     check_shapes(&mut rng, &[2000, 4], &[4, 2111], DType::F16);
 }
 
 /// Every pairing of operand layouts (A unit-stride along K or M, B along K or N), where the f32 operands load as
 /// vec4s (dimensions, offsets and strides multiples of 4) and where one of them cannot (an offset of 1, a
-/// dimension of 4n + 2), in both tile sizes with partial edge tiles.
+/// dimension of 4n + 2), in each tile shape (64 x 64, 128 x 64 from 256 such tiles, 128 x 128 from 256 such
+/// tiles) with partial edge tiles.
 #[test]
 fn every_operand_layout() {
     let mut rng = Rng::new("every_operand_layout");
@@ -271,6 +273,8 @@ fn every_operand_layout() {
         (1, 4, 4, 4, 0),
         (1, 70, 38, 130, 1),
         (3, 36, 20, 12, 1),
+        (1, 1100, 8, 1800, 4),
+        (1, 1102, 6, 1802, 1),
         (3, 1156, 8, 1036, 4),
     ] {
         // Each operand comes as a narrowed row-major matrix and as the transpose of one.

@@ -1,6 +1,7 @@
-// Tiled matrix product template. One workgroup of 256 threads (16 x 16) computes a BM x BN tile of one batch
-// entry of C = A @ B over one slice of the reduction (the whole of K unless the product is split: then slice s
-// covers K_SLICE steps from s * K_SLICE and writes its own partial product, which the split-sum kernel adds).
+// Tiled matrix product template. One workgroup of THREADS = 16 x TX threads (16 rows along M, TX = 16 or 8
+// columns along N) computes a BM x BN tile of one batch entry of C = A @ B over one slice of the reduction (the
+// whole of K unless the product is split: then slice s covers K_SLICE steps from s * K_SLICE and writes its own
+// partial product, which the split-sum kernel adds).
 // BK-deep slices of A and B are staged k-major in workgroup memory (each k row padded by one vec4 so that stores
 // along k spread over the banks); each thread accumulates a TM x TN micro-tile in registers (f32) from vec4
 // reads, and fetches the next slice from global memory into registers while the current one is multiplied.
@@ -8,10 +9,11 @@
 // coalesced). With A_VEC4 / B_VEC4 a thread fetches four consecutive elements along it as one vec4 (`load_x4`);
 // otherwise single elements, consecutive threads taking consecutive ones.
 //
-// The Rust side prepends bindings (out, lhs, rhs), their load/store functions, the constants BK, BM, BN, A_ALONG_K,
-// B_ALONG_K, A_VEC4, B_VEC4 and PACKED_OUT, and replaces the generated blocks marked `//@NAME` (register
-// declarations, fetch, stash, the multiply-add steps over the BK staged rows and the final store), which are
-// unrolled over the micro-tile: each thread fetches TM / 4 groups of four elements of A and TN / 4 of B per slice.
+// The Rust side prepends bindings (out, lhs, rhs), their load/store functions, the constants BK, TX, THREADS, BM,
+// BN, A_ALONG_K, B_ALONG_K, A_VEC4, B_VEC4 and PACKED_OUT, and replaces the generated blocks marked `//@NAME`
+// (register declarations, fetch, stash, the multiply-add steps over the BK staged rows and the final store), which
+// are unrolled over the micro-tile: each thread fetches BM BK / (4 THREADS) groups of four elements of A and
+// TN / 4 of B per slice.
 //
 // Parameters: see matmul_batch.wgsl, then [K_SLICE, slices].
 
@@ -35,7 +37,7 @@ var<private> k_end: u32;
 
 // Element `j` of this thread's share of the A slice, fetched singly: (m, k) within the tile.
 fn a_slot(j: u32) -> vec2<u32> {
-    let i = j * 256u + lid;
+    let i = j * THREADS + lid;
     if (A_ALONG_K) {
         return vec2<u32>(i / BK, i % BK);
     }
@@ -44,7 +46,7 @@ fn a_slot(j: u32) -> vec2<u32> {
 
 // Element `j` of this thread's share of the B slice, fetched singly: (k, n) within the tile.
 fn b_slot(j: u32) -> vec2<u32> {
-    let i = j * 256u + lid;
+    let i = j * THREADS + lid;
     if (B_ALONG_K) {
         return vec2<u32>(i % BK, i / BK);
     }
@@ -54,7 +56,7 @@ fn b_slot(j: u32) -> vec2<u32> {
 // Where group `e` of this thread's share of the A slice starts when fetched as vec4s: (m, k) within the tile,
 // the four elements following along k when A_ALONG_K, else along m.
 fn a_origin(e: u32) -> vec2<u32> {
-    let i = e * 256u + lid;
+    let i = e * THREADS + lid;
     if (A_ALONG_K) {
         return vec2<u32>(i / (BK / 4u), (i % (BK / 4u)) * 4u);
     }
@@ -63,7 +65,7 @@ fn a_origin(e: u32) -> vec2<u32> {
 
 // Where group `e` of this thread's share of the B slice starts when fetched as vec4s: (k, n) within the tile.
 fn b_origin(e: u32) -> vec2<u32> {
-    let i = e * 256u + lid;
+    let i = e * THREADS + lid;
     if (B_ALONG_K) {
         return vec2<u32>((i % (BK / 4u)) * 4u, i / (BK / 4u));
     }
@@ -192,7 +194,7 @@ fn store4(row: u32, n: u32, v: vec4<f32>) {
     }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) local: u32) {
     let M = p[0];
@@ -224,8 +226,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let bases = batch_bases(batch);
     a_base = bases.x;
     b_base = bases.y;
-    let tx = local % 16u;
-    let ty = local / 16u;
+    let tx = local % TX;
+    let ty = local / TX;
     //@DECL
     let k_tiles = (k_stop - k_begin + BK - 1u) / BK;
     if (k_tiles > 0u) {

@@ -61,10 +61,13 @@ pub(crate) const BIG_TILE_MIN_TILES: usize = 256;
 /// Llama shape run 5% to 20% faster with them than with 64 x 128 tiles, while fewer tiles (the `[768, 768]`
 /// weight gradients, 36 tiles; prefill's `[512, 768]` products) run 2% to 6% slower (BENCHMARKS.md).
 const BIG_TILE_MIN_K: usize = 2048;
-/// Below those, 64 x 128 tiles (4 x 8 per thread) while they number at least as many; 64 x 64 tiles (4 x 4)
-/// for smaller products. On an H200, `[4096, 768]` outputs (192 big tiles) run 10% to 40% faster with 64 x 128
-/// tiles than with 64 x 64 ones.
-const WIDE_TILE_MIN_TILES: usize = 256;
+/// Below those, 128 x 64 tiles while they number at least as many: 8 x 8 per thread like the big tiles, in
+/// workgroups of 128 threads, so that three share a multiprocessor of an H200 where two big ones do. There the
+/// `[4096, 768]` products over K = 768 (192 big tiles, filling 73% of a wave; 384 of these, 97%) run at 31.8 /
+/// 32.0 TFLOP/s (`x @ W.t()` / `g @ W`) against 29.4 / 31.1 with the 64 x 128 tiles of 4 x 8 per thread these
+/// replaced, which themselves ran 10% to 40% faster than 64 x 64 ones. Smaller products take 64 x 64 tiles
+/// (4 x 4).
+const TALL_TILE_MIN_TILES: usize = 256;
 
 /// Workgroups of 128 x 128 tiles that one multiprocessor runs at once (their registers allow two of 256 threads on
 /// NVIDIA GPUs). Where the adapter tells its multiprocessor count, f32 products over K >= [`BIG_TILE_MIN_K`] take
@@ -400,14 +403,16 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
         }
         _ => None,
     };
-    let (tm, tn) = if big_tiles >= BIG_TILE_MIN_TILES || long_k || wave_split.is_some() {
-        (8, 8)
-    } else if tiles_of(64, 128) >= WIDE_TILE_MIN_TILES {
-        (4, 8)
+    // (rows, columns) per thread and threads along N: 16 x 16 threads for 128 x 128 and 64 x 64 tiles, 16 x 8
+    // for 128 x 64.
+    let (tm, tn, tx) = if big_tiles >= BIG_TILE_MIN_TILES || long_k || wave_split.is_some() {
+        (8, 8, 16)
+    } else if tiles_of(128, 64) >= TALL_TILE_MIN_TILES {
+        (8, 8, 8)
     } else {
-        (4, 4)
+        (4, 4, 16)
     };
-    let (bm, bn) = (16 * tm, 16 * tn);
+    let (bm, bn) = (16 * tm, tx * tn);
     let tiles = if skinny {
         n.div_ceil(2) * batch_count
     } else {
@@ -443,7 +448,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     }
     params.extend([slice_len as u32, slices as u32]);
     let key = format!(
-        "matmul:{}:{}:{}:{}:{}:{tm}x{tn}:{a_k}:{b_k}:{}:{vec4_a}:{vec4_b}",
+        "matmul:{}:{}:{}:{}:{}:{tm}x{tn}x{tx}:{a_k}:{b_k}:{}:{vec4_a}:{vec4_b}",
         a.dtype(),
         a_access.packed,
         b.dtype(),
@@ -490,7 +495,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
             let _ = writeln!(s, "const ROWS: u32 = {m}u;");
             s.push_str(&MATMUL_SKINNY_WGSL.replace("//@DOT", if vec4_a { SKINNY_DOT_VEC4 } else { SKINNY_DOT }));
         } else {
-            s.push_str(&unrolled(MATMUL_WGSL, tm, tn));
+            s.push_str(&unrolled(MATMUL_WGSL, tm, tn, tx));
         }
         s
     };
@@ -610,13 +615,14 @@ pub(crate) fn load4_fn(name: &str) -> String {
     )
 }
 
-/// The kernel template with its `//@` blocks unrolled over a `tm` x `tn` micro-tile per thread: accumulators
-/// `c{row}_{column group}` (vec4 over four columns), fetch registers `ra{e}` / `rb{e}` (vec4 groups). Rows of a
-/// thread are `ty * 4 + r` plus multiples of 64, columns `tx * 4 + c` plus multiples of 64, so that the vec4
+/// The kernel template with its `//@` blocks unrolled over a `tm` x `tn` micro-tile per thread, in workgroups of
+/// 16 x `tx` threads: accumulators `c{row}_{column group}` (vec4 over four columns), fetch registers `ra{e}` /
+/// `rb{e}` (vec4 groups). Rows of a thread are `ty * 4 + r` plus multiples of 64, columns `tx * 4 + c` plus
+/// multiples of `4 tx`, so that the vec4
 /// reads of workgroup memory by a warp hit consecutive addresses. The multiply-add steps over the `BK` rows of a
 /// staged slice are unrolled too, with constant row offsets: the NVIDIA driver leaves the loop rolled, and
 /// unrolling it took the H200 from 24 to 36 TFLOP/s on f32 4096^3.
-pub(crate) fn unrolled(template: &str, tm: usize, tn: usize) -> String {
+pub(crate) fn unrolled(template: &str, tm: usize, tn: usize, tx: usize) -> String {
     let comps = ["x", "y", "z", "w"];
     let (mut decl, mut fetch, mut stash, mut step, mut store) = (
         String::new(),
@@ -630,7 +636,7 @@ pub(crate) fn unrolled(template: &str, tm: usize, tn: usize) -> String {
             let _ = writeln!(decl, "    var c{i}_{j} = vec4<f32>();");
         }
     }
-    for (name, count) in [("a", tm / 4), ("b", tn / 4)] {
+    for (name, count) in [("a", 4 * tm / tx), ("b", tn / 4)] {
         for e in 0..count {
             let _ = writeln!(decl, "    var r{name}{e} = vec4<f32>();");
             let _ = writeln!(fetch, "        r{name}{e} = fetch_{name}({e}u, k0);");
@@ -641,7 +647,7 @@ pub(crate) fn unrolled(template: &str, tm: usize, tn: usize) -> String {
         let _ = writeln!(step, "            let a{g} = As[k][{}u + ty];", 16 * g);
     }
     for j in 0..tn / 4 {
-        let _ = writeln!(step, "            let b{j} = Bs[k][{}u + tx];", 16 * j);
+        let _ = writeln!(step, "            let b{j} = Bs[k][{}u + tx];", tx * j);
     }
     for i in 0..tm {
         let (g, c) = (i / 4, comps[i % 4]);
@@ -657,7 +663,7 @@ pub(crate) fn unrolled(template: &str, tm: usize, tn: usize) -> String {
             let _ = writeln!(
                 store,
                 "        store4(out_base + m{i} * N, tile_n + {}u + tx * 4u, c{i}_{j});",
-                64 * j
+                4 * tx * j
             );
         }
         store.push_str("    }\n");
@@ -665,7 +671,10 @@ pub(crate) fn unrolled(template: &str, tm: usize, tn: usize) -> String {
     let steps: String = (0..BK)
         .map(|k| format!("        {{\n            let k = {k}u;\n{step}        }}\n"))
         .collect();
-    let mut s = format!("const BK: u32 = {BK}u;\n");
+    let mut s = format!(
+        "const BK: u32 = {BK}u;\nconst TX: u32 = {tx}u;\nconst THREADS: u32 = {}u;\n",
+        16 * tx
+    );
     for line in template.lines() {
         let block = match line.trim() {
             "//@DECL" => decl.as_str(),

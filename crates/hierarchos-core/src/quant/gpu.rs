@@ -615,7 +615,7 @@ fn tiled(x: &Tensor, w: &QTensor) -> Result<Tensor> {
             load4_fn("rhs")
         );
         s.push_str(MATMUL_BATCH_WGSL);
-        s.push_str(&unrolled(MATMUL_WGSL, tm, tn));
+        s.push_str(&unrolled(MATMUL_WGSL, tm, tn, 16));
         s
     };
     device.dispatch(Dispatch {
