@@ -245,9 +245,10 @@ fn half_precision() {
     }
 }
 
-/// Outputs of at least 256 tiles of 128 x 128 switch to big tiles (fewer, but at least 256 of 128 x 64, to those);
-/// K stays small so that a CPU device finishes quickly, but one product takes three staged slices of K (the last
-/// partial). M and N are not multiples of 128, so edge tiles are partial.
+/// Outputs of at least 256 tiles of 128 x 128 switch to big tiles (fewer, but at least 256 of half that size, to
+/// 128 x 64 tiles for f32, 64 x 128 for 16-bit dtypes); K stays small so that a CPU device finishes quickly, but
+/// one product takes three staged slices of K (the last partial). M and N are not multiples of 128, so edge tiles
+/// are partial.
 #[test]
 fn large_tiles() {
     let mut rng = Rng::new("large_tiles");
@@ -263,7 +264,7 @@ fn large_tiles() {
 
 /// Every pairing of operand layouts (A unit-stride along K or M, B along K or N), where the f32 operands load as
 /// vec4s (dimensions, offsets and strides multiples of 4) and where one of them cannot (an offset of 1, a
-/// dimension of 4n + 2), in each tile shape (64 x 64, 128 x 64 from 256 such tiles, 128 x 128 from 256 such
+/// dimension of 4n + 2), in each f32 tile shape (64 x 64; 128 x 64 from 256 such tiles; 128 x 128 from 256 such
 /// tiles) with partial edge tiles.
 #[test]
 fn every_operand_layout() {

@@ -61,13 +61,13 @@ pub(crate) const BIG_TILE_MIN_TILES: usize = 256;
 /// Llama shape run 5% to 20% faster with them than with 64 x 128 tiles, while fewer tiles (the `[768, 768]`
 /// weight gradients, 36 tiles; prefill's `[512, 768]` products) run 2% to 6% slower (BENCHMARKS.md).
 const BIG_TILE_MIN_K: usize = 2048;
-/// Below those, 128 x 64 tiles while they number at least as many: 8 x 8 per thread like the big tiles, in
-/// workgroups of 128 threads, so that three share a multiprocessor of an H200 where two big ones do. There the
-/// `[4096, 768]` products over K = 768 (192 big tiles, filling 73% of a wave; 384 of these, 97%) run at 31.8 /
-/// 32.0 TFLOP/s (`x @ W.t()` / `g @ W`) against 29.4 / 31.1 with the 64 x 128 tiles of 4 x 8 per thread these
-/// replaced, which themselves ran 10% to 40% faster than 64 x 64 ones. Smaller products take 64 x 64 tiles
-/// (4 x 4).
-const TALL_TILE_MIN_TILES: usize = 256;
+/// Below those, tiles of half the size while they number at least as many. For f32, 128 x 64 tiles: 8 x 8 per
+/// thread like the big tiles, in workgroups of 128 threads, so that three share a multiprocessor of an H200 where
+/// two big ones do. There the `[4096, 768]` products over K = 768 (192 big tiles, filling 73% of a wave; 384 of
+/// these, 97%) run at 31.8 / 32.0 TFLOP/s (`x @ W.t()` / `g @ W`) against 29.4 / 31.1 with 64 x 128 tiles of
+/// 4 x 8 per thread. Those still serve 16-bit products, where 128 x 64 tiles cost bf16 training 7%. 64 x 128 tiles
+/// had run 10% to 40% faster than 64 x 64 ones (4 x 4), which take smaller products.
+const MID_TILE_MIN_TILES: usize = 256;
 
 /// Workgroups of 128 x 128 tiles that one multiprocessor runs at once (their registers allow two of 256 threads on
 /// NVIDIA GPUs). Where the adapter tells its multiprocessor count, f32 products over K >= [`BIG_TILE_MIN_K`] take
@@ -403,12 +403,13 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
         }
         _ => None,
     };
-    // (rows, columns) per thread and threads along N: 16 x 16 threads for 128 x 128 and 64 x 64 tiles, 16 x 8
-    // for 128 x 64.
+    // (rows, columns) per thread and threads along N: 16 x 8 threads for 128 x 64 tiles, else 16 x 16.
     let (tm, tn, tx) = if big_tiles >= BIG_TILE_MIN_TILES || long_k || wave_split.is_some() {
         (8, 8, 16)
-    } else if tiles_of(128, 64) >= TALL_TILE_MIN_TILES {
+    } else if splits && tiles_of(128, 64) >= MID_TILE_MIN_TILES {
         (8, 8, 8)
+    } else if tiles_of(64, 128) >= MID_TILE_MIN_TILES {
+        (4, 8, 16)
     } else {
         (4, 4, 16)
     };
