@@ -62,11 +62,12 @@ pub(crate) const BIG_TILE_MIN_TILES: usize = 256;
 /// weight gradients, 36 tiles; prefill's `[512, 768]` products) run 2% to 6% slower (BENCHMARKS.md).
 const BIG_TILE_MIN_K: usize = 2048;
 /// Below those, tiles of half the size while they number at least as many. For f32, 128 x 64 tiles: 8 x 8 per
-/// thread like the big tiles, in workgroups of 128 threads, so that three share a multiprocessor of an H200 where
-/// two big ones do. There the `[4096, 768]` products over K = 768 (192 big tiles, filling 73% of a wave; 384 of
-/// these, 97%) run at 31.8 / 32.0 TFLOP/s (`x @ W.t()` / `g @ W`) against 29.4 / 31.1 with 64 x 128 tiles of
-/// 4 x 8 per thread. Those still serve 16-bit products, where 128 x 64 tiles cost bf16 training 7%. 64 x 128 tiles
-/// had run 10% to 40% faster than 64 x 64 ones (4 x 4), which take smaller products.
+/// thread like the big tiles, in workgroups of 128 threads (of which three fit a multiprocessor of an H200 by
+/// their workgroup memory, where two big ones run). There the `[4096, 768]` products over K = 768 (192 big
+/// tiles, filling 73% of a wave; 384 of these, 97%) run at 31.8 / 32.0 TFLOP/s (`x @ W.t()` / `g @ W`) against
+/// 29.4 / 31.1 with 64 x 128 tiles of 4 x 8 per thread. Those still serve 16-bit products, where 128 x 64 tiles
+/// cost bf16 training 7%. 64 x 128 tiles had run 10% to 40% faster than 64 x 64 ones (4 x 4), which take smaller
+/// products.
 const MID_TILE_MIN_TILES: usize = 256;
 
 /// Workgroups of 128 x 128 tiles that one multiprocessor runs at once (their registers allow two of 256 threads on
@@ -619,10 +620,9 @@ pub(crate) fn load4_fn(name: &str) -> String {
 /// The kernel template with its `//@` blocks unrolled over a `tm` x `tn` micro-tile per thread, in workgroups of
 /// 16 x `tx` threads: accumulators `c{row}_{column group}` (vec4 over four columns), fetch registers `ra{e}` /
 /// `rb{e}` (vec4 groups). Rows of a thread are `ty * 4 + r` plus multiples of 64, columns `tx * 4 + c` plus
-/// multiples of `4 tx`, so that the vec4
-/// reads of workgroup memory by a warp hit consecutive addresses. The multiply-add steps over the `BK` rows of a
-/// staged slice are unrolled too, with constant row offsets: the NVIDIA driver leaves the loop rolled, and
-/// unrolling it took the H200 from 24 to 36 TFLOP/s on f32 4096^3.
+/// multiples of `4 tx`, so that the vec4 reads of workgroup memory by a warp hit consecutive addresses. The
+/// multiply-add steps over the `BK` rows of a staged slice are unrolled too, with constant row offsets: the NVIDIA
+/// driver leaves the loop rolled, and unrolling it took the H200 from 24 to 36 TFLOP/s on f32 4096^3.
 pub(crate) fn unrolled(template: &str, tm: usize, tn: usize, tx: usize) -> String {
     let comps = ["x", "y", "z", "w"];
     let (mut decl, mut fetch, mut stash, mut step, mut store) = (
