@@ -35,6 +35,8 @@ fn trainable(dir: &Path) -> CausalLm {
 
 #[test]
 fn two_adamw_steps_match_pytorch_float64() {
+    // Every family is run and reported before the test fails, so that one run shows every margin.
+    let mut over = Vec::new();
     for name in validated() {
         let dir = fixture(name);
         let lm = trainable(&dir);
@@ -64,25 +66,34 @@ fn two_adamw_steps_match_pytorch_float64() {
             want.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
             "{name}: parameter names"
         );
-        let mut worst = (0.0f64, String::new());
-        for ((pname, p), (_, w)) in got.iter().zip(&want) {
-            let v = p.to_vec::<f32>().unwrap();
-            assert_eq!(v.len(), w.len(), "{name} {pname}");
-            let d = v.iter().zip(w).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
-            if d > worst.0 {
-                worst = (d, pname.clone());
-            }
-        }
+        let mut errors: Vec<(f64, &str)> = got
+            .iter()
+            .zip(&want)
+            .map(|((pname, p), (_, w))| {
+                let v = p.to_vec::<f32>().unwrap();
+                assert_eq!(v.len(), w.len(), "{name} {pname}");
+                let d = v.iter().zip(w).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
+                (d, pname.as_str())
+            })
+            .collect();
+        errors.sort_by(|a, b| b.0.total_cmp(&a.0));
         let torch = report(&dir)["diagnostics"]["transformers_f32_adamw"]["adamw_damped"]["max_abs_param_err"]
             .as_f64()
             .unwrap();
         let bound = PARAM_ATOL.max(TORCH_F32_FACTOR * torch);
+        let worst: Vec<String> = errors.iter().take(3).map(|(d, p)| format!("{p} {d:.2e}")).collect();
         eprintln!(
-            "{name}: max |param - float64 reference| = {:.2e} ({}), PyTorch f32 {torch:.2e}, bound {bound:.2e}",
-            worst.0, worst.1
+            "{name}: max |param - float64 reference|: {}; PyTorch f32 {torch:.2e}, bound {bound:.2e}",
+            worst.join(", ")
         );
-        assert!(worst.0 <= bound, "{name}: {} differs by {:.2e}", worst.1, worst.0);
+        if errors[0].0 > bound {
+            over.push(format!(
+                "{name}: {} differs by {:.2e} (bound {bound:.2e})",
+                errors[0].1, errors[0].0
+            ));
+        }
     }
+    assert!(over.is_empty(), "past the bound: {}", over.join("; "));
 }
 
 /// Random token sequences of the fixture vocabulary (300), for runs that only need some data.
