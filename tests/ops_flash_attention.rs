@@ -207,6 +207,42 @@ fn flash_attention_gradients_keep_the_inputs_layout() {
     }
 }
 
+/// Heads whose rows do not start on a quad (cut from wider rows at an odd offset) take the kernels' scalar loads;
+/// they give the values, bit for bit, that dense inputs give through vec4 loads.
+#[test]
+fn flash_attention_unaligned_rows() {
+    let mut rng = Rng::new("flash_attention_unaligned_rows");
+    let d = dev();
+    let (b, h, t, hd) = (1, 2, 21, 8);
+    let unaligned = |rng: &mut Rng| {
+        let data = rng.vec(b * t * h * (hd + 3), -1.0, 1.0);
+        Tensor::from_slice(&data, &[b, t, h, hd + 3], &d)
+            .unwrap()
+            .narrow(3, 1, hd)
+            .unwrap()
+            .permute(&[0, 2, 1, 3])
+            .unwrap()
+    };
+    let (q, k, v) = (unaligned(&mut rng), unaligned(&mut rng), unaligned(&mut rng));
+    let w = Tensor::from_slice(&rng.vec(b * t * h * hd, -1.0, 1.0), &[b, t, h, hd], &d).unwrap();
+    let run = |inputs: [&Tensor; 3]| -> Vec<Vec<f32>> {
+        let leaves: Vec<Tensor> = inputs.iter().map(|x| x.detach().requires_grad_()).collect();
+        let out = leaves[0].flash_attention(&leaves[1], &leaves[2], 0, 0, None).unwrap();
+        out.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        let mut values = vec![out.to_f32_vec().unwrap()];
+        values.extend(leaves.iter().map(|x| x.grad().unwrap().to_f32_vec().unwrap()));
+        values
+    };
+    let dense: Vec<Tensor> = [&q, &k, &v].iter().map(|x| x.contiguous().unwrap()).collect();
+    let want = run([&dense[0], &dense[1], &dense[2]]);
+    for (name, (got, want)) in ["out", "dq", "dk", "dv"]
+        .iter()
+        .zip(run([&q, &k, &v]).iter().zip(&want))
+    {
+        assert_eq!(got, want, "{name}");
+    }
+}
+
 /// An output gradient that starts part-way into its buffer (the backward of a concatenation hands on such views)
 /// reaches the kernels as its own values.
 #[test]

@@ -340,15 +340,33 @@ enum Rows {
 }
 
 /// The binding's declaration and, for head rows, `load_NAME(base, c)` (quad c of the row at element offset
-/// `base`, zeros past D) when it is read or `store_NAME(base, c, x)` when it is written.
-fn binding(index: usize, name: &str, written: bool, rows: Rows) -> String {
+/// `base`, zeros past D) when it is read or `store_NAME(base, c, x)` when it is written. With `quads` (see
+/// [`Params::quads`]) head rows are bound as arrays of vec4s and each quad moves as one 128-bit access.
+fn binding(index: usize, name: &str, written: bool, rows: Rows, quads: bool) -> String {
     let access = if written { "read_write" } else { "read" };
-    let mut s = format!("@group(0) @binding({index}) var<storage, {access}> {name}: array<f32>;\n");
+    let element = if quads && !matches!(rows, Rows::Scalars) {
+        "vec4<f32>"
+    } else {
+        "f32"
+    };
+    let mut s = format!("@group(0) @binding({index}) var<storage, {access}> {name}: array<{element}>;\n");
     let stride = match rows {
         Rows::Scalars => return s,
         Rows::View(at) => format!(" * p[{at} + 4u]"),
         Rows::Dense => String::new(),
     };
+    if quads {
+        let body = match written {
+            true => {
+                format!("fn store_{name}(base: u32, c: u32, x: vec4<f32>) {{\n    {name}[base / 4u + c] = x;\n}}\n")
+            }
+            false => {
+                format!("fn load_{name}(base: u32, c: u32) -> vec4<f32> {{\n    return {name}[base / 4u + c];\n}}\n")
+            }
+        };
+        s.push_str(&body);
+        return s;
+    }
     if written {
         s.push_str(&format!(
             "fn store_{name}(base: u32, c: u32, x: vec4<f32>) {{
@@ -377,6 +395,9 @@ fn binding(index: usize, name: &str, written: bool, rows: Rows) -> String {
 struct Params {
     words: Vec<u32>,
     d: usize,
+    /// Whether every head row starts on a quad and runs along unit strides (D a multiple of 4, the views'
+    /// offsets and strides too), so that the kernels move quads as vec4s instead of four scalars each.
+    quads: bool,
     /// Whether the tensor-core kernels run (chosen with the forward, kept by its backward).
     coop: bool,
 }
@@ -409,7 +430,12 @@ impl Params {
         // The backward writes each gradient in the order its input's view was cut from (see `backward`).
         words.push(token_major(q) as u32);
         words.push((token_major(k) && token_major(v)) as u32);
-        Params { words, d, coop }
+        let aligned = |x: &Tensor| {
+            let l = x.layout();
+            l.strides[3] == 1 && l.offset.is_multiple_of(4) && l.strides[..3].iter().all(|s| s.is_multiple_of(4))
+        };
+        let quads = d.is_multiple_of(4) && [q, k, v].into_iter().all(aligned);
+        Params { words, d, quads, coop }
     }
 
     /// Records `kernel` with `buffers` bound in the order of [`Kernel::parts`] over `rows` (query or key rows)
@@ -425,12 +451,12 @@ impl Params {
             .expect("checked by flash_attention");
         constants.push(("D4", d4));
         let shape: Vec<String> = constants.iter().map(|(_, value)| value.to_string()).collect();
-        let key = format!("flash_attention:{kernel:?}:{}", shape.join(":"));
+        let key = format!("flash_attention:{kernel:?}:{}:{}", shape.join(":"), self.quads);
         let source = || {
             let (bindings, body) = kernel.parts();
             let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
             for (i, &(name, written, rows)) in bindings.iter().enumerate() {
-                s.push_str(&binding(i + 1, name, written, rows));
+                s.push_str(&binding(i + 1, name, written, rows, self.quads));
             }
             for (name, value) in &constants {
                 s.push_str(&format!("const {name}: u32 = {value}u;\n"));
