@@ -456,6 +456,10 @@ fn long_reductions_split_into_slices() {
     check("a^T @ g over 1537 rows", &a.t().unwrap(), &va, &g, &vg);
     check_shapes(&mut rng, &[2, 4, 1100], &[2, 1100, 3], DType::F32);
     check_shapes(&mut rng, &[3, 2050], &[2050, 5], DType::F16);
+    // Under one wave of tiles, reductions from 512 steps are cut into slices of 256 and more: two of 304 and 296
+    // steps, and three of 256 in a batch.
+    check_shapes(&mut rng, &[70, 600], &[600, 130], DType::F32);
+    check_shapes(&mut rng, &[2, 70, 768], &[768, 33], DType::F32);
 }
 
 /// f32 products of at least 128 output tiles of 128 x 128 over K >= 2048 take those tiles and split K into slices

@@ -52,6 +52,11 @@ const SPLIT_K_TARGET_WORKGROUPS: usize = 2112;
 /// 384, 33.4K with 1056 and 256 (and no `BIG_TILE_MIN_K`); slices of 256 split the `[4096, 768]` products over
 /// K = 768 in two, 12% slower than whole.
 const SPLIT_K_MIN_SLICE: usize = 512;
+/// ...or of this many where the product has fewer tiles than [`BIG_TILE_MIN_TILES`], too few to fill a large GPU
+/// even once. On an H200 the prefill of 512 tokens of the 110M Llama shape (its `[512, 768]` products over K =
+/// 768 in 96 tiles of 64 x 64, cut in three) runs at 74.9-75.4K tokens/s with 256, 73.8-74.0K with 128 and
+/// 70.5-70.6K with 512 (not cut).
+const SPLIT_K_MIN_SLICE_FEW_TILES: usize = 256;
 
 /// Output tiles of 128 x 128 (8 x 8 per thread) are the fastest once there are enough of them to fill a large GPU
 /// (on an H200, 132 multiprocessors, 2048^3 runs faster with them than with smaller tiles, 1536^3 slower)...
@@ -422,7 +427,11 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     };
     // Skinny and 16-bit products are never split (a target of no workgroups gives one slice).
     let target = if splits { SPLIT_K_TARGET_WORKGROUPS } else { 0 };
-    let (slices, slice_len) = wave_split.unwrap_or_else(|| split_k(tiles, k, target, SPLIT_K_MIN_SLICE, BK));
+    let min_slice = match tiles < BIG_TILE_MIN_TILES {
+        true => SPLIT_K_MIN_SLICE_FEW_TILES,
+        false => SPLIT_K_MIN_SLICE,
+    };
+    let (slices, slice_len) = wave_split.unwrap_or_else(|| split_k(tiles, k, target, min_slice, BK));
     let mut partial_shape = out_shape.clone();
     if slices > 1 {
         partial_shape.insert(0, slices);
