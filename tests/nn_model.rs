@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use common::*;
 use hierarchos::core::{DType, Tensor};
-use hierarchos::nn::attention::{attention_mask, scaled_dot_product};
+use hierarchos::nn::attention::{FUSED_ATTENTION_MAX_QUERIES, attention_mask, scaled_dot_product};
 use hierarchos::nn::rope::RotaryEmbedding;
 use hierarchos::nn::{Activation, CausalLm, Error, ModelConfig, RopeConfig, RopeScaling};
 
@@ -780,6 +780,34 @@ fn kv_cache_decoding_equals_the_full_forward() {
             .map(|x| x as f64)
             .collect();
         assert_close(&format!("{family} replay"), &again, &want_tail, 0.0, 1e-5);
+    }
+}
+
+/// A chunk of more queries than the fused cached kernel takes (flash attention's forward, after a cached prefix)
+/// gives the logits of the full forward.
+#[test]
+fn long_chunks_through_the_cache_equal_the_full_forward() {
+    let mut rng = Rng::new("long_chunks");
+    for family in FAMILIES {
+        let c = tiny_config(family);
+        let (lm, _) = random_model(&c, &mut rng);
+        let (t, prefix) = (3 + FUSED_ATTENTION_MAX_QUERIES + 6, 3);
+        let ids: Vec<u32> = (0..t).map(|_| rng.below(c.vocab_size) as u32).collect();
+        let full = lm
+            .forward(&ids_tensor(std::slice::from_ref(&ids)), None)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let mut cache = lm.new_cache(1, t).unwrap();
+        lm.forward(&ids_tensor(&[ids[..prefix].to_vec()]), Some(&mut cache))
+            .unwrap();
+        let chunk = lm
+            .forward(&ids_tensor(&[ids[prefix..].to_vec()]), Some(&mut cache))
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let want: Vec<f64> = full[prefix * c.vocab_size..].iter().map(|&x| x as f64).collect();
+        assert_close(&format!("{family} chunk"), &chunk, &want, 0.0, 1e-5);
     }
 }
 

@@ -66,7 +66,9 @@ pub struct Attention {
 }
 
 /// Queries of a cached step up to which rotary, cache update and attention run as one fused kernel; longer
-/// prompts take the batched matmuls, which use the GPU better when there are many queries.
+/// prompts take flash attention's forward (or the batched matmuls where it does not fit). On an H200 the 110M
+/// Llama shape prefills 128 / 256 / 512 / 1024 / 2048 tokens at 43.7 / 59.6 / 75.5 / 86.9 / 84.7K tokens/s with
+/// it, at 40.7 / 60.7 / 75.4 / 77.4 / 62.7K with the batched matmuls.
 pub const FUSED_ATTENTION_MAX_QUERIES: usize = 64;
 
 /// What every layer of one forward shares: the rotary tables of the new positions, where queries and keys
@@ -319,6 +321,8 @@ pub(crate) fn attend_heads(
             let (keys, values) = cache.cached(layer, ctx.key_start, cache.len() + t)?;
             if t <= FUSED_ATTENTION_MAX_QUERIES && d <= MAX_HEAD_DIM {
                 q.cached_attention(&keys, &values, ctx.query_start, ctx.key_start, ctx.window)?
+            } else if flash_attention_fits(&q, &keys, &values) {
+                q.flash_attention(&keys, &values, ctx.query_start, ctx.key_start, ctx.window)?
             } else {
                 let mask = ctx.mask(t, keys.shape()[2], q.device())?;
                 scaled_dot_product(&q, &keys, &values, mask)?.permute(&[0, 2, 1, 3])?
