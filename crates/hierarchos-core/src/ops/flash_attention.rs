@@ -275,10 +275,11 @@ impl Kernel {
     /// bytes of workgroup memory; `None` when even the smallest tiles do not fit.
     ///
     /// The forward takes 256 query rows per workgroup (128 below [`FORWARD_MIN_WORKGROUPS`]), one thread each,
-    /// and stages up to [`MAX_TILE_ROWS`] keys and values at a time (a power of two that fits). The backward kernels take tiles of `8R` query and key rows
-    /// (flash_attention_grad_tiles.wgsl) with R = 2 where it fits, else 1. Measured on the H200 (the 12 layers of
-    /// the 110M training shape, query and key/value kernels together): 19.8 ms with R = 2, 20.7 with R = 1 and
-    /// 31.4 with R = 4, whose larger register tiles and tile fetched ahead crowd the registers.
+    /// and stages up to [`MAX_TILE_ROWS`] keys and values at a time (a power of two that fits). The backward
+    /// kernels take tiles of `8R` query and key rows (flash_attention_grad_tiles.wgsl) with R = 2 where it fits,
+    /// else 1. Measured on the H200 (the 12 layers of the 110M training shape, query and key/value kernels
+    /// together): 19.8 ms with R = 2, 20.7 with R = 1 and 31.4 with R = 4, whose larger register tiles and tile
+    /// fetched ahead crowd the registers.
     ///
     /// The row kernels keep each of their 64 rows (32 for groups of 8) in a group of G threads, at most
     /// [`ROW_QUADS`] quads each, and stream tiles of 16 rows (8 where 16 do not fit). On the H200, the same 12
@@ -459,7 +460,9 @@ impl Params {
         // as many workgroups share the GPU.
         let per_workgroup = match kernel {
             Kernel::Forward if rows.div_ceil(per_workgroup) * heads < FORWARD_MIN_WORKGROUPS => {
-                constants[0].1 = per_workgroup / 2;
+                for (_, value) in constants.iter_mut().filter(|(name, _)| *name == "BR") {
+                    *value = per_workgroup / 2;
+                }
                 per_workgroup / 2
             }
             _ => per_workgroup,
