@@ -5,12 +5,16 @@ training, and with --lora R also LoRA fine-tuning (rank R, alpha 2R, every linea
 beside HF PEFT, with Hierarchos' frozen base held in f32 and in bf16. With --mixed, also mixed precision:
 Hierarchos' `--dtype f16` and `--dtype bf16` beside `torch.autocast` in f16 (with a GradScaler) and bf16.
 
+With --profile, also the GPU time of one f32 step in each, kernel by kernel (`hierarchos bench --profile train`
+and torch.profiler), summed into products, attention and the rest: where Hierarchos loses to PyTorch.
+
 Usage: python3 scripts/bench_train.py PATH_TO_HIERARCHOS_BINARY [--batch-size 8] [--seq-len 512] [--steps 5]
-    [--lora 16] [--mixed]
+    [--lora 16] [--mixed] [--profile]
 The default shape is the ~110M Llama: hidden 768, 12 layers, 12 heads, MLP 3072, vocabulary 32000.
 """
 import argparse
 import json
+import re
 import subprocess
 import time
 
@@ -27,9 +31,10 @@ def hierarchos(a, extra):
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
 
 
-def pytorch(a, lora, autocast=None):
+def pytorch(a, lora, autocast=None, profile=False):
     """tokens/s, peak bytes, trained parameters of PyTorch eager (with PEFT's LoRA when `lora` is a rank; under
-    torch.autocast in `autocast`, "f16" or "bf16", when given)."""
+    torch.autocast in `autocast`, "f16" or "bf16", when given); with `profile`, the GPU time per step of each
+    kernel instead, as {name: ms}, over the timed steps."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
@@ -62,6 +67,14 @@ def pytorch(a, lora, autocast=None):
 
     step(batches[0])
     torch.cuda.synchronize()
+    if profile:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for ids in batches[1:]:
+                step(ids)
+            torch.cuda.synchronize()
+        del model, opt
+        torch.cuda.empty_cache()
+        return {e.key: e.device_time_total / a.steps / 1000 for e in prof.key_averages() if e.device_time_total > 0}
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for ids in batches[1:]:
@@ -83,6 +96,7 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--lora", type=int, help="also LoRA fine-tuning of this rank")
     p.add_argument("--mixed", action="store_true", help="also mixed precision (f16, bf16) against torch.autocast")
+    p.add_argument("--profile", action="store_true", help="also the GPU time of an f32 step, by kind of kernel")
     a = p.parse_args()
 
     rows = [("full-parameter", hierarchos(a, []), pytorch(a, None))]
@@ -105,6 +119,34 @@ def main():
         print(f"| {name} | {ours['trainable_params'] / 1e6:.2f}M / {n / 1e6:.2f}M | {ours['tokens_per_sec']:.0f} | "
               f"{tps:.0f} | {ours['tokens_per_sec'] / tps:.2f} | {ours['peak_bytes'] / MIB:.0f} MiB | "
               f"{peak / MIB:.0f} MiB | {ours['peak_bytes'] / peak:.2f} |")
+    if a.profile:
+        profile_table(a)
+
+
+def kernel_groups(kernels, product, attention):
+    """{products, attention, rest: ms} from {kernel name: ms}, by the two predicates on the name."""
+    groups = {"products": 0.0, "attention": 0.0, "rest": 0.0}
+    for name, ms in kernels.items():
+        groups["products" if product(name) else "attention" if attention(name) else "rest"] += ms
+    return groups
+
+
+def profile_table(a):
+    cmd = [a.binary, "bench", "--profile", "train", "--batch-size", str(a.batch_size), "--seq-len", str(a.seq_len),
+           "--steps", "2"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    # Lines of `print_profile`: "  28537.6 µs     85.0 launches  KERNEL KEY".
+    lines = re.findall(r"^\s+([\d.]+) µs\s+[\d.]+ launches\s+(\S.*)$", out, re.M)
+    ours = kernel_groups({key: float(us) / 1000 for us, key in lines}, lambda k: k.startswith("matmul"),
+                         lambda k: k.startswith("flash_attention"))
+    theirs = kernel_groups(pytorch(a, None, profile=True), lambda k: "gemm" in k or "splitKreduce" in k,
+                           lambda k: "fmha" in k or "attention" in k.lower())
+    print("| GPU time of an f32 step, ms | Hierarchos | PyTorch | ratio |")
+    print("|---|---|---|---|")
+    for group in [*ours, "total"]:
+        o = sum(ours.values()) if group == "total" else ours[group]
+        t = sum(theirs.values()) if group == "total" else theirs[group]
+        print(f"| {group} | {o:.1f} | {t:.1f} | {o / t:.2f} |")
 
 
 if __name__ == "__main__":
