@@ -66,14 +66,25 @@ fn two_adamw_steps_match_pytorch_float64() {
             want.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
             "{name}: parameter names"
         );
-        let mut errors: Vec<(f64, &str)> = got
+        // The largest error of each parameter, with the element's index (row and column of a matrix), so that
+        // runs on different GPUs can be compared element by element.
+        let mut errors: Vec<(f64, String)> = got
             .iter()
             .zip(&want)
             .map(|((pname, p), (_, w))| {
                 let v = p.to_vec::<f32>().unwrap();
                 assert_eq!(v.len(), w.len(), "{name} {pname}");
-                let d = v.iter().zip(w).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max);
-                (d, pname.as_str())
+                let (at, d) = v
+                    .iter()
+                    .zip(w)
+                    .map(|(&a, &b)| (a as f64 - b).abs())
+                    .enumerate()
+                    .fold((0, 0.0), |worst, (i, d)| if d > worst.1 { (i, d) } else { worst });
+                let at = match p.shape() {
+                    [_, cols] => format!("[{}, {}]", at / cols, at % cols),
+                    _ => format!("[{at}]"),
+                };
+                (d, format!("{pname}{at}"))
             })
             .collect();
         errors.sort_by(|a, b| b.0.total_cmp(&a.0));
