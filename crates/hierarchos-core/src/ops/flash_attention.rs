@@ -436,11 +436,7 @@ impl Params {
         // The backward writes each gradient in the order its input's view was cut from (see `backward`).
         words.push(token_major(q) as u32);
         words.push((token_major(k) && token_major(v)) as u32);
-        let aligned = |x: &Tensor| {
-            let l = x.layout();
-            l.strides[3] == 1 && l.offset.is_multiple_of(4) && l.strides[..3].iter().all(|s| s.is_multiple_of(4))
-        };
-        let quads = d.is_multiple_of(4) && [q, k, v].into_iter().all(aligned);
+        let quads = d.is_multiple_of(4) && [q, k, v].into_iter().all(|x| x.layout().rows_of_vec4s());
         Params { words, d, quads, coop }
     }
 
