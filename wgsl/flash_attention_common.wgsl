@@ -51,6 +51,11 @@ fn queries_seeing(j: u32) -> vec2<u32> {
     return vec2<u32>(first, max(first, end));
 }
 
+// Whether x lies in [range.x, range.y): a pair's visibility, tested against a row's precomputed range.
+fn within(x: u32, range: vec2<u32>) -> bool {
+    return x >= range.x && x < range.y;
+}
+
 // Whether query i (of the T) sees key j (of the S).
 fn visible(i: u32, j: u32) -> bool {
     let qpos = p[5] + i;

@@ -51,6 +51,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var dk@m = vec4<f32>(0.0);
     var dv@m = vec4<f32>(0.0);
     //@END
+    // The queries that see the key (those of key S - 1 for the threads past the keys, whose gradients are never
+    // stored); the streamed rows past T lie past its end.
+    let seeing = queries_seeing(min(j, S - 1u));
     let tile_first = queries_seeing(j0).x;
     let tile_end = queries_seeing(min(j0 + ROWS, S) - 1u).y;
     let tiles = (tile_end - tile_first + STREAM - 1u) / STREAM;
@@ -106,7 +109,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             //@END
             let s = group_sum(s_part);
             let dp = group_sum(dp_part);
-            let pr = select(0.0, exp(s - lse_t[buf * STREAM + r]), visible(i0 + r, j));
+            let pr = select(0.0, exp(s - lse_t[buf * STREAM + r]), within(i0 + r, seeing));
             let ds = pr * (dp - delta_t[buf * STREAM + r]);
             //@FOR m QM
             dv@m = fma(vec4<f32>(pr), g@m, dv@m);

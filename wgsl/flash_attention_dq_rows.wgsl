@@ -47,6 +47,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         delta_out[(b * H + h) * T + t] = delta;
     }
     let row_lse = lse[(b * H + h) * T + tc];
+    // The keys the row sees (those of row T - 1 for the threads past the rows, whose dq is never stored).
+    let seen = keys_seen(tc);
     let tile_first = keys_seen(t0).x;
     let tile_end = keys_seen(min(t0 + ROWS, T) - 1u).y;
     let tiles = (tile_end - tile_first + STREAM - 1u) / STREAM;
@@ -82,7 +84,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             //@END
             let s = group_sum(s_part);
             let dp = group_sum(dp_part);
-            let ds = select(0.0, exp(s - row_lse), visible(t, j0 + r)) * (dp - delta);
+            let ds = select(0.0, exp(s - row_lse), within(j0 + r, seen)) * (dp - delta);
             //@FOR m QM
             dq@m = fma(vec4<f32>(ds), k@m, dq@m);
             //@END
