@@ -4,8 +4,8 @@
 // q offset, q strides (b, h, t, d), k offset, k strides (b, kvh, s, d), v offset, v strides (b, kvh, s, d),
 // then for the backward whether dq, and dk with dv, are stored token-major ([B, T, H, D]; 0 or 1 each)].
 // The Rust side defines D4 (quads per head row, D rounded up to 4) and the tile constants of each kernel (BR
-// and BC for the forward; R, TILE, M and STAGED for the tiled backward kernels; G, QM, QS, ROWS, STREAM and
-// STAGED for the row kernels; see their files), and repeats every block
+// and BC for the forward; R, TILE, M and STAGED for the tiled backward kernels; G, QM, QS, ROWS, STREAM,
+// STAGED and UNROLL for the row kernels; see their files), and repeats every block
 // between `//@FOR x N` and its `//@END` N times (N one of those constants; blocks nest), with `@x` set to 0, 1,
 // ... in each copy: per-thread rows and tiles are separate variables (`acc@i`), which drivers keep in registers
 // where arrays indexed in loops land in slow local memory. It also defines load_NAME(base, c) for every

@@ -12,9 +12,10 @@
 //
 // The Rust side defines G (a power of two, at most the smallest subgroup size), QM, QS = G QM (quads per staged
 // row, D4 padded), ROWS (rows a workgroup owns), STREAM (rows per streamed tile), STAGED = ceil(STREAM QS /
-// (ROWS G)), and group_sum(x), the sum of x over the G threads of a group (subgroup shuffles; x itself when G is
-// 1, so that no subgroup operation is needed then); flash_attention_rows_common.wgsl holds what both row kernels
-// share.
+// (ROWS G)), UNROLL (streamed rows handled per step of the inner loop, a divisor of STREAM: their products are
+// independent, so the compiler can interleave them; the gradients still take the rows in order), and
+// group_sum(x), the sum of x over the G threads of a group (subgroup shuffles; x itself when G is 1, so that no
+// subgroup operation is needed then); flash_attention_rows_common.wgsl holds what both row kernels share.
 //
 // Bindings: dk, dv [B, KVH, S, D] (dense, written), q, k, v through their views, dout [B, T, H, D], lse and
 // delta [B, H, T] (dense).
@@ -94,26 +95,30 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
         let row0 = buf * STREAM * QS + member;
-        for (var r = 0u; r < STREAM; r = r + 1u) {
-            let at = row0 + r * QS;
+        for (var r0 = 0u; r0 < STREAM; r0 = r0 + UNROLL) {
+            //@FOR u UNROLL
+            let at@u = row0 + (r0 + @uu) * QS;
             // Sums in the tiled kernels' order (a dot product per quad, quads in order): with one thread per row
             // both kernels round alike. (Four chains of multiply-adds instead ran no faster on the H200 and moved
             // the two-step training fixtures' parameter errors past their bound.)
-            var s_part = 0.0;
-            var dp_part = 0.0;
+            var s_part@u = 0.0;
+            var dp_part@u = 0.0;
             //@FOR m QM
-            let q@m = stream_a[at + G * @mu];
-            let g@m = stream_b[at + G * @mu];
-            s_part = s_part + dot(q@m, k@m);
-            dp_part = dp_part + dot(g@m, v@m);
+            let q@u_@m = stream_a[at@u + G * @mu];
+            let g@u_@m = stream_b[at@u + G * @mu];
+            s_part@u = s_part@u + dot(q@u_@m, k@m);
+            dp_part@u = dp_part@u + dot(g@u_@m, v@m);
             //@END
-            let s = group_sum(s_part);
-            let dp = group_sum(dp_part);
-            let pr = select(0.0, exp(s - lse_t[buf * STREAM + r]), within(i0 + r, seeing));
-            let ds = pr * (dp - delta_t[buf * STREAM + r]);
+            let s@u = group_sum(s_part@u);
+            let dp@u = group_sum(dp_part@u);
+            let pr@u = select(0.0, exp(s@u - lse_t[buf * STREAM + r0 + @uu]), within(i0 + r0 + @uu, seeing));
+            let ds@u = pr@u * (dp@u - delta_t[buf * STREAM + r0 + @uu]);
+            //@END
+            //@FOR u UNROLL
             //@FOR m QM
-            dv@m = fma(vec4<f32>(pr), g@m, dv@m);
-            dk@m = fma(vec4<f32>(ds), q@m, dk@m);
+            dv@m = fma(vec4<f32>(pr@u), g@u_@m, dv@m);
+            dk@m = fma(vec4<f32>(ds@u), q@u_@m, dk@m);
+            //@END
             //@END
         }
     }

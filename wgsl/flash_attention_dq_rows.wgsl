@@ -70,23 +70,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             //@END
         }
         let row0 = buf * STREAM * QS + member;
-        for (var r = 0u; r < STREAM; r = r + 1u) {
-            let at = row0 + r * QS;
+        for (var r0 = 0u; r0 < STREAM; r0 = r0 + UNROLL) {
+            //@FOR u UNROLL
+            let at@u = row0 + (r0 + @uu) * QS;
             // Sums in the tiled kernels' order (a dot product per quad, quads in order): with one thread per row
             // both kernels round alike. (Four chains of multiply-adds instead ran no faster on the H200 and moved
             // the two-step training fixtures' parameter errors past their bound.)
-            var s_part = 0.0;
-            var dp_part = 0.0;
+            var s_part@u = 0.0;
+            var dp_part@u = 0.0;
             //@FOR m QM
-            let k@m = stream_a[at + G * @mu];
-            s_part = s_part + dot(q@m, k@m);
-            dp_part = dp_part + dot(g@m, stream_b[at + G * @mu]);
+            let k@u_@m = stream_a[at@u + G * @mu];
+            s_part@u = s_part@u + dot(q@m, k@u_@m);
+            dp_part@u = dp_part@u + dot(g@m, stream_b[at@u + G * @mu]);
             //@END
-            let s = group_sum(s_part);
-            let dp = group_sum(dp_part);
-            let ds = select(0.0, exp(s - row_lse), within(j0 + r, seen)) * (dp - delta);
+            let s@u = group_sum(s_part@u);
+            let dp@u = group_sum(dp_part@u);
+            let ds@u = select(0.0, exp(s@u - row_lse), within(j0 + r0 + @uu, seen)) * (dp@u - delta);
+            //@END
+            //@FOR u UNROLL
             //@FOR m QM
-            dq@m = fma(vec4<f32>(ds), k@m, dq@m);
+            dq@m = fma(vec4<f32>(ds@u), k@u_@m, dq@m);
+            //@END
             //@END
         }
     }
