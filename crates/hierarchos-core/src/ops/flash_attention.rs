@@ -302,6 +302,12 @@ impl Kernel {
                 // Two buffers of two rows (k and v, or q and dout) per streamed row, and lse with delta.
                 let bytes = |stream: usize| 2 * stream * g * qm * 16 * 2 + 2 * stream * 4 * 2;
                 let stream = [16, 8].into_iter().find(|&stream| bytes(stream) <= budget)?;
+                let unroll = if matches!(self, Kernel::GradQRows) { 2 } else { 4 };
+                // The kernels step through a tile UNROLL rows at a time: another divisor would skip rows.
+                assert!(
+                    stream.is_multiple_of(unroll),
+                    "UNROLL {unroll} must divide STREAM {stream}"
+                );
                 Some((
                     rows,
                     vec![
@@ -311,7 +317,7 @@ impl Kernel {
                         ("ROWS", rows),
                         ("STREAM", stream),
                         ("STAGED", (stream * qm).div_ceil(rows)),
-                        ("UNROLL", if matches!(self, Kernel::GradQRows) { 2 } else { 4 }),
+                        ("UNROLL", unroll),
                     ],
                 ))
             }
