@@ -1,7 +1,7 @@
 // Elementwise "map" kernel template: each thread computes WPT output words (one element each, or two for packed
 // 16-bit outputs), 256 words apart, from strided inputs. The Rust side prepends bindings, load/store functions,
-// `compute` and its type COMPUTE, and WPT. A thread issues all its loads before its stores, so that it keeps several
-// loads in flight.
+// `compute` and its type COMPUTE, `strided_offset`, and WPT. A thread issues all its loads before its stores, so
+// that it keeps several loads in flight.
 //
 // Parameters (binding 0, u32 words): [numel, rank, shape[8], then per input: offset, strides[8], then the word
 // where the output starts (OUT_AT), then extras].
@@ -14,7 +14,20 @@ fn out_coord(i: u32, d: u32) -> u32 {
     return rem % p[2u + d];
 }
 
-fn strided_offset(k: u32, i: u32) -> u32 {
+// Where input k holds element i, by how it is laid out (the Rust side's `Read`, which also writes
+// `strided_offset(k, i)` to pick one of these per input).
+fn dense_offset(k: u32, i: u32) -> u32 {
+    return p[10u + 9u * k] + i;
+}
+
+fn rows_offset(k: u32, i: u32) -> u32 {
+    let base = 10u + 9u * k;
+    let rank = p[1];
+    let width = p[1u + rank];
+    return p[base] + (i / width) * p[base + rank - 1u] + i % width;
+}
+
+fn any_offset(k: u32, i: u32) -> u32 {
     let base = 10u + 9u * k;
     return strided_index(i, p[1], 2u, base, base + 1u);
 }

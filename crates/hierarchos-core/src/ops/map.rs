@@ -147,18 +147,18 @@ impl Map<'_> {
             .iter()
             .map(|(t, _)| Access::new(t.dtype(), native_f16))
             .collect();
-        let mut fast = Vec::new();
+        let mut reads = Vec::new();
         for ((t, l), a) in self.inputs.iter().zip(&accesses) {
             params.push(l.offset as u32);
             params.extend((0..MAX_DIMS).map(|d| l.strides.get(d).copied().unwrap_or(0) as u32));
-            let is_fast = l.shape == self.shape && l.strides == contiguous_out.strides;
-            fast.push(is_fast);
+            let read = Read::of(l, &self.shape, &contiguous_out);
+            reads.push(read);
             let _ = write!(
                 key,
                 ":{}{}{}",
                 t.dtype(),
                 if a.packed { "p" } else { "" },
-                if is_fast { "c" } else { "s" }
+                read.letter()
             );
         }
         // A destination may start inside its buffer (a parameter that is a view of stacked weights), on a word.
@@ -207,16 +207,16 @@ impl Map<'_> {
             );
             let _ = writeln!(s, "fn compute(i: u32) -> {} {{", self.dtype.compute_type());
             if self.preload {
-                for (k, is_fast) in fast.iter().enumerate() {
-                    let index = if *is_fast {
-                        format!("p[{}u] + i", 10 + 9 * k)
-                    } else {
-                        format!("strided_offset({k}u, i)")
-                    };
-                    let _ = writeln!(s, "    let x{k} = load_in{k}({index});");
+                for k in 0..reads.len() {
+                    let _ = writeln!(s, "    let x{k} = load_in{k}(strided_offset({k}u, i));");
                 }
             }
             let _ = writeln!(s, "    {}\n}}", self.body);
+            s.push_str("fn strided_offset(k: u32, i: u32) -> u32 {\n");
+            for (k, read) in reads.iter().enumerate() {
+                let _ = writeln!(s, "    if (k == {k}u) {{ return {}_offset({k}u, i); }}", read.name());
+            }
+            s.push_str("    return any_offset(k, i);\n}\n");
             s.push_str(crate::ops::math::MATH_WGSL);
             s.push_str(MAP_WGSL);
             s
@@ -235,5 +235,60 @@ impl Map<'_> {
             workgroups: Gpu::grid(words.div_ceil(256 * MAP_WORDS_PER_THREAD)),
         })?;
         Ok(())
+    }
+}
+
+/// How the map kernel addresses an input: the address arithmetic of a general strided read (a division and a
+/// remainder per dimension) slows a memory-bound kernel down, and the common views need far less.
+#[derive(Clone, Copy)]
+enum Read {
+    /// Laid out as the output: element `i` at `offset + i`.
+    Dense,
+    /// Rows of the output's width, each contiguous, a fixed stride apart (a column block of a wider matrix, as
+    /// `narrow` along the last dimension leaves it): one division by the width.
+    Rows,
+    /// Anything else.
+    Any,
+}
+
+impl Read {
+    fn of(l: &Layout, shape: &[usize], contiguous: &Layout) -> Read {
+        if l.shape != shape {
+            return Read::Any;
+        }
+        if l.strides == contiguous.strides {
+            return Read::Dense;
+        }
+        let rank = shape.len();
+        if rank < 2 || l.strides[rank - 1] != 1 {
+            return Read::Any;
+        }
+        // The leading dimensions must fold into one row index of stride `strides[rank - 2]`.
+        let mut step = l.strides[rank - 2];
+        for k in (0..rank - 2).rev() {
+            step *= shape[k + 1];
+            if shape[k] != 1 && l.strides[k] != step {
+                return Read::Any;
+            }
+        }
+        Read::Rows
+    }
+
+    /// The letter in the pipeline key.
+    fn letter(self) -> char {
+        match self {
+            Read::Dense => 'c',
+            Read::Rows => 'r',
+            Read::Any => 's',
+        }
+    }
+
+    /// The map.wgsl function computing the offset.
+    fn name(self) -> &'static str {
+        match self {
+            Read::Dense => "dense",
+            Read::Rows => "rows",
+            Read::Any => "any",
+        }
     }
 }
