@@ -259,6 +259,46 @@ fn binary_ops_read_non_contiguous_views() {
     assert_close("mul of views", &got, &want, 1e-6, 0.0);
 }
 
+/// Views whose rows are contiguous and evenly spaced take the kernel's row addressing; the others, and views that
+/// only look alike (a middle dimension skipping rows, a size-1 dimension with its own stride), the general one.
+#[test]
+fn binary_ops_read_row_blocks_and_views_that_only_look_like_them() {
+    let d = dev();
+    let mut rng = Rng::new("binary_rows");
+    let base_shape = [4usize, 3, 9];
+    let data = rng.vec(base_shape.iter().product(), -2.0, 2.0);
+    let base = Tensor::from_slice(&data, &base_shape, &d).unwrap();
+    // Each view of `base` (strides 27, 9, 1) with the element it starts at.
+    let cases = [
+        ("last dim narrowed", base.narrow(2, 2, 5).unwrap(), 2),
+        ("middle dim narrowed", base.narrow(1, 1, 2).unwrap(), 9),
+        (
+            "both narrowed",
+            base.narrow(1, 1, 1).unwrap().narrow(2, 3, 4).unwrap(),
+            12,
+        ),
+        (
+            "first narrowed",
+            base.narrow(0, 1, 1).unwrap().narrow(2, 0, 8).unwrap(),
+            27,
+        ),
+    ];
+    for (name, view, offset) in cases {
+        let shape = view.shape().to_vec();
+        let other = rng.vec(shape.iter().product(), -2.0, 2.0);
+        let dense = Tensor::from_slice(&other, &shape, &d).unwrap();
+        let want: Vec<f64> = strided_indices(&shape, &[27, 9, 1], offset)
+            .iter()
+            .zip(&other)
+            .map(|(&i, &o)| data[i] as f64 - o as f64)
+            .collect();
+        let got = view.sub(&dense).unwrap().to_vec::<f32>().unwrap();
+        assert_close(name, &got, &want, 1e-6, 1e-7);
+        let got = dense.neg().unwrap().add(&view).unwrap().to_vec::<f32>().unwrap();
+        assert_close(&format!("{name}, second operand"), &got, &want, 1e-6, 1e-7);
+    }
+}
+
 #[test]
 fn pow_handles_negative_bases_like_torch() {
     let d = dev();
@@ -554,6 +594,59 @@ fn gated_activation_is_act_times_up_in_one_kernel() {
     }
     let i = Tensor::zeros(&[3], DType::I32, &d).unwrap();
     assert!(i.gated(&i, UnaryOp::Silu).is_err());
+}
+
+/// A stacked gate/up product's output gated against itself: its halves' gradients come from one launch, side by
+/// side in one tensor, the same values as for separate tensors, in f32 and in packed f16 with an odd half width.
+#[test]
+fn gated_halves_of_one_tensor_get_their_gradients_side_by_side() {
+    let d = dev();
+    let mut rng = Rng::new("gated_halves");
+    for op in [UnaryOp::Silu, UnaryOp::Gelu, UnaryOp::Relu2] {
+        gradcheck(
+            &format!("gated halves {op:?}"),
+            &mut rng,
+            // Shifted off zero, where Relu2's derivative has a kink that finite differences straddle.
+            &[(rng_small(12).iter().map(|v| v + 0.3).collect(), vec![2, 6])],
+            |t| t[0].narrow(1, 0, 3)?.gated(&t[0].narrow(1, 3, 3)?, op),
+        );
+        // Halves of a view that starts inside a wider buffer, against copies of them.
+        for dtype in [DType::F32, DType::F16] {
+            let n = 5;
+            let wide = Tensor::from_slice(&rng.vec(3 * 13, -3.0, 3.0), &[3, 13], &d)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let weights = Tensor::from_slice(&rng.vec(3 * n, -1.0, 1.0), &[3, n], &d)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let gradients = |split: bool| {
+                let leaf = wide.detach().requires_grad_();
+                let y = leaf.narrow(1, 1, 2 * n).unwrap();
+                let (gate, up) = (y.narrow(1, 0, n).unwrap(), y.narrow(1, n, n).unwrap());
+                let (gate, up) = match split {
+                    true => (gate.contiguous().unwrap(), up.contiguous().unwrap()),
+                    false => (gate, up),
+                };
+                let out = gate.gated(&up, op).unwrap().mul(&weights).unwrap();
+                out.to_dtype(DType::F32)
+                    .unwrap()
+                    .sum(&[0, 1], false)
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                leaf.grad()
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .to_vec::<f32>()
+                    .unwrap()
+            };
+            let (together, apart) = (gradients(false), gradients(true));
+            assert_eq!(together, apart, "{op:?} {dtype}: side by side against separate tensors");
+        }
+    }
 }
 
 fn rng_small(n: usize) -> Vec<f32> {

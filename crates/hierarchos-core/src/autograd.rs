@@ -74,7 +74,11 @@ fn join(pieces: &[(usize, Tensor)], dim: usize, full: usize) -> Result<Tensor> {
     zeros(at, full, &mut parts)?;
     match parts.as_slice() {
         [whole] => Ok(whole.clone()),
-        _ => Tensor::cat(&parts, dim as isize),
+        // Pieces already side by side in one buffer (the halves of the gated MLP's gradient) need no copy.
+        _ => match Tensor::cat_view(&parts, dim as isize)? {
+            Some(whole) => Ok(whole),
+            None => Tensor::cat(&parts, dim as isize),
+        },
     }
 }
 

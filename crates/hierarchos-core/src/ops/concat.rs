@@ -1,5 +1,7 @@
 //! Concatenation and stacking along a dimension.
 
+use std::sync::Arc;
+
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::map::Map;
@@ -83,26 +85,35 @@ impl Tensor {
             preload: false,
             extras: ends,
         };
-        let out = map.run()?;
-        if !grad_enabled() || !tensors.iter().any(Tensor::requires_grad) {
-            return Ok(out);
+        Ok(record_cat(map.run()?, tensors, d))
+    }
+
+    /// `tensors` joined along `dim` without a copy, when they already lie back to back in one buffer (the
+    /// projections of a stacked layer, each a view of it): a view of that storage whose gradient reaches each
+    /// input as [`Tensor::cat`]'s does, so that training runs one product over the joined weights. Writing into
+    /// it writes into the inputs. `None` when they do not lie so.
+    pub fn cat_view(tensors: &[Tensor], dim: isize) -> Result<Option<Tensor>> {
+        let Some(first) = tensors.first() else {
+            return Ok(None);
+        };
+        let d = resolve_dim("cat", dim, first.rank())?;
+        let l = first.layout();
+        let mut start = 0;
+        for t in tensors {
+            let m = t.layout();
+            let adjacent = Arc::ptr_eq(t.shared_buffer(), first.shared_buffer())
+                && t.dtype() == first.dtype()
+                && m.strides == l.strides
+                && (0..t.rank()).all(|k| k == d || m.shape[k] == l.shape[k])
+                && m.offset == l.offset + start * l.strides[d];
+            if !adjacent {
+                return Ok(None);
+            }
+            start += m.shape[d];
         }
-        let sizes: Vec<usize> = tensors.iter().map(|t| t.shape()[d]).collect();
-        let refs: Vec<&Tensor> = tensors.iter().collect();
-        let node = Node::record(
-            "cat",
-            &refs,
-            Box::new(move |g| {
-                let mut start = 0;
-                let mut grads = Vec::new();
-                for &n in &sizes {
-                    grads.push(Some(g.narrow(d as isize, start, n)?.contiguous()?));
-                    start += n;
-                }
-                Ok(grads)
-            }),
-        );
-        Ok(out.with_node(node))
+        let mut layout = l.clone();
+        layout.shape[d] = start;
+        Ok(Some(record_cat(first.with_layout(layout), tensors, d)))
     }
 
     /// Stacks equally shaped tensors along a new dimension `dim`.
@@ -115,4 +126,28 @@ impl Tensor {
         let parts = tensors.iter().map(|t| t.unsqueeze(d)).collect::<Result<Vec<_>>>()?;
         Tensor::cat(&parts, d)
     }
+}
+
+/// `out`, the concatenation of `tensors` along `d`, recorded so that each input's gradient is its slice of
+/// `out`'s.
+fn record_cat(out: Tensor, tensors: &[Tensor], d: usize) -> Tensor {
+    if !grad_enabled() || !tensors.iter().any(Tensor::requires_grad) {
+        return out;
+    }
+    let sizes: Vec<usize> = tensors.iter().map(|t| t.shape()[d]).collect();
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    let node = Node::record(
+        "cat",
+        &refs,
+        Box::new(move |g| {
+            let mut start = 0;
+            let mut grads = Vec::new();
+            for &n in &sizes {
+                grads.push(Some(g.narrow(d as isize, start, n)?.contiguous()?));
+                start += n;
+            }
+            Ok(grads)
+        }),
+    );
+    out.with_node(node)
 }

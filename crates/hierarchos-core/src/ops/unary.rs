@@ -119,6 +119,51 @@ impl UnaryOp {
     }
 }
 
+/// The gradients of `gated(x, up)` where `x` and `up` are the halves of `xu` (a stacked gate/up product's output,
+/// `n` columns each), side by side in one new tensor shaped as `xu`: backward then hands the product its gradient
+/// whole, where two separate gradients would be copied into one. Columns below `n` take the activation's rule fed
+/// with g·up, the others g·op(x); each input is read through a layout with the output's shape, shifted so that
+/// output column c reads column c, c + n or c - n of its tensor (offsets wrap in u32, as the kernel's do).
+fn gated_backward_side_by_side(g: &Tensor, xu: &Tensor, n: usize, op: UnaryOp) -> Result<Tensor> {
+    let last = xu.rank() - 1;
+    let shifted = |t: &Tensor, by: isize| {
+        let mut l = t.layout().clone();
+        l.shape = xu.shape().to_vec();
+        l.offset = l.offset.wrapping_add_signed(by * l.strides[last] as isize) & 0xffff_ffff;
+        l
+    };
+    let n_signed = n as isize;
+    let body = format!(
+        "let c = out_coord(i, extra_u32(0u));\n\
+         \x20   if (c < extra_u32(1u)) {{\n\
+         \x20       let x = load_in2(strided_offset(2u, i));\n\
+         \x20       let y = {forward};\n\
+         \x20       let g = load_in0(strided_offset(0u, i)) * load_in3(strided_offset(3u, i));\n\
+         \x20       return {backward};\n\
+         \x20   }}\n\
+         \x20   let x = load_in4(strided_offset(4u, i));\n\
+         \x20   return load_in1(strided_offset(1u, i)) * ({forward});",
+        forward = op.forward(),
+        backward = op.backward()
+    );
+    Map {
+        op: "gated",
+        inputs: vec![
+            (g, shifted(g, 0)),
+            (g, shifted(g, -n_signed)),
+            (xu, shifted(xu, 0)),
+            (xu, shifted(xu, n_signed)),
+            (xu, shifted(xu, -n_signed)),
+        ],
+        shape: xu.shape().to_vec(),
+        dtype: xu.dtype(),
+        body,
+        preload: false,
+        extras: vec![last as u32, n as u32],
+    }
+    .run()
+}
+
 impl Tensor {
     /// `op(self) · up` in one kernel: the gated MLP (SwiGLU with `Silu`, GeGLU with `Gelu`) without the
     /// activation tensor in between, which saves a launch and a round trip through memory. Broadcasts like `mul`.
@@ -136,10 +181,19 @@ impl Tensor {
             return Ok(out);
         }
         let (x, u) = (self.detach(), up.detach());
+        let side_by_side = match x.rank() > 0 && x.shape() == u.shape() {
+            true => Tensor::cat_view(&[x.clone(), u.clone()], -1)?,
+            false => None,
+        };
         let node = crate::autograd::Node::record(
             "gated",
             &[self, up],
             Box::new(move |g| {
+                if let Some(xu) = &side_by_side {
+                    let n = x.shape()[x.rank() - 1];
+                    let both = gated_backward_side_by_side(g, xu, n, op)?;
+                    return Ok(vec![Some(both.narrow(-1, 0, n)?), Some(both.narrow(-1, n, n)?)]);
+                }
                 // d/dx is the activation's backward rule fed with g·up; d/dup is g·op(x).
                 let body = format!(
                     "let x = x1; let y = {}; let g = x0 * x2; return {};",
