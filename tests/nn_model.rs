@@ -900,30 +900,90 @@ fn bad_inputs_are_errors() {
 fn stacked_projections_share_the_trainable_weights() {
     use hierarchos::core::no_grad;
     use hierarchos::nn::optim::Sgd;
-    let mut rng = Rng::new("stacked_projections");
+    use hierarchos::nn::{FeedForward, LinearWeight};
     for family in ["llama", "qwen2"] {
         let c = tiny_config(family);
         let dv = dev();
-        let lm = CausalLm::build(&c, &mut |_, shape| {
-            let n: usize = shape.iter().product();
-            Ok(Tensor::from_slice(&rng.vec(n, -0.3, 0.3), shape, &dv)?.requires_grad_())
-        })
-        .unwrap();
+        let mut rng = Rng::new("stacked_projections");
+        let mut values = std::collections::HashMap::new();
+        let mut build = || {
+            CausalLm::build(&c, &mut |name, shape| {
+                let n: usize = shape.iter().product();
+                let v = values.entry(name.to_string()).or_insert_with(|| rng.vec(n, -0.3, 0.3));
+                Ok(Tensor::from_slice(v, shape, &dv)?.requires_grad_())
+            })
+            .unwrap()
+        };
+        let lm = build();
         let attn = lm.layers[0].self_attn.standard().unwrap();
         assert!(
             attn.qkv.is_some() && lm.layers[0].mlp.mlp().is_some_and(|m| m.gate_up.is_some()),
             "{family}: stacked"
         );
+        // The same model with every projection's weights copied out of the stacks, so that each runs alone.
+        let mut apart = build();
+        for layer in &mut apart.layers {
+            let attn = layer.self_attn.standard_mut().unwrap();
+            let FeedForward::Mlp(mlp) = &mut layer.mlp else {
+                panic!("{family}: a dense MLP")
+            };
+            let gate = mlp.gate_proj.as_mut().unwrap();
+            for l in [
+                &mut attn.q_proj,
+                &mut attn.k_proj,
+                &mut attn.v_proj,
+                gate,
+                &mut mlp.up_proj,
+            ] {
+                let LinearWeight::Dense(w) = &l.weight else {
+                    panic!("{family}: dense weights")
+                };
+                l.weight = LinearWeight::Dense(w.detach().copy().unwrap().requires_grad_());
+                l.bias = l.bias.as_ref().map(|b| b.detach().copy().unwrap().requires_grad_());
+            }
+        }
         let ids = ids_tensor(&[vec![1, 5, 2, 7]]);
-        // With gradients the layers run one by one; without, through the stacked weights.
         let stacked = |lm: &CausalLm| no_grad(|| lm.forward(&ids, None)).unwrap().to_vec::<f32>().unwrap();
-        let logits = lm.forward(&ids, None).unwrap();
-        let separate: Vec<f64> = logits.to_vec::<f32>().unwrap().iter().map(|&v| v as f64).collect();
-        assert_close(&format!("{family} stacked"), &stacked(&lm), &separate, 1e-5, 1e-6);
-        logits.sum(&[0, 1, 2], false).unwrap().backward().unwrap();
-        for (name, p) in lm.parameters() {
+        // Training runs the stacks too, each projection's gradient cut from the stacked product's.
+        let (mut logits, mut launches) = (Vec::new(), Vec::new());
+        for model in [&lm, &apart] {
+            let before = dv.dispatch_count();
+            let y = model.forward(&ids, None).unwrap();
+            y.sum(&[0, 1, 2], false).unwrap().backward().unwrap();
+            launches.push(dv.dispatch_count() - before);
+            logits.push(y.to_vec::<f32>().unwrap());
+        }
+        assert!(
+            launches[0] < launches[1],
+            "{family}: launches stacked / apart {launches:?}"
+        );
+        let separate: Vec<f64> = logits[1].iter().map(|&v| v as f64).collect();
+        assert_close(&format!("{family} stacked"), &logits[0], &separate, 1e-5, 1e-6);
+        assert_close(
+            &format!("{family} stacked, no grad"),
+            &stacked(&lm),
+            &separate,
+            1e-5,
+            1e-6,
+        );
+        for ((name, p), (_, q)) in lm.parameters().into_iter().zip(apart.parameters()) {
             let g = p.grad().unwrap_or_else(|| panic!("{family}: no gradient for {name}"));
             assert_eq!(g.shape(), p.shape(), "{family} {name}");
+            let want: Vec<f64> = q
+                .grad()
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            assert_close(
+                &format!("{family} {name} gradient"),
+                &g.to_vec::<f32>().unwrap(),
+                &want,
+                1e-4,
+                1e-5,
+            );
         }
         // An in-place update of the layers' weights is what the stacked weights see.
         let params: Vec<Tensor> = lm.parameters().into_iter().map(|(_, p)| p).collect();

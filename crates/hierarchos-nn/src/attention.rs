@@ -1,6 +1,7 @@
 //! Causal self-attention with rotary positions: multi-head, grouped-query (GQA) and multi-query (MQA), optional
 //! q/k/v biases (Qwen2), per-head q/k RMSNorm (Qwen3) and sliding windows (Mistral).
 
+use std::borrow::Cow;
 use std::cell::OnceCell;
 
 use hierarchos_core::ops::attention::{MAX_HEAD_DIM, NewKeys, STEP_MAX_QUERIES};
@@ -59,9 +60,10 @@ pub struct Attention {
     pub num_kv_heads: usize,
     /// Size of one head.
     pub head_dim: usize,
-    /// `q_proj`, `k_proj` and `v_proj` stacked (their weights are views of it): one matmul when nothing needs
-    /// gradients and the projections still hold views of it ([`Linear::holds`]; replacing one makes the layer
-    /// run them separately). `None` when they cannot be stacked (see [`Linear::stack`]).
+    /// `q_proj`, `k_proj` and `v_proj` stacked (their weights are views of it): one matmul, in training too
+    /// ([`Linear::stacked_for`]), while the projections hold views of it and none has an active adapter
+    /// ([`Linear::holds`]; replacing one makes the layer run them separately). `None` when they cannot be stacked
+    /// (see [`Linear::stack`]).
     pub qkv: Option<Linear>,
 }
 
@@ -161,8 +163,13 @@ impl Attention {
             None => projections.iter().any(|l| l.requires_grad()),
         };
         let differentiable = grad_enabled() && (x.requires_grad() || trainable);
-        let (q, k, v) = match &self.qkv {
-            Some(qkv) if fused.is_some() || (!differentiable && qkv.holds(&projections)) => {
+        let stacked = match (&self.qkv, fused) {
+            (Some(qkv), Some(_)) => Some(Cow::Borrowed(qkv)),
+            (Some(qkv), None) => qkv.stacked_for(&projections)?,
+            (None, _) => None,
+        };
+        let (q, k, v) = match stacked {
+            Some(qkv) => {
                 let y = qkv.forward_fused(x, norm, None, None)?;
                 match self.fused_qkv {
                     Some((_, QkvLayout::Grouped)) => {
@@ -173,14 +180,16 @@ impl Attention {
                         };
                         (part(0, g)?, part(g, 1)?, part(g + 1, 1)?)
                     }
-                    _ => (
-                        y.narrow(-1, 0, h * d)?,
-                        y.narrow(-1, h * d, kvh * d)?,
-                        y.narrow(-1, (h + kvh) * d, kvh * d)?,
-                    ),
+                    _ => {
+                        // Attention keeps v for its backward: as a view, v would keep the whole product alive,
+                        // q and k before rotation included.
+                        let v = y.narrow(-1, (h + kvh) * d, kvh * d)?;
+                        let v = if differentiable { v.contiguous()? } else { v };
+                        (y.narrow(-1, 0, h * d)?, y.narrow(-1, h * d, kvh * d)?, v)
+                    }
                 }
             }
-            _ => {
+            None => {
                 let normed = norm.map(|n| n.forward(x)).transpose()?;
                 let x = normed.as_ref().unwrap_or(x);
                 (

@@ -1,7 +1,9 @@
 //! The affine layer `y = x Wᵀ + b`, stored as Hugging Face / PyTorch store it (`weight` is `[out, in]`).
 
 use hierarchos_core::quant::{Fusion, QTensor};
-use hierarchos_core::{DType, Device, Result, Tensor, UnaryOp, no_grad};
+use std::borrow::Cow;
+
+use hierarchos_core::{DType, Device, Result, Tensor, UnaryOp, grad_enabled, no_grad};
 
 use crate::init::ParamRng;
 use crate::lora::Lora;
@@ -248,6 +250,43 @@ impl Linear {
                     _ => false,
                 }
         })
+    }
+
+    /// This stacked layer, to run in place of `parts` (views of it, see [`Linear::holds`]) as one product. While
+    /// the parts' parameters record gradients, its weight and bias are joined from theirs without a copy
+    /// ([`Tensor::cat_view`]), so that each part gets its share of the one product's gradient: training runs
+    /// Q/K/V and gate/up as wide products, which fill the GPU better than three or two narrow ones. `None` when
+    /// the parts no longer hold views of it, in order.
+    pub fn stacked_for(&self, parts: &[&Linear]) -> Result<Option<Cow<'_, Linear>>> {
+        if !self.holds(parts) {
+            return Ok(None);
+        }
+        if !grad_enabled() || !parts.iter().any(|p| p.requires_grad()) {
+            return Ok(Some(Cow::Borrowed(self)));
+        }
+        let weights: Option<Vec<Tensor>> = parts
+            .iter()
+            .map(|p| match &p.weight {
+                LinearWeight::Dense(w) => Some(w.clone()),
+                LinearWeight::Quantized(_) => None,
+            })
+            .collect();
+        let Some(weight) = weights.map(|w| Tensor::cat_view(&w, 0)).transpose()?.flatten() else {
+            return Ok(None);
+        };
+        let bias = match parts.iter().map(|p| p.bias.clone()).collect::<Option<Vec<Tensor>>>() {
+            Some(biases) => match Tensor::cat_view(&biases, 0)? {
+                Some(b) => Some(b),
+                None => return Ok(None),
+            },
+            None => None,
+        };
+        Ok(Some(Cow::Owned(Linear {
+            weight: LinearWeight::Dense(weight),
+            bias,
+            lora: None,
+            transposed: false,
+        })))
     }
 
     /// `[out_features, in_features]`.

@@ -1,7 +1,9 @@
 //! The MLP of the decoder families: gated as Llama's, `down(act(gate(x)) * up(x))`, or plain as StarCoder2's,
 //! `down(act(up(x)))`.
 
-use hierarchos_core::{Result, Tensor, UnaryOp, grad_enabled};
+use std::borrow::Cow;
+
+use hierarchos_core::{Result, Tensor, UnaryOp};
 
 use crate::config::Activation;
 use crate::linear::{Linear, linear_parameters};
@@ -18,9 +20,9 @@ pub struct Mlp {
     pub down_proj: Linear,
     /// The activation of the gate.
     pub act: Activation,
-    /// `gate_proj` and `up_proj` stacked (their weights are views of it): one matmul when nothing needs
-    /// gradients and the projections still hold views of it ([`Linear::holds`]). `None` when they cannot be
-    /// stacked (see [`Linear::stack`]) or there is no gate.
+    /// `gate_proj` and `up_proj` stacked (their weights are views of it): one matmul, in training too
+    /// ([`Linear::stacked_for`]), while the projections hold views of it and neither has an active adapter
+    /// ([`Linear::holds`]). `None` when they cannot be stacked (see [`Linear::stack`]) or there is no gate.
     pub gate_up: Option<Linear>,
     /// The checkpoint holds gate and up as one matrix under this name (Phi-3's `gate_up_proj`, gate rows
     /// first): `gate_up` is then that parameter, always computed as one product, and `gate_proj` and `up_proj` are
@@ -46,14 +48,14 @@ impl Mlp {
             let hidden = self.up_proj.forward(normed.as_ref().unwrap_or(x))?.unary(act)?;
             return self.down_proj.forward_fused(&hidden, None, None, residual);
         };
-        let fused = self.fused_gate_up.is_some();
-        let differentiable =
-            grad_enabled() && (x.requires_grad() || gate_proj.requires_grad() || self.up_proj.requires_grad());
-        let hidden = match &self.gate_up {
-            Some(gate_up) if fused || (!differentiable && gate_up.holds(&[gate_proj, &self.up_proj])) => {
-                gate_up.forward_fused(x, norm, Some(act), None)?
-            }
-            _ => {
+        let stacked = match (&self.gate_up, self.fused_gate_up) {
+            (Some(gate_up), Some(_)) => Some(Cow::Borrowed(gate_up)),
+            (Some(gate_up), None) => gate_up.stacked_for(&[gate_proj, &self.up_proj])?,
+            (None, _) => None,
+        };
+        let hidden = match stacked {
+            Some(gate_up) => gate_up.forward_fused(x, norm, Some(act), None)?,
+            None => {
                 let normed = norm.map(|n| n.forward(x)).transpose()?;
                 let x = normed.as_ref().unwrap_or(x);
                 gate_proj.forward(x)?.gated(&self.up_proj.forward(x)?, act)?
