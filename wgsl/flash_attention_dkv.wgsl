@@ -26,9 +26,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     let S = p[3];
     let group = p[4];
     let KVH = H / group;
-    let b = wg.y / KVH;
-    let kh = wg.y % KVH;
-    let j0 = wg.x * TILE;
+    let b = wg.x / KVH;
+    let kh = wg.x % KVH;
+    // Blocks of earlier keys are seen by more queries: they launch first (see ops/flash_attention.rs, `launch`).
+    let j0 = wg.y * TILE;
     let tile_first = queries_seeing(j0).x;
     let tile_end = queries_seeing(min(j0 + TILE, S) - 1u).y;
     //@FOR e STAGED

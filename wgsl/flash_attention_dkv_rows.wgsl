@@ -37,9 +37,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let S = p[3];
     let group = p[4];
     let KVH = H / group;
-    let b = wg.y / KVH;
-    let kh = wg.y % KVH;
-    let j0 = wg.x * ROWS;
+    let b = wg.x / KVH;
+    let kh = wg.x % KVH;
+    // Blocks of earlier keys are seen by more queries: they launch first (see ops/flash_attention.rs, `launch`).
+    let j0 = wg.y * ROWS;
     let j = j0 + lid / G;
     let member = lid % G;
     let kb = view_base(K_AT, b, kh, min(j, S - 1u));

@@ -141,8 +141,8 @@ fn workgroup_memory(device: &Device) -> usize {
     device.limits().max_compute_workgroup_storage_size as usize
 }
 
-/// Each kernel launches one row of workgroups per sequence and (query or key/value) head; the query heads are the
-/// more numerous.
+/// Each kernel launches one workgroup per sequence and (query or key/value) head along x of its grid; the query
+/// heads are the more numerous.
 fn within_grid(q: &Tensor) -> bool {
     q.shape()[0] * q.shape()[1] <= u16::MAX as usize
 }
@@ -450,7 +450,9 @@ impl Params {
     }
 
     /// Records `kernel` with `buffers` bound in the order of [`Kernel::parts`] over `rows` (query or key rows)
-    /// of each of `heads` sequence heads.
+    /// of each of `heads` sequence heads. Heads run along x and blocks of rows along y: workgroups start in that
+    /// order, and the kernels number the blocks so that those with the most causal work (late queries, early
+    /// keys) start first, leaving light ones, not a heavy straggler, for the end of the launch.
     fn launch(&self, op: &str, kernel: Kernel, buffers: &[&Tensor], [rows, heads]: [usize; 2]) -> Result<()> {
         if self.coop {
             return flash_attention_coop::launch(op, kernel as usize, &self.words, buffers, [rows, heads]);
@@ -509,7 +511,7 @@ impl Params {
             source: &source,
             buffers: &raw,
             params: &self.words,
-            workgroups: [rows.div_ceil(per_workgroup) as u32, heads as u32, 1],
+            workgroups: [heads as u32, rows.div_ceil(per_workgroup) as u32, 1],
         })?;
         Ok(())
     }
