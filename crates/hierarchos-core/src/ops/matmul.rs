@@ -610,12 +610,13 @@ pub(crate) fn split_sum(partial: &Tensor, shape: &[usize], output: SumOutput) ->
             let out = match output {
                 SumOutput::F32 => format!("alias OutV = {v};\nfn to_out(x: V) -> OutV {{ return x; }}\n"),
                 SumOutput::F16 => {
-                    format!("enable f16;\nalias OutV = {f16};\nfn to_out(x: V) -> OutV {{ return OutV({rounded}); }}\n")
+                    format!("alias OutV = {f16};\nfn to_out(x: V) -> OutV {{ return OutV({rounded}); }}\n")
                 }
                 SumOutput::F16AsF32 => format!("alias OutV = {v};\nfn to_out(x: V) -> OutV {{ return {rounded}; }}\n"),
             };
+            let enable = if output == SumOutput::F16 { "enable f16;\n" } else { "" };
             format!(
-                "alias V = {v};\nconst L: u32 = {lanes}u;\n{out}const WPT: u32 = {SPLIT_SUM_PER_THREAD}u;\n\
+                "{enable}alias V = {v};\nconst L: u32 = {lanes}u;\n{out}const WPT: u32 = {SPLIT_SUM_PER_THREAD}u;\n\
                  const SB: u32 = {SPLIT_SUM_SLICES_AHEAD}u;\n{MATMUL_SPLIT_SUM_WGSL}{COMMON_WGSL}"
             )
         },
@@ -723,7 +724,36 @@ pub(crate) fn unrolled(template: &str, tm: usize, tn: usize, tx: usize) -> Strin
 
 #[cfg(test)]
 mod tests {
-    use super::full_wave_split;
+    use super::{SumOutput, full_wave_split, split_sum};
+    use crate::tensor::{Tensor, default_device};
+    use hierarchos_wgpu::DType;
+
+    /// Every output kind, from vec4 reads (n a multiple of 4) and scalar ones, against the sum in slice order.
+    /// (On lavapipe, where no product takes the 16-bit outputs: they serve the tensor-core kernel.)
+    #[test]
+    fn split_sums_add_slices_in_order() {
+        let d = default_device().unwrap();
+        for (slices, n) in [(1, 8), (3, 12), (7, 1028), (5, 7), (6, 1030)] {
+            let values: Vec<f32> = (0..slices * n)
+                .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.37 + (i % 3) as f32 * 1e-4)
+                .collect();
+            let partial = Tensor::from_slice(&values, &[slices, n], &d).unwrap();
+            let want: Vec<f32> = (0..n)
+                .map(|i| (1..slices).fold(values[i], |acc, s| acc + values[s * n + i]))
+                .collect();
+            let rounded: Vec<f32> = want.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+            for (output, expected, dtype) in [
+                (SumOutput::F32, &want, DType::F32),
+                (SumOutput::F16AsF32, &rounded, DType::F32),
+                (SumOutput::F16, &rounded, DType::F16),
+            ] {
+                let got = split_sum(&partial, &[n], output).unwrap();
+                assert_eq!(got.dtype(), dtype);
+                let got = got.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+                assert_eq!(&got, expected, "{output:?}, {slices} slices of {n}");
+            }
+        }
+    }
 
     /// The 110M Llama shape's long products on an H200 (132 multiprocessors, 264 resident workgroups).
     #[test]
