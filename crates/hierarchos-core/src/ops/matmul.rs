@@ -559,11 +559,9 @@ pub(crate) fn full_wave_split(
     })
 }
 
-/// Values (vec4s where the size allows) per thread of [`split_sum`] (matmul_split_sum.wgsl's `WPT`), and
-/// slices loaded before any is added (`SB`): on an H200 one scalar a thread, each waiting on its loads slice after
-/// slice, kept too few loads in flight to fill the memory bus.
-const SPLIT_SUM_PER_THREAD: usize = 2;
-const SPLIT_SUM_SLICES_AHEAD: usize = 4;
+/// Output elements per thread of [`split_sum`] (matmul_split_sum.wgsl's `WPT`): one a thread, each waiting on
+/// its loads slice after slice, kept too few loads in flight to fill the memory bus.
+const SPLIT_SUM_PER_THREAD: usize = 4;
 
 /// What [`split_sum`] writes: the f32 sum, or it rounded to f16 (round to nearest even), as f16 or widened back
 /// to f32 (the products of autocast), so that no cast follows in launches of their own.
@@ -584,45 +582,27 @@ pub(crate) fn split_sum(partial: &Tensor, shape: &[usize], output: SumOutput) ->
         DType::F32
     };
     let out = device.alloc("matmul_split_sum", Tensor::bytes_for(n, dtype))?;
-    let lanes = if n.is_multiple_of(4) { 4 } else { 1 };
     device.dispatch(Dispatch {
         op: "matmul_split_sum",
         runtime_checks: false,
         language: Language::Wgsl,
-        key: &format!("matmul_split_sum:{output:?}:{lanes}"),
+        key: &format!("matmul_split_sum:{output:?}"),
         source: &|| {
-            let (v, f16) = match lanes {
-                4 => ("vec4<f32>", "vec4<f16>"),
-                _ => ("f32", "f16"),
-            };
-            // Rounding to f16 goes through the packing helper one float at a time.
-            let round = |x: &str| format!("unpack2x16float(f32_to_f16({x})).x");
-            let rounded = match lanes {
-                4 => format!(
-                    "vec4<f32>({}, {}, {}, {})",
-                    round("x.x"),
-                    round("x.y"),
-                    round("x.z"),
-                    round("x.w")
-                ),
-                _ => round("x"),
-            };
             let out = match output {
-                SumOutput::F32 => format!("alias OutV = {v};\nfn to_out(x: V) -> OutV {{ return x; }}\n"),
+                SumOutput::F32 => "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return x; }\n",
                 SumOutput::F16 => {
-                    format!("alias OutV = {f16};\nfn to_out(x: V) -> OutV {{ return OutV({rounded}); }}\n")
+                    "enable f16;\nalias OutType = f16;\n\
+                     fn to_out(x: f32) -> f16 { return f16(unpack2x16float(f32_to_f16(x)).x); }\n"
                 }
-                SumOutput::F16AsF32 => format!("alias OutV = {v};\nfn to_out(x: V) -> OutV {{ return {rounded}; }}\n"),
+                SumOutput::F16AsF32 => {
+                    "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return unpack2x16float(f32_to_f16(x)).x; }\n"
+                }
             };
-            let enable = if output == SumOutput::F16 { "enable f16;\n" } else { "" };
-            format!(
-                "{enable}alias V = {v};\nconst L: u32 = {lanes}u;\n{out}const WPT: u32 = {SPLIT_SUM_PER_THREAD}u;\n\
-                 const SB: u32 = {SPLIT_SUM_SLICES_AHEAD}u;\n{MATMUL_SPLIT_SUM_WGSL}{COMMON_WGSL}"
-            )
+            format!("{out}const WPT: u32 = {SPLIT_SUM_PER_THREAD}u;\n{MATMUL_SPLIT_SUM_WGSL}{COMMON_WGSL}")
         },
         buffers: &[&out, partial.buffer()],
         params: &[n as u32, partial.shape()[0] as u32],
-        workgroups: Gpu::grid((n / lanes).div_ceil(256 * SPLIT_SUM_PER_THREAD) as u32),
+        workgroups: Gpu::grid(n.div_ceil(256 * SPLIT_SUM_PER_THREAD) as u32),
     })?;
     Ok(Tensor::from_buffer(out, shape, dtype, None))
 }
@@ -728,8 +708,8 @@ mod tests {
     use crate::tensor::{Tensor, default_device};
     use hierarchos_wgpu::DType;
 
-    /// Every output kind, from vec4 reads (n a multiple of 4) and scalar ones, against the sum in slice order.
-    /// (On lavapipe, where no product takes the 16-bit outputs: they serve the tensor-core kernel.)
+    /// Every output kind against the sum in slice order, bit for bit (on lavapipe too, where no product takes the
+    /// 16-bit outputs: they serve the tensor-core kernel).
     #[test]
     fn split_sums_add_slices_in_order() {
         let d = default_device().unwrap();
