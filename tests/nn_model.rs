@@ -899,11 +899,13 @@ fn bad_inputs_are_errors() {
 #[test]
 fn stacked_projections_share_the_trainable_weights() {
     use hierarchos::core::no_grad;
+    use hierarchos::core::{Gpu, GpuOptions};
     use hierarchos::nn::optim::Sgd;
     use hierarchos::nn::{FeedForward, LinearWeight};
     for family in ["llama", "qwen2"] {
         let c = tiny_config(family);
-        let dv = dev();
+        // A device of its own, whose launch count no test running beside this one adds to.
+        let dv = pollster::block_on(Gpu::open(&GpuOptions::from_env())).unwrap();
         let mut rng = Rng::new("stacked_projections");
         let mut values = std::collections::HashMap::new();
         let mut build = || {
@@ -942,7 +944,7 @@ fn stacked_projections_share_the_trainable_weights() {
                 l.bias = l.bias.as_ref().map(|b| b.detach().copy().unwrap().requires_grad_());
             }
         }
-        let ids = ids_tensor(&[vec![1, 5, 2, 7]]);
+        let ids = Tensor::from_slice(&[1u32, 5, 2, 7], &[1, 4], &dv).unwrap();
         let stacked = |lm: &CausalLm| no_grad(|| lm.forward(&ids, None)).unwrap().to_vec::<f32>().unwrap();
         // Training runs the stacks too, each projection's gradient cut from the stacked product's.
         let (mut logits, mut launches) = (Vec::new(), Vec::new());
