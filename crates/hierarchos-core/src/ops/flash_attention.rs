@@ -28,11 +28,6 @@ const GRAD_TILES: &str = include_str!("../../../../wgsl/flash_attention_grad_til
 /// forward from 2.6 to 5.0 TFLOP/s against tiles of 64 (less workgroup memory, more workgroups resident per
 /// multiprocessor), and 256 rows per workgroup instead of 64 to 8.1.
 const MAX_TILE_ROWS: usize = 16;
-/// Workgroups of the forward's 256 query rows below which it takes 128 rows per workgroup instead. On an H200,
-/// 12 heads of 64 over 512 / 1024 tokens of one sequence (24 / 48 workgroups of 256 rows): the 110M Llama shape
-/// prefills 69.7K / 77.8K tokens/s with 256 rows and 75.5K / 86.9K with 128; 8 such sequences in training (192
-/// workgroups) run the forward at 10.5 TFLOP/s with 256 rows and 9.7 with 128.
-const FORWARD_MIN_WORKGROUPS: usize = 128;
 /// Quads (of four elements) of each head row a thread of the backward's row kernels keeps at most: heads of
 /// 64 take groups of two threads per row.
 const ROW_QUADS: usize = 8;
@@ -274,8 +269,7 @@ impl Kernel {
     /// Rows per workgroup and the tile constants of the source (besides D4), for heads of `d4` quads and `budget`
     /// bytes of workgroup memory; `None` when even the smallest tiles do not fit.
     ///
-    /// The forward takes 256 query rows per workgroup (128 below [`FORWARD_MIN_WORKGROUPS`]), one thread each,
-    /// and stages up to [`MAX_TILE_ROWS`] keys and values at a time (a power of two that fits). The backward
+    /// The forward takes 128 query rows per workgroup, one thread each, and stages up to [`MAX_TILE_ROWS`] keys and values at a time (a power of two that fits). The backward
     /// kernels take tiles of `8R` query and key rows (flash_attention_grad_tiles.wgsl) with R = 2 where it fits,
     /// else 1. Measured on the H200 (the 12 layers of the 110M training shape, query and key/value kernels
     /// together): 19.8 ms with R = 2, 20.7 with R = 1 and 31.4 with R = 4, whose larger register tiles and tile
@@ -323,7 +317,10 @@ impl Kernel {
             }
             Kernel::Forward => {
                 let bc = (budget / (2 * 16 * d4.max(1))).min(MAX_TILE_ROWS);
-                (bc > 0).then(|| (256, vec![("BR", 256), ("BC", 1 << bc.ilog2())]))
+                // 256 rows ran training's forward faster while each head's blocks started in order (10.5 against
+                // 9.7 TFLOP/s, H200); with the heaviest first, 128 take it from 2.87 to 2.41 ms a step. A prompt's
+                // prefill (few sequences) took 128 rows either way: 75.5K against 69.7K tokens/s over 512 tokens.
+                (bc > 0).then(|| (128, vec![("BR", 128), ("BC", 1 << bc.ilog2())]))
             }
             Kernel::GradQ | Kernel::GradKv => {
                 let bytes = |r: usize| {
@@ -463,17 +460,6 @@ impl Params {
             .tiling(d4, workgroup_memory(device), device)
             .expect("checked by flash_attention");
         constants.push(("D4", d4));
-        // A launch of few sequences (a prompt's prefill) takes half the query rows per workgroup, so that twice
-        // as many workgroups share the GPU.
-        let per_workgroup = match kernel {
-            Kernel::Forward if rows.div_ceil(per_workgroup) * heads < FORWARD_MIN_WORKGROUPS => {
-                for (_, value) in constants.iter_mut().filter(|(name, _)| *name == "BR") {
-                    *value = per_workgroup / 2;
-                }
-                per_workgroup / 2
-            }
-            _ => per_workgroup,
-        };
         let shape: Vec<String> = constants.iter().map(|(_, value)| value.to_string()).collect();
         let key = format!("flash_attention:{kernel:?}:{}:{}", shape.join(":"), self.quads);
         let source = || {
