@@ -899,13 +899,13 @@ fn bad_inputs_are_errors() {
 #[test]
 fn stacked_projections_share_the_trainable_weights() {
     use hierarchos::core::no_grad;
-    use hierarchos::core::{Gpu, GpuOptions};
     use hierarchos::nn::optim::Sgd;
     use hierarchos::nn::{FeedForward, LinearWeight};
+    let to_f64 = |t: &Tensor| -> Vec<f64> { t.to_vec::<f32>().unwrap().iter().map(|&v| v as f64).collect() };
     for family in ["llama", "qwen2"] {
         let c = tiny_config(family);
-        // A device of its own, whose launch count no test running beside this one adds to.
-        let dv = pollster::block_on(Gpu::open(&GpuOptions::from_env())).unwrap();
+        // A device of its own: the tests running beside this one add no launches to its count.
+        let dv = own_dev();
         let mut rng = Rng::new("stacked_projections");
         let mut values = std::collections::HashMap::new();
         let mut build = || {
@@ -971,14 +971,7 @@ fn stacked_projections_share_the_trainable_weights() {
         for ((name, p), (_, q)) in lm.parameters().into_iter().zip(apart.parameters()) {
             let g = p.grad().unwrap_or_else(|| panic!("{family}: no gradient for {name}"));
             assert_eq!(g.shape(), p.shape(), "{family} {name}");
-            let want: Vec<f64> = q
-                .grad()
-                .unwrap()
-                .to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|&v| v as f64)
-                .collect();
+            let want = to_f64(&q.grad().unwrap());
             assert_close(
                 &format!("{family} {name} gradient"),
                 &g.to_vec::<f32>().unwrap(),
@@ -990,14 +983,7 @@ fn stacked_projections_share_the_trainable_weights() {
         // An in-place update of the layers' weights is what the stacked weights see.
         let params: Vec<Tensor> = lm.parameters().into_iter().map(|(_, p)| p).collect();
         Sgd::new(0.1).step(&params).unwrap();
-        let after: Vec<f64> = lm
-            .forward(&ids, None)
-            .unwrap()
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|&v| v as f64)
-            .collect();
+        let after = to_f64(&lm.forward(&ids, None).unwrap());
         assert!(
             after.iter().zip(&separate).any(|(a, b)| (a - b).abs() > 1e-3),
             "{family}: the step changed nothing"
