@@ -179,6 +179,20 @@ impl Layout {
         })
     }
 
+    /// This layout read with the larger `shape` and moved `by` steps along `dim`, so that a kernel's coordinate c
+    /// there reads c + by here: how one kernel reads an input at an offset from its own coordinates (`cat`'s
+    /// inputs, the gated gradient's halves). The offset wraps in u32, as the kernels' address arithmetic does.
+    pub(crate) fn shifted(&self, shape: &[usize], dim: usize, by: isize) -> Layout {
+        Layout {
+            shape: shape.to_vec(),
+            strides: self.strides.clone(),
+            offset: self
+                .offset
+                .wrapping_add_signed(by.wrapping_mul(self.strides[dim] as isize))
+                & 0xffff_ffff,
+        }
+    }
+
     /// Elements `start..start + len` along `dim`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout> {
         if start + len > self.shape[dim] {

@@ -1,8 +1,8 @@
 //! The affine layer `y = x Wᵀ + b`, stored as Hugging Face / PyTorch store it (`weight` is `[out, in]`).
 
-use hierarchos_core::quant::{Fusion, QTensor};
 use std::borrow::Cow;
 
+use hierarchos_core::quant::{Fusion, QTensor};
 use hierarchos_core::{DType, Device, Result, Tensor, UnaryOp, grad_enabled, no_grad};
 
 use crate::init::ParamRng;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::map::Map;
-use crate::shape::{Layout, resolve_dim};
+use crate::shape::resolve_dim;
 use crate::tensor::Tensor;
 
 /// Inputs per kernel launch: params, output and four inputs stay within WebGPU's eight storage bindings.
@@ -49,22 +49,12 @@ impl Tensor {
         let mut shape = first.shape().to_vec();
         shape[d] = tensors.iter().map(|t| t.shape()[d]).sum();
         // Each input is read through a layout with the output's shape, shifted back by its start along `d`, so
-        // output coordinate c maps to input coordinate c - start (offsets wrap in u32, as the kernel does).
+        // output coordinate c maps to input coordinate c - start.
         let mut inputs = Vec::new();
         let mut ends = vec![d as u32];
         let mut start = 0usize;
         for t in tensors {
-            let l = t.layout();
-            let strides = l.strides.clone();
-            let offset = l.offset.wrapping_sub(start.wrapping_mul(l.strides[d])) & 0xffff_ffff;
-            inputs.push((
-                t,
-                Layout {
-                    shape: shape.clone(),
-                    strides,
-                    offset,
-                },
-            ));
+            inputs.push((t, t.layout().shifted(&shape, d, -(start as isize))));
             start += t.shape()[d];
             ends.push(start as u32);
         }

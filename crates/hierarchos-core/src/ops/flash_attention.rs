@@ -269,11 +269,11 @@ impl Kernel {
     /// Rows per workgroup and the tile constants of the source (besides D4), for heads of `d4` quads and `budget`
     /// bytes of workgroup memory; `None` when even the smallest tiles do not fit.
     ///
-    /// The forward takes 128 query rows per workgroup, one thread each, and stages up to [`MAX_TILE_ROWS`] keys and values at a time (a power of two that fits). The backward
-    /// kernels take tiles of `8R` query and key rows (flash_attention_grad_tiles.wgsl) with R = 2 where it fits,
-    /// else 1. Measured on the H200 (the 12 layers of the 110M training shape, query and key/value kernels
-    /// together): 19.8 ms with R = 2, 20.7 with R = 1 and 31.4 with R = 4, whose larger register tiles and tile
-    /// fetched ahead crowd the registers.
+    /// The forward takes 128 query rows per workgroup, one thread each, and stages up to [`MAX_TILE_ROWS`] keys
+    /// and values at a time (a power of two that fits). The backward kernels take tiles of `8R` query and key
+    /// rows (flash_attention_grad_tiles.wgsl) with R = 2 where it fits, else 1. Measured on the H200 (the 12
+    /// layers of the 110M training shape, query and key/value kernels together): 19.8 ms with R = 2, 20.7 with
+    /// R = 1 and 31.4 with R = 4, whose larger register tiles and tile fetched ahead crowd the registers.
     ///
     /// The row kernels keep each of their 64 rows (32 for groups of 8) in a group of G threads, at most
     /// [`ROW_QUADS`] quads each, and stream tiles of 16 rows (8 where 16 do not fit). On the H200, the same 12

@@ -123,15 +123,10 @@ impl UnaryOp {
 /// `n` columns each), side by side in one new tensor shaped as `xu`: backward then hands the product its gradient
 /// whole, where two separate gradients would be copied into one. Columns below `n` take the activation's rule fed
 /// with g·up, the others g·op(x); each input is read through a layout with the output's shape, shifted so that
-/// output column c reads column c, c + n or c - n of its tensor (offsets wrap in u32, as the kernel's do).
+/// output column c reads column c, c + n or c - n of its tensor ([`crate::shape::Layout::shifted`]).
 fn gated_backward_side_by_side(g: &Tensor, xu: &Tensor, n: usize, op: UnaryOp) -> Result<Tensor> {
     let last = xu.rank() - 1;
-    let shifted = |t: &Tensor, by: isize| {
-        let mut l = t.layout().clone();
-        l.shape = xu.shape().to_vec();
-        l.offset = l.offset.wrapping_add_signed(by * l.strides[last] as isize) & 0xffff_ffff;
-        l
-    };
+    let shifted = |t: &Tensor, by: isize| t.layout().shifted(xu.shape(), last, by);
     let n_signed = n as isize;
     let body = format!(
         "let c = out_coord(i, extra_u32(0u));\n\
