@@ -585,6 +585,21 @@ fn gated_activation_is_act_times_up_in_one_kernel() {
             .map(|(i, &v)| unary_ref(op, v as f64) * u[i % 17] as f64)
             .collect();
         assert_close(&format!("gated {op:?}"), &got, &want, 1e-5, 1e-6);
+        // Rows of a multiple of 4 columns, read as quads: x a column block of a wider tensor, u dense.
+        let (w, u) = (rng.vec(3 * 12, -4.0, 4.0), rng.vec(3 * 8, -2.0, 2.0));
+        let tw = Tensor::from_slice(&w, &[3, 12], &d).unwrap();
+        let tu = Tensor::from_slice(&u, &[3, 8], &d).unwrap();
+        let got = tw
+            .narrow(1, 4, 8)
+            .unwrap()
+            .gated(&tu, op)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        let want: Vec<f64> = (0..24)
+            .map(|i| unary_ref(op, w[(i / 8) * 12 + 4 + i % 8] as f64) * u[i] as f64)
+            .collect();
+        assert_close(&format!("gated {op:?} quads"), &got, &want, 1e-5, 1e-6);
         gradcheck(
             &format!("gated {op:?}"),
             &mut rng,
@@ -597,7 +612,8 @@ fn gated_activation_is_act_times_up_in_one_kernel() {
 }
 
 /// A stacked gate/up product's output gated against itself: its halves' gradients come from one launch, side by
-/// side in one tensor, the same values as for separate tensors, in f32 and in packed f16 with an odd half width.
+/// side in one tensor, the same values as for separate tensors, in f32 and in packed f16 with an odd half width,
+/// and in f32 halves read as quads.
 #[test]
 fn gated_halves_of_one_tensor_get_their_gradients_side_by_side() {
     let d = dev();
@@ -611,9 +627,10 @@ fn gated_halves_of_one_tensor_get_their_gradients_side_by_side() {
             |t| t[0].narrow(1, 0, 3)?.gated(&t[0].narrow(1, 3, 3)?, op),
         );
         // Halves of a view that starts inside a wider buffer, against copies of them.
-        for dtype in [DType::F32, DType::F16] {
-            let n = 5;
-            let wide = Tensor::from_slice(&rng.vec(3 * 13, -3.0, 3.0), &[3, 13], &d)
+        for (dtype, n) in [(DType::F32, 5), (DType::F16, 5), (DType::F32, 8)] {
+            // Starting on a quad where the halves can be read as quads, else inside a packed f16 word.
+            let start = if n % 4 == 0 { 4 } else { 1 };
+            let wide = Tensor::from_slice(&rng.vec(3 * (2 * n + 4), -3.0, 3.0), &[3, 2 * n + 4], &d)
                 .unwrap()
                 .to_dtype(dtype)
                 .unwrap();
@@ -623,7 +640,7 @@ fn gated_halves_of_one_tensor_get_their_gradients_side_by_side() {
                 .unwrap();
             let gradients = |split: bool| {
                 let leaf = wide.detach().requires_grad_();
-                let y = leaf.narrow(1, 1, 2 * n).unwrap();
+                let y = leaf.narrow(1, start, 2 * n).unwrap();
                 let (gate, up) = (y.narrow(1, 0, n).unwrap(), y.narrow(1, n, n).unwrap());
                 let (gate, up) = match split {
                     true => (gate.contiguous().unwrap(), up.contiguous().unwrap()),

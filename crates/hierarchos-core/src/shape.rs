@@ -109,6 +109,28 @@ impl Layout {
             && self.strides[..r - 1].iter().all(|s| s.is_multiple_of(4))
     }
 
+    /// The distance between rows when the last dimension has unit stride and the leading ones fold into one row
+    /// index: a dense tensor, or a column block of a wider one as `narrow` along the last dimension leaves it.
+    /// Kernels then address (row, column) as `offset + row * stride + column`, one division per element instead
+    /// of one per dimension. A tensor of rank 1 is one row.
+    pub fn row_stride(&self) -> Option<usize> {
+        let rank = self.rank();
+        if rank == 0 || self.strides[rank - 1] != 1 {
+            return None;
+        }
+        if rank == 1 {
+            return Some(self.shape[0]);
+        }
+        let mut step = self.strides[rank - 2];
+        for k in (0..rank - 2).rev() {
+            step *= self.shape[k + 1];
+            if self.shape[k] != 1 && self.strides[k] != step {
+                return None;
+            }
+        }
+        Some(self.strides[rank - 2])
+    }
+
     /// One past the largest element index this layout touches (0 for an empty tensor).
     pub fn span_end(&self) -> usize {
         if self.numel() == 0 {

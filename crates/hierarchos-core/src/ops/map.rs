@@ -259,19 +259,10 @@ impl Read {
         if l.strides == contiguous.strides {
             return Read::Dense;
         }
-        let rank = shape.len();
-        if rank < 2 || l.strides[rank - 1] != 1 {
-            return Read::Any;
+        match shape.len() >= 2 && l.row_stride().is_some() {
+            true => Read::Rows,
+            false => Read::Any,
         }
-        // The leading dimensions must fold into one row index of stride `strides[rank - 2]`.
-        let mut step = l.strides[rank - 2];
-        for k in (0..rank - 2).rev() {
-            step *= shape[k + 1];
-            if shape[k] != 1 && l.strides[k] != step {
-                return Read::Any;
-            }
-        }
-        Read::Rows
     }
 
     /// The letter in the pipeline key.

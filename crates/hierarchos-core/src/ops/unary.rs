@@ -1,10 +1,12 @@
 //! Unary elementwise ops: forward and backward are one WGSL expression each.
 
-use hierarchos_wgpu::DType;
+use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Gpu, Language};
 
 use crate::error::{Error, Result};
 use crate::ops::map::Map;
 use crate::tensor::Tensor;
+
+const GATED_QUADS_WGSL: &str = include_str!("../../../../wgsl/gated_quads.wgsl");
 
 /// A unary elementwise function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,6 +161,69 @@ fn gated_backward_side_by_side(g: &Tensor, xu: &Tensor, n: usize, op: UnaryOp) -
     .run()
 }
 
+/// `op(x) · u` (`g` None) or, given the output gradient `g`, both gradients side by side in one `[.., 2n]` tensor,
+/// through `gated_quads.wgsl`: where `x`, `u` and `g` are f32 of one shape whose rows (`n` columns, a multiple of
+/// 4) lie at unit stride, each starting on a quad. None where they do not, for the elementwise kernel.
+fn gated_quads(x: &Tensor, u: &Tensor, g: Option<&Tensor>, op: UnaryOp) -> Result<Option<Tensor>> {
+    // The forward binds x in g's place: the kernel declares every binding either way.
+    let tensors = [x, u, g.unwrap_or(x)];
+    let n = x.shape().last().copied().unwrap_or(0);
+    let rows: Vec<usize> = tensors.iter().filter_map(|t| t.layout().row_stride()).collect();
+    if x.numel() == 0
+        || !n.is_multiple_of(4)
+        || rows.len() < tensors.len()
+        || tensors
+            .iter()
+            .any(|t| t.dtype() != DType::F32 || t.shape() != x.shape() || !t.layout().rows_of_vec4s())
+        || rows.iter().any(|s| !s.is_multiple_of(4))
+    {
+        return Ok(None);
+    }
+    let mut params = vec![(x.numel() / n) as u32, (n / 4) as u32];
+    for (t, stride) in tensors.iter().zip(&rows) {
+        params.extend([(t.layout().offset / 4) as u32, (stride / 4) as u32]);
+    }
+    let backward = g.is_some();
+    let mut shape = x.shape().to_vec();
+    if backward {
+        *shape.last_mut().unwrap() = 2 * n;
+    }
+    let device = x.device();
+    let numel = crate::shape::numel(&shape);
+    let out = device.alloc("gated", Tensor::bytes_for(numel, DType::F32))?;
+    let mut buffers = vec![&out];
+    buffers.extend(tensors.iter().map(|t| t.buffer()));
+    device.dispatch(Dispatch {
+        op: "gated",
+        runtime_checks: false,
+        language: Language::Wgsl,
+        key: &format!("gated_quads:{}:{backward}", op.name()),
+        source: &|| {
+            let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
+            for (i, name) in ["out", "xs", "us", "gs"].iter().enumerate() {
+                let access = if i == 0 { "read_write" } else { "read" };
+                s.push_str(&format!(
+                    "@group(0) @binding({}) var<storage, {access}> {name}: array<vec4<f32>>;\n",
+                    i + 1
+                ));
+            }
+            s.push_str(COMMON_WGSL);
+            s.push_str(crate::ops::math::MATH_WGSL);
+            s.push_str(&format!(
+                "const BACKWARD: bool = {backward};\nfn act(x: f32) -> f32 {{ return {}; }}\n\
+                 fn act_grad(x: f32, g: f32) -> f32 {{ let y = act(x); return {}; }}\n{GATED_QUADS_WGSL}",
+                op.forward(),
+                op.backward()
+            ));
+            s
+        },
+        buffers: &buffers,
+        params: &params,
+        workgroups: Gpu::grid((numel / 4).div_ceil(256) as u32),
+    })?;
+    Ok(Some(Tensor::from_buffer(out, &shape, DType::F32, None)))
+}
+
 impl Tensor {
     /// `op(self) · up` in one kernel: the gated MLP (SwiGLU with `Silu`, GeGLU with `Gelu`) without the
     /// activation tensor in between, which saves a launch and a round trip through memory. Broadcasts like `mul`.
@@ -170,8 +235,13 @@ impl Tensor {
                 got: up.dtype(),
             });
         }
-        let body = format!("let x = x0; return ({}) * x1;", op.forward());
-        let out = Map::elementwise("gated", &[self, up], self.dtype(), body)?.run()?;
+        let out = match gated_quads(self, up, None, op)? {
+            Some(out) => out,
+            None => {
+                let body = format!("let x = x0; return ({}) * x1;", op.forward());
+                Map::elementwise("gated", &[self, up], self.dtype(), body)?.run()?
+            }
+        };
         if !crate::autograd::grad_enabled() || !(self.requires_grad() || up.requires_grad()) {
             return Ok(out);
         }
@@ -186,7 +256,10 @@ impl Tensor {
             Box::new(move |g| {
                 if let Some(xu) = &side_by_side {
                     let n = x.shape()[x.rank() - 1];
-                    let both = gated_backward_side_by_side(g, xu, n, op)?;
+                    let both = match gated_quads(&x, &u, Some(g), op)? {
+                        Some(both) => both,
+                        None => gated_backward_side_by_side(g, xu, n, op)?,
+                    };
                     return Ok(vec![Some(both.narrow(-1, 0, n)?), Some(both.narrow(-1, n, n)?)]);
                 }
                 // d/dx is the activation's backward rule fed with g·up; d/dup is g·op(x).
