@@ -299,6 +299,83 @@ fn binary_ops_read_row_blocks_and_views_that_only_look_like_them() {
     }
 }
 
+/// f32 rows a multiple of 4 long that start on quads run four elements a thread from 128-bit loads; a view
+/// starting between quads, a broadcast input and odd widths take one element a thread. Both must agree with the
+/// reference, in binary ops, preloading unary ones and `cat` (whose quads must not straddle two inputs).
+#[test]
+fn elementwise_ops_on_quads_and_on_views_between_them() {
+    let d = dev();
+    let mut rng = Rng::new("quads");
+    let base_shape = [4usize, 3, 12];
+    let data = rng.vec(base_shape.iter().product(), -2.0, 2.0);
+    let base = Tensor::from_slice(&data, &base_shape, &d).unwrap();
+    let row_bias = rng.vec(8, -1.0, 1.0);
+    let bias = Tensor::from_slice(&row_bias, &[8], &d).unwrap();
+    let cases = [
+        ("quads of a column block", base.narrow(2, 4, 8).unwrap(), 4),
+        ("column block between quads", base.narrow(2, 2, 8).unwrap(), 2),
+        (
+            "middle dim narrowed",
+            base.narrow(1, 1, 2).unwrap().narrow(2, 0, 8).unwrap(),
+            12,
+        ),
+    ];
+    for (name, view, offset) in cases {
+        let shape = view.shape().to_vec();
+        let at = strided_indices(&shape, &[36, 12, 1], offset);
+        let other = rng.vec(shape.iter().product(), -2.0, 2.0);
+        let dense = Tensor::from_slice(&other, &shape, &d).unwrap();
+        let want: Vec<f64> = at
+            .iter()
+            .zip(&other)
+            .map(|(&i, &o)| data[i] as f64 * o as f64)
+            .collect();
+        let got = view.mul(&dense).unwrap().to_vec::<f32>().unwrap();
+        assert_close(name, &got, &want, 1e-6, 1e-7);
+        let want: Vec<f64> = at
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| data[i] as f64 + row_bias[k % 8] as f64)
+            .collect();
+        let got = view.add(&bias).unwrap().to_vec::<f32>().unwrap();
+        assert_close(&format!("{name}, broadcast bias"), &got, &want, 1e-6, 1e-7);
+        let want: Vec<f64> = at.iter().map(|&i| (data[i] as f64).exp()).collect();
+        let got = view.exp().unwrap().to_vec::<f32>().unwrap();
+        assert_close(&format!("{name}, exp"), &got, &want, 1e-6, 1e-7);
+        let got = view.contiguous().unwrap().to_vec::<f32>().unwrap();
+        let want: Vec<f32> = at.iter().map(|&i| data[i]).collect();
+        assert_eq!(got, want, "{name}: copy");
+    }
+    // Along the last dimension: widths 4 + 8 (quads), 4 + 6 (not); along the first: any width.
+    for (widths, dim) in [(&[4usize, 8][..], 2), (&[4, 6][..], 2), (&[3, 1][..], 0)] {
+        let parts: Vec<Tensor> = widths
+            .iter()
+            .map(|&w| match dim {
+                2 => base.narrow(2, 0, w).unwrap(),
+                _ => base.narrow(0, 0, w).unwrap().narrow(2, 4, 8).unwrap(),
+            })
+            .collect();
+        let got = Tensor::cat(&parts, dim as isize).unwrap();
+        let mut want = Vec::new();
+        for p in &parts {
+            want.push(p.contiguous().unwrap().to_vec::<f32>().unwrap());
+        }
+        let want: Vec<f32> = match dim {
+            2 => (0..12)
+                .flat_map(|r| {
+                    let want = &want;
+                    widths
+                        .iter()
+                        .enumerate()
+                        .flat_map(move |(k, &w)| want[k][r * w..(r + 1) * w].to_vec())
+                })
+                .collect(),
+            _ => want.concat(),
+        };
+        assert_eq!(got.to_vec::<f32>().unwrap(), want, "cat {widths:?} along {dim}");
+    }
+}
+
 #[test]
 fn pow_handles_negative_bases_like_torch() {
     let d = dev();

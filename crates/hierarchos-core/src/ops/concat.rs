@@ -58,22 +58,32 @@ impl Tensor {
             start += t.shape()[d];
             ends.push(start as u32);
         }
-        let mut body = String::from("let c = out_coord(i, extra_u32(0u));\n");
-        for k in 0..inputs.len() - 1 {
-            body += &format!(
-                "    if (c < extra_u32({}u)) {{ return load_in{k}(strided_offset({k}u, i)); }}\n",
-                k + 1
-            );
-        }
-        body += &format!("    return load_in{0}(strided_offset({0}u, i));", inputs.len() - 1);
+        // Element i (load_in{k}), or on quads elements i..i + 4 (load_in{k}4), from the input whose
+        // columns along d hold it. Quads never straddle two inputs when each input's width along the last
+        // dimension is a multiple of 4, or when the inputs meet along another dimension.
+        let body = |suffix: &str| {
+            let mut body = String::from("let c = out_coord(i, extra_u32(0u));\n");
+            for k in 0..inputs.len() - 1 {
+                body += &format!(
+                    "    if (c < extra_u32({}u)) {{ return load_in{k}{suffix}(strided_offset({k}u, i)); }}\n",
+                    k + 1
+                );
+            }
+            let k = inputs.len() - 1;
+            body + &format!("    return load_in{k}{suffix}(strided_offset({k}u, i));")
+        };
+        let (plain, quad) = (body(""), body("4"));
+        let last = d + 1 == shape.len();
+        let quads = !last || tensors.iter().all(|t| t.shape()[d].is_multiple_of(4));
         let map = Map {
             op: "cat",
             inputs,
             shape,
             dtype: first.dtype(),
-            body,
+            body: plain,
             preload: false,
             extras: ends,
+            quad_body: quads.then_some(quad),
         };
         Ok(record_cat(map.run()?, tensors, d))
     }

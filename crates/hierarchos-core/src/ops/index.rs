@@ -164,6 +164,7 @@ fn gather_kernel(
         body,
         preload: false,
         extras: vec![src.shape()[dim] as u32, stride],
+        quad_body: None,
     }
     .run()
 }
@@ -207,6 +208,7 @@ fn scatter_kernel(
         body,
         preload: false,
         extras,
+        quad_body: None,
     }
     .run()
 }

@@ -110,6 +110,7 @@ impl Tensor {
             body: "return x0 / x1;".into(),
             preload: true,
             extras: vec![],
+            quad_body: None,
         }
         .run()?;
         if !grad_enabled() || !self.requires_grad() {

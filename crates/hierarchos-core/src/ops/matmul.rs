@@ -9,6 +9,7 @@ use hierarchos_wgpu::{Access, COMMON_WGSL, DType, Dispatch, Gpu, Language};
 use crate::autocast::{autocast_dtype, shared_cast};
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
+use crate::ops::map::vec4_load_fns;
 use crate::ops::matmul_coop;
 use crate::shape::{Layout, MAX_DIMS, broadcast_shapes, numel};
 use crate::tensor::Tensor;
@@ -605,15 +606,6 @@ pub(crate) fn split_sum(partial: &Tensor, shape: &[usize], output: SumOutput) ->
         workgroups: Gpu::grid(n.div_ceil(256 * SPLIT_SUM_PER_THREAD) as u32),
     })?;
     Ok(Tensor::from_buffer(out, shape, dtype, None))
-}
-
-/// `load_{name}` and `load_{name}4` for an f32 operand bound as `array<vec4<f32>>`: element `i`, and the vec4 of
-/// elements `i..i + 4` (`i` a multiple of 4).
-fn vec4_load_fns(name: &str) -> String {
-    format!(
-        "fn load_{name}(i: u32) -> f32 {{ return {name}[i / 4u][i % 4u]; }}\n\
-         fn load_{name}4(i: u32) -> vec4<f32> {{ return {name}[i / 4u]; }}\n"
-    )
 }
 
 /// `load_{name}4(i)` through the scalar `load_{name}`: the tiled kernel calls it only with vec4 loads, but it must

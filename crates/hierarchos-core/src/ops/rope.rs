@@ -181,6 +181,7 @@ impl Tensor {
             body: body.into(),
             preload: false,
             extras,
+            quad_body: None,
         }
         .run()
     }

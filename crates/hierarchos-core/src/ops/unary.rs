@@ -157,16 +157,16 @@ fn gated_backward_side_by_side(g: &Tensor, xu: &Tensor, n: usize, op: UnaryOp) -
         body,
         preload: false,
         extras: vec![last as u32, n as u32],
+        quad_body: None,
     }
     .run()
 }
 
-/// `op(x) · u` (`g` None) or, given the output gradient `g`, both gradients side by side in one `[.., 2n]` tensor,
-/// through `gated_quads.wgsl`: where `x`, `u` and `g` are f32 of one shape whose rows (`n` columns, a multiple of
-/// 4) lie at unit stride, each starting on a quad. None where they do not, for the elementwise kernel.
-fn gated_quads(x: &Tensor, u: &Tensor, g: Option<&Tensor>, op: UnaryOp) -> Result<Option<Tensor>> {
-    // The forward binds x in g's place: the kernel declares every binding either way.
-    let tensors = [x, u, g.unwrap_or(x)];
+/// Both gradients of `gated(x, u)` side by side in one `[.., 2n]` tensor, from the output gradient `g`, through
+/// `gated_quads.wgsl`: where `x`, `u` and `g` are f32 of one shape whose rows (`n` columns, a multiple of 4) lie at
+/// unit stride, each starting on a quad. None where they do not, for the elementwise kernel.
+fn gated_backward_quads(x: &Tensor, u: &Tensor, g: &Tensor, op: UnaryOp) -> Result<Option<Tensor>> {
+    let tensors = [x, u, g];
     let n = x.shape().last().copied().unwrap_or(0);
     let rows: Vec<usize> = tensors.iter().filter_map(|t| t.layout().row_stride()).collect();
     if x.numel() == 0
@@ -183,11 +183,8 @@ fn gated_quads(x: &Tensor, u: &Tensor, g: Option<&Tensor>, op: UnaryOp) -> Resul
     for (t, stride) in tensors.iter().zip(&rows) {
         params.extend([(t.layout().offset / 4) as u32, (stride / 4) as u32]);
     }
-    let backward = g.is_some();
     let mut shape = x.shape().to_vec();
-    if backward {
-        *shape.last_mut().unwrap() = 2 * n;
-    }
+    *shape.last_mut().unwrap() = 2 * n;
     let device = x.device();
     let numel = crate::shape::numel(&shape);
     let out = device.alloc("gated", Tensor::bytes_for(numel, DType::F32))?;
@@ -197,7 +194,7 @@ fn gated_quads(x: &Tensor, u: &Tensor, g: Option<&Tensor>, op: UnaryOp) -> Resul
         op: "gated",
         runtime_checks: false,
         language: Language::Wgsl,
-        key: &format!("gated_quads:{}:{backward}", op.name()),
+        key: &format!("gated_quads:{}", op.name()),
         source: &|| {
             let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
             for (i, name) in ["out", "xs", "us", "gs"].iter().enumerate() {
@@ -210,7 +207,7 @@ fn gated_quads(x: &Tensor, u: &Tensor, g: Option<&Tensor>, op: UnaryOp) -> Resul
             s.push_str(COMMON_WGSL);
             s.push_str(crate::ops::math::MATH_WGSL);
             s.push_str(&format!(
-                "const BACKWARD: bool = {backward};\nfn act(x: f32) -> f32 {{ return {}; }}\n\
+                "fn act(x: f32) -> f32 {{ return {}; }}\n\
                  fn act_grad(x: f32, g: f32) -> f32 {{ let y = act(x); return {}; }}\n{GATED_QUADS_WGSL}",
                 op.forward(),
                 op.backward()
@@ -219,7 +216,7 @@ fn gated_quads(x: &Tensor, u: &Tensor, g: Option<&Tensor>, op: UnaryOp) -> Resul
         },
         buffers: &buffers,
         params: &params,
-        workgroups: Gpu::grid((numel / 4).div_ceil(256) as u32),
+        workgroups: Gpu::grid((x.numel() / 4).div_ceil(256) as u32),
     })?;
     Ok(Some(Tensor::from_buffer(out, &shape, DType::F32, None)))
 }
@@ -235,13 +232,8 @@ impl Tensor {
                 got: up.dtype(),
             });
         }
-        let out = match gated_quads(self, up, None, op)? {
-            Some(out) => out,
-            None => {
-                let body = format!("let x = x0; return ({}) * x1;", op.forward());
-                Map::elementwise("gated", &[self, up], self.dtype(), body)?.run()?
-            }
-        };
+        let body = format!("let x = x0; return ({}) * x1;", op.forward());
+        let out = Map::elementwise("gated", &[self, up], self.dtype(), body)?.run()?;
         if !crate::autograd::grad_enabled() || !(self.requires_grad() || up.requires_grad()) {
             return Ok(out);
         }
@@ -256,7 +248,7 @@ impl Tensor {
             Box::new(move |g| {
                 if let Some(xu) = &side_by_side {
                     let n = x.shape()[x.rank() - 1];
-                    let both = match gated_quads(&x, &u, Some(g), op)? {
+                    let both = match gated_backward_quads(&x, &u, g, op)? {
                         Some(both) => both,
                         None => gated_backward_side_by_side(g, xu, n, op)?,
                     };
