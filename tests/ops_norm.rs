@@ -613,3 +613,64 @@ fn add_rms_norm_is_one_launch() {
         }
     }
 }
+
+/// RMSNorm over f32 rows that start on quads runs a row per subgroup (where the device has subgroups) and must
+/// give the row kernel's bits, which a view starting between quads still takes: forward, the sum of
+/// `add_rms_norm`, and the gradients of the input, the residual and the weight.
+#[test]
+fn rms_norm_on_quads_gives_the_row_kernels_bits() {
+    let d = dev();
+    let mut rng = Rng::new("rms_norm_on_quads");
+    for (rows, c, with_w) in [
+        (37, 64, true),
+        (5, 1024, true),
+        (3, 300, false),
+        (2, 4, true),
+        (9, 20, true),
+    ] {
+        let vals = rng.vec(rows * c, -3.0, 3.0);
+        let res = rng.vec(rows * c, -3.0, 3.0);
+        let coef = Tensor::from_slice(&rng.vec(rows * c, -1.0, 1.0), &[rows, c], &d).unwrap();
+        let w = Tensor::from_slice(&rng.vec(c, 0.5, 1.5), &[c], &d).unwrap();
+        let run = |layout: &str| {
+            let mut rng = Rng::new("rms_norm_on_quads_padding");
+            let leaves = [
+                view(&mut rng, &vals, rows, c, DType::F32, layout),
+                view(&mut rng, &res, rows, c, DType::F32, layout),
+            ];
+            let (xl, rl) = (leaves[0].detach().requires_grad_(), leaves[1].detach().requires_grad_());
+            let wl = w.detach().requires_grad_();
+            let (x, r) = (&xl, &rl);
+            let weight = with_w.then_some(&wl);
+            let y = x.rms_norm(weight, 1e-5).unwrap();
+            let (sum, z) = x.add_rms_norm(r, weight, 1e-5).unwrap();
+            y.add(&z)
+                .unwrap()
+                .mul(&coef)
+                .unwrap()
+                .sum(&[0, 1], false)
+                .unwrap()
+                .backward()
+                .unwrap();
+            let mut out = vec![
+                bits(&y),
+                bits(&sum),
+                bits(&z),
+                bits(&xl.grad().unwrap()),
+                bits(&rl.grad().unwrap()),
+            ];
+            if with_w {
+                out.push(bits(&wl.grad().unwrap()));
+            }
+            out
+        };
+        let (quads, rows_kernel) = (run("contiguous"), run("narrowed"));
+        for (k, name) in ["y", "sum", "normed sum", "x grad", "residual grad", "weight grad"]
+            .iter()
+            .enumerate()
+            .take(quads.len())
+        {
+            assert_eq!(quads[k], rows_kernel[k], "{rows} x {c}: {name}");
+        }
+    }
+}
