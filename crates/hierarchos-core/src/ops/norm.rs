@@ -12,8 +12,6 @@ use crate::tensor::Tensor;
 const NORM_FORWARD_WGSL: &str = include_str!("../../../../wgsl/norm_forward.wgsl");
 const NORM_BACKWARD_WGSL: &str = include_str!("../../../../wgsl/norm_backward.wgsl");
 const RMS_NORM_QUADS_WGSL: &str = include_str!("../../../../wgsl/rms_norm_quads.wgsl");
-const RMS_NORM_BACKWARD_QUADS_WGSL: &str = include_str!("../../../../wgsl/rms_norm_backward_quads.wgsl");
-const ROWS_QUADS_SUM_WGSL: &str = include_str!("../../../../wgsl/rows_quads_sum.wgsl");
 /// Rows per workgroup of the backward when it also sums the weight or bias gradients (one row otherwise): each
 /// workgroup writes one partial sum per column, so fewer rows per workgroup mean more partial sums to add after,
 /// more rows fewer workgroups to keep the GPU busy. On an H200 (110M shape, 25 backward passes a step over 4096
@@ -244,8 +242,8 @@ fn norm_rows(
     .output(dtype, inputs[0].1.device())
 }
 
-/// `SLOTS` of rows_quads_sum.wgsl (64 over the smallest subgroup), where the device has subgroups whose sizes
-/// are powers of two of at most 64, as that file's additions need; None otherwise.
+/// `SLOTS` of rms_norm_quads.wgsl (64 over the smallest subgroup), where the device has subgroups whose sizes are
+/// powers of two of at most 64, as its `row_sum` needs; None otherwise.
 fn row_sum_slots(device: &crate::tensor::Device) -> Option<u32> {
     let (min, max) = device.caps().subgroup_size;
     (device.caps().subgroups && min.is_power_of_two() && max.is_power_of_two() && max <= 64).then(|| 64 / min)
@@ -336,7 +334,7 @@ fn rms_norm_quads(
                 true => "fn weight(q: u32) -> vec4<f32> { return ws[p[6] + q]; }\n",
                 false => "fn weight(q: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n",
             };
-            s += &format!("const SLOTS: u32 = {slots}u;\n{ROWS_QUADS_SUM_WGSL}");
+            s += &format!("const SLOTS: u32 = {slots}u;\n");
             s + RMS_NORM_QUADS_WGSL
         },
         buffers: &buffers,
@@ -345,112 +343,6 @@ fn rms_norm_quads(
         workgroups: Gpu::grid(rows.div_ceil(256 / device.caps().subgroup_size.1.clamp(1, 256) as usize) as u32),
     })?;
     Ok(Some(Tensor::from_buffer(out, x.shape(), DType::F32, None)))
-}
-
-/// The most quads of a row one lane of [`rms_norm_backward_quads`] holds (rows of 1024 over subgroups of 8): each
-/// keeps three arrays of them.
-const BACKWARD_QUADS_MAX: usize = 32;
-
-/// RMSNorm's backward through `rms_norm_backward_quads.wgsl`, one subgroup per `per` rows, into `dx` and `partial`
-/// (`[1, C, groups]`) where given: where the device has subgroups, g and x are f32 rows (a multiple of 4 long)
-/// starting on quads, the weight f32 at unit stride from a quad, and a row takes at most [`BACKWARD_QUADS_MAX`]
-/// quads of each lane of the smallest subgroup. False otherwise (nothing run), for the row kernel.
-fn rms_norm_backward_quads(
-    g: &Tensor,
-    x: &Tensor,
-    affine: &Affine,
-    stats: &Tensor,
-    dx: Option<&Tensor>,
-    partial: Option<&Tensor>,
-    per: usize,
-) -> Result<bool> {
-    let device = x.device();
-    let cols = x.shape().last().copied().unwrap_or(0);
-    let Some(slots) = row_sum_slots(device) else {
-        return Ok(false);
-    };
-    let (min_lanes, max_lanes) = device.caps().subgroup_size;
-    let held = (cols / 4).div_ceil(min_lanes as usize);
-    let quads = |t: &Tensor| t.dtype() == DType::F32 && t.layout().rows_of_vec4s() && t.layout().row_stride().is_some();
-    let weight_ok = affine
-        .weight
-        .as_ref()
-        .is_none_or(|w| w.dtype() == DType::F32 && w.layout().strides == [1] && w.layout().offset.is_multiple_of(4));
-    if x.numel() == 0
-        || !cols.is_multiple_of(4)
-        || held > BACKWARD_QUADS_MAX
-        || !quads(g)
-        || !quads(x)
-        || !weight_ok
-        || dx.is_some_and(|d| d.dtype() != DType::F32)
-        || (dx.is_none() && partial.is_none())
-    {
-        return Ok(false);
-    }
-    let rows = x.numel() / cols;
-    let view = |t: &Tensor| {
-        let l = t.layout();
-        [(l.offset / 4) as u32, (l.row_stride().unwrap_or(cols) / 4) as u32]
-    };
-    let mut params = vec![rows as u32, (cols / 4) as u32];
-    params.extend(view(g));
-    params.extend(view(x));
-    params.push(affine.weight.as_ref().map_or(0, |w| (w.layout().offset / 4) as u32));
-    let named = [
-        ("dx", dx, "read_write", "vec4<f32>"),
-        ("partial", partial, "read_write", "f32"),
-        ("stats", Some(stats), "read", "f32"),
-        ("gs", Some(g), "read", "vec4<f32>"),
-        ("xs", Some(x), "read", "vec4<f32>"),
-        ("ws", affine.weight.as_ref(), "read", "vec4<f32>"),
-    ];
-    let bound: Vec<_> = named
-        .iter()
-        .filter_map(|&(name, t, mode, ty)| Some((name, t?, mode, ty)))
-        .collect();
-    let buffers: Vec<_> = bound.iter().map(|b| b.1.buffer()).collect();
-    let (has_dx, has_partial, has_w) = (dx.is_some(), partial.is_some(), affine.weight.is_some());
-    let subgroups = rows.div_ceil(per);
-    device.dispatch(Dispatch {
-        op: "rms_norm_backward",
-        runtime_checks: false,
-        language: Language::Wgsl,
-        key: &format!("rms_norm_backward_quads:{has_dx}:{has_partial}:{has_w}:{per}:{held}"),
-        source: &|| {
-            let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
-            for (k, (name, _, mode, ty)) in bound.iter().enumerate() {
-                s += &format!(
-                    "@group(0) @binding({}) var<storage, {mode}> {name}: array<{ty}>;\n",
-                    k + 1
-                );
-            }
-            s += &format!("const PER: u32 = {per}u;\nconst QUADS: u32 = {held}u;\nconst SLOTS: u32 = {slots}u;\n");
-            s += ROWS_QUADS_SUM_WGSL;
-            s += match has_w {
-                true => "fn weight(q: u32) -> vec4<f32> { return ws[p[6] + q]; }\n",
-                false => "fn weight(q: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n",
-            };
-            s += match has_dx {
-                true => "fn store_dx(i: u32, v: vec4<f32>) { dx[i] = v; }\n",
-                false => "fn store_dx(i: u32, v: vec4<f32>) {}\n",
-            };
-            // Quad q's four columns lie `groups` apart in the [C, groups] partial sums.
-            s += match has_partial {
-                true => {
-                    "fn store_partial(i: u32, v: vec4<f32>) {\n    let n = (p[0] + PER - 1u) / PER;\n    \
-                     partial[i] = v.x;\n    partial[i + n] = v.y;\n    partial[i + 2u * n] = v.z;\n    \
-                     partial[i + 3u * n] = v.w;\n}\n"
-                }
-                false => "fn store_partial(i: u32, v: vec4<f32>) {}\n",
-            };
-            s + RMS_NORM_BACKWARD_QUADS_WGSL
-        },
-        buffers: &buffers,
-        params: &params,
-        // A workgroup of 256 threads runs one subgroup per `per` rows: as few as the largest subgroups allow.
-        workgroups: Gpu::grid(subgroups.div_ceil(256 / max_lanes.clamp(1, 256) as usize) as u32),
-    })?;
-    Ok(true)
 }
 
 /// The gradients a normalization node needs from `g`, in one pass over `g` and `x`: `[dx, dw, db]` for the
@@ -502,11 +394,7 @@ fn norm_backward(
             ))
         })
         .transpose()?;
-    let quads = kind == Norm::Rms
-        && !need_b
-        && rows > 0
-        && rms_norm_backward_quads(g, x, affine, stats, dx.as_ref(), partial.as_ref(), per)?;
-    if !quads && rows > 0 && cols > 0 && (need_x || parts > 0) {
+    if rows > 0 && cols > 0 && (need_x || parts > 0) {
         let epw = if need_x {
             Access::new(dx_dtype, device.caps().f16).elems_per_word() as usize
         } else {
