@@ -616,7 +616,7 @@ fn add_rms_norm_is_one_launch() {
 
 /// RMSNorm over f32 rows that start on quads runs a row per subgroup (where the device has subgroups) and must
 /// give the row kernel's bits, which a view starting between quads still takes: forward, the sum of
-/// `add_rms_norm`, and the gradients of the input, the residual and the weight.
+/// `add_rms_norm`, and the gradients of the input, the residual and the weight (from the statistics it saved).
 #[test]
 fn rms_norm_on_quads_gives_the_row_kernels_bits() {
     let d = dev();
