@@ -5,9 +5,7 @@
 // between the row's reduction and its output
 //   dx = rstd * (ĝ - mean(ĝ) - x̂ * mean(ĝ * x̂))      (RMSNorm drops the mean(ĝ) term),
 // while it adds g * x̂ (the weight's gradient) and g (the bias's) of its elements over the rows. Those sums go out
-// per workgroup as [PARTS, C, groups], weight part first, so that the Rust side adds each column's sums along a
-// contiguous row (the reduce kernel's fast case; summed down columns of [groups, PARTS, C], they took longer than
-// the backward's own pass on an H200). The Rust side defines WPT, DX,
+// per workgroup as [groups, PARTS, C], weight part first; the Rust side adds them. The Rust side defines WPT, DX,
 // DW, DB and PARTS, and `store_dx` / `store_partial` (empty when not written).
 
 const EPT: u32 = WPT * EPW;
@@ -66,12 +64,11 @@ fn run_group(group: u32, lid: u32, sg_lane: u32) {
     for (var k = 0u; k < EPT; k = k + 1u) {
         let j = (lid + WG * (k / EPW)) * EPW + k % EPW;
         if (j < c) {
-            let groups = (p[0] + per - 1u) / per;
             if (DW) {
-                store_partial(j * groups + group, dw[k], 0.0);
+                store_partial(group * PARTS * c + j, dw[k], 0.0);
             }
             if (DB) {
-                store_partial(((PARTS - 1u) * c + j) * groups + group, db[k], 0.0);
+                store_partial((group * PARTS + PARTS - 1u) * c + j, db[k], 0.0);
             }
         }
     }

@@ -388,7 +388,7 @@ fn norm_backward(
             let bytes = Tensor::bytes_for(groups * parts * cols, DType::F32);
             Ok::<_, Error>(Tensor::from_buffer(
                 device.alloc(op, bytes)?,
-                &[parts, cols, groups],
+                &[groups, parts, cols],
                 DType::F32,
                 None,
             ))
@@ -439,7 +439,7 @@ fn norm_backward(
     let dx = dx.map(|dx| no_grad(|| dx.to_dtype(x.dtype()))).transpose()?;
     let sums = match partial {
         Some(p) if groups == 1 => Some(p.reshape(&[parts, cols])?),
-        Some(p) => Some(p.sum(&[2], false)?),
+        Some(p) => Some(p.sum(&[0], false)?),
         None => None,
     };
     let part = |k: usize| -> Result<Tensor> {
