@@ -131,6 +131,14 @@ impl Layout {
         Some(self.strides[rank - 2])
     }
 
+    /// The offset and row stride in quads (four elements) when the rows fold into one row index
+    /// ([`Layout::row_stride`]) and each starts on a quad ([`Layout::rows_of_vec4s`]): how kernels that read f32
+    /// rows as 128-bit vectors address them. None otherwise.
+    pub fn quad_rows(&self) -> Option<(usize, usize)> {
+        let stride = self.row_stride()?;
+        (self.rows_of_vec4s() && stride.is_multiple_of(4)).then_some((self.offset / 4, stride / 4))
+    }
+
     /// One past the largest element index this layout touches (0 for an empty tensor).
     pub fn span_end(&self) -> usize {
         if self.numel() == 0 {

@@ -263,7 +263,7 @@ fn rms_norm_quads(
     let x = inputs[0].1;
     let device = x.device();
     let cols = x.shape().last().copied().unwrap_or(0);
-    let quads = |t: &Tensor| t.dtype() == DType::F32 && t.layout().rows_of_vec4s() && t.layout().row_stride().is_some();
+    let quads = |t: &Tensor| t.dtype() == DType::F32 && t.layout().quad_rows().is_some();
     let weight_ok = affine
         .weight
         .as_ref()
@@ -285,10 +285,7 @@ fn rms_norm_quads(
         return Ok(None);
     }
     let rows = x.numel() / cols;
-    let view = |t: &Tensor| {
-        let l = t.layout();
-        [(l.offset / 4) as u32, (l.row_stride().unwrap_or(cols) / 4) as u32]
-    };
+    let view = |t: &Tensor| t.layout().quad_rows().map_or([0, 0], |(o, s)| [o as u32, s as u32]);
     let r = inputs.get(1).map(|(_, t)| *t);
     let mut params = vec![rows as u32, (cols / 4) as u32];
     params.extend(view(x));
@@ -298,14 +295,17 @@ fn rms_norm_quads(
     let out = device.alloc(op, Tensor::bytes_for(x.numel(), DType::F32))?;
     // The bindings after out and stats: those of this launch's inputs and outputs, by name.
     let named = [
-        ("sums", sum),
-        ("xs", Some(x)),
-        ("rs", r),
-        ("ws", affine.weight.as_ref()),
+        ("sums", sum, "read_write"),
+        ("xs", Some(x), "read"),
+        ("rs", r, "read"),
+        ("ws", affine.weight.as_ref(), "read"),
     ];
-    let bound: Vec<(&str, &Tensor)> = named.iter().filter_map(|&(name, t)| Some((name, t?))).collect();
+    let bound: Vec<(&str, &Tensor, &str)> = named
+        .iter()
+        .filter_map(|&(name, t, mode)| Some((name, t?, mode)))
+        .collect();
     let mut buffers = vec![&out, stats.buffer()];
-    buffers.extend(bound.iter().map(|(_, t)| t.buffer()));
+    buffers.extend(bound.iter().map(|(_, t, _)| t.buffer()));
     let (has_sum, has_r, has_w) = (sum.is_some(), r.is_some(), affine.weight.is_some());
     device.dispatch(Dispatch {
         op,
@@ -318,8 +318,7 @@ fn rms_norm_quads(
                  @group(0) @binding(1) var<storage, read_write> out: array<vec4<f32>>;\n\
                  @group(0) @binding(2) var<storage, read_write> stats: array<f32>;\n",
             );
-            for (k, (name, _)) in bound.iter().enumerate() {
-                let mode = if *name == "sums" { "read_write" } else { "read" };
+            for (k, (name, _, mode)) in bound.iter().enumerate() {
                 s += &format!("@group(0) @binding({}) var<storage, {mode}> {name}: array<vec4<f32>>;\n", k + 3);
             }
             s += match has_r {

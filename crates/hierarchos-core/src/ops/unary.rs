@@ -168,20 +168,19 @@ fn gated_backward_side_by_side(g: &Tensor, xu: &Tensor, n: usize, op: UnaryOp) -
 fn gated_backward_quads(x: &Tensor, u: &Tensor, g: &Tensor, op: UnaryOp) -> Result<Option<Tensor>> {
     let tensors = [x, u, g];
     let n = x.shape().last().copied().unwrap_or(0);
-    let rows: Vec<usize> = tensors.iter().filter_map(|t| t.layout().row_stride()).collect();
+    let rows: Vec<(usize, usize)> = tensors.iter().filter_map(|t| t.layout().quad_rows()).collect();
     if x.numel() == 0
         || !n.is_multiple_of(4)
         || rows.len() < tensors.len()
         || tensors
             .iter()
-            .any(|t| t.dtype() != DType::F32 || t.shape() != x.shape() || !t.layout().rows_of_vec4s())
-        || rows.iter().any(|s| !s.is_multiple_of(4))
+            .any(|t| t.dtype() != DType::F32 || t.shape() != x.shape())
     {
         return Ok(None);
     }
     let mut params = vec![(x.numel() / n) as u32, (n / 4) as u32];
-    for (t, stride) in tensors.iter().zip(&rows) {
-        params.extend([(t.layout().offset / 4) as u32, (stride / 4) as u32]);
+    for (offset, stride) in rows {
+        params.extend([offset as u32, stride as u32]);
     }
     let mut shape = x.shape().to_vec();
     *shape.last_mut().unwrap() = 2 * n;
