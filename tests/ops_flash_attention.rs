@@ -384,3 +384,170 @@ fn flash_attention_empty_and_bad_input() {
     assert!(err(&[1, 2, 4, 300], &[1, 1, 4, 300], 0).contains("head size"));
     assert!(err(&[1, 2, 4, 8], &[1, 1, 4, 8], 3).contains("do not all see a key"));
 }
+
+/// `x` (`[B, heads, rows, D]` row-major values) with each row r's pairs (j, j + D/2) rotated by `cos`, `sin`
+/// (`[rows, D/2]`) as `Tensor::rope` does, or with `back` by the adjoint (the sines negated), in f64.
+fn rotated(x: &[f64], rows: usize, d: usize, cos: &[f32], sin: &[f32], back: bool) -> Vec<f64> {
+    let half = d / 2;
+    let sign = if back { -1.0 } else { 1.0 };
+    let mut out = vec![0.0; x.len()];
+    for (row, (o, x)) in out.chunks_mut(d).zip(x.chunks(d)).enumerate() {
+        let r = row % rows;
+        for j in 0..half {
+            let (c, s) = (cos[r * half + j] as f64, sign * sin[r * half + j] as f64);
+            o[j] = x[j] * c - x[j + half] * s;
+            o[j + half] = x[j + half] * c + x[j] * s;
+        }
+    }
+    out
+}
+
+/// Rotary flash attention (self-attention) against the f64 reference of attention over rotated queries and keys
+/// (rotated in f64, rounded to f32 as the kernels hold them), its gradients rotated back. Queries, keys and values
+/// come either as views of one `[B, T, (H + 2 KVH) D]` projection (training's: their gradients then come back
+/// side by side in one tensor, which reaches the projection without a copy) or as separate views; the tables as
+/// four views of one tensor (the models') or as strided views, which the op copies. More keys than queries, and
+/// heads whose quads do not pair within a thread, are refused.
+#[test]
+fn rotary_flash_attention_matches_reference() {
+    use hierarchos::core::ops::flash_attention::rotary_flash_attention_fits;
+    use hierarchos::core::ops::rope::RopeTables;
+    let mut rng = Rng::new("rotary_flash_attention_matches_reference");
+    let d = dev();
+    for (c, projection) in [
+        (case((2, 4, 2), (70, 70, 8), (0, 0, None)), true),
+        (case((1, 2, 2), (130, 130, 64), (0, 0, Some(40))), true),
+        (case((1, 3, 1), (17, 17, 24), (0, 0, None)), true),
+        (case((1, 2, 1), (20, 20, 128), (0, 0, None)), true),
+        (case((1, 4, 2), (17, 17, 64), (0, 0, Some(4))), false),
+        (case((2, 2, 1), (9, 9, 16), (5, 5, Some(3))), false),
+    ] {
+        let (width, half) = ((c.h + 2 * c.kvh) * c.d, c.d / 2);
+        let y = Tensor::from_slice(&rng.vec(c.b * c.t * width, -1.0, 1.0), &[c.b, c.t, width], &d)
+            .unwrap()
+            .requires_grad_();
+        let separate = inputs(&mut rng, c);
+        let (q, k, v) = match projection {
+            true => {
+                let heads = |from: usize, n: usize| {
+                    y.narrow(-1, from * c.d, n * c.d)
+                        .unwrap()
+                        .reshape(&[c.b, c.t, n, c.d])
+                        .unwrap()
+                        .permute(&[0, 2, 1, 3])
+                        .unwrap()
+                };
+                (heads(0, c.h), heads(c.h, c.kvh), heads(c.h + c.kvh, c.kvh))
+            }
+            false => (
+                separate.q.requires_grad_(),
+                separate.k.requires_grad_(),
+                separate.v.requires_grad_(),
+            ),
+        };
+        // Heads of more than 32 keep each row in several threads of a subgroup: without subgroups, no rotary kernels.
+        if !rotary_flash_attention_fits(&q, &k, &v) {
+            assert!(c.d > 32 && !d.caps().subgroups, "{c:?}");
+            continue;
+        }
+        let values = |x: &Tensor| x.contiguous().unwrap().to_f32_vec().unwrap();
+        let (qv, kv, vv) = (values(&q), values(&k), values(&v));
+        // Query tables with T rows, key tables with S; the second layout takes every other column of wider ones.
+        let tables: Vec<Tensor> = match projection {
+            true => {
+                let all = rng.vec(2 * (c.t + c.s) * half, -1.0, 1.0);
+                let all = Tensor::from_slice(&all, &[2 * (c.t + c.s), half], &d).unwrap();
+                [(0, c.t), (c.t, c.t), (2 * c.t, c.s), (2 * c.t + c.s, c.s)]
+                    .iter()
+                    .map(|&(from, rows)| all.narrow(0, from, rows).unwrap())
+                    .collect()
+            }
+            false => [c.t, c.t, c.s, c.s]
+                .iter()
+                .map(|&rows| {
+                    let wide = rng.vec(rows * half * 2, -1.0, 1.0);
+                    let wide = Tensor::from_slice(&wide, &[rows, half, 2], &d).unwrap();
+                    wide.narrow(2, 1, 1).unwrap().reshape(&[rows, half]).unwrap()
+                })
+                .collect(),
+        };
+        let t: Vec<Vec<f32>> = tables.iter().map(values).collect();
+        let rope = RopeTables {
+            cos_q: &tables[0],
+            sin_q: &tables[1],
+            cos_k: &tables[2],
+            sin_k: &tables[3],
+        };
+        let out = q
+            .rotary_flash_attention(&k, &v, rope, c.q_start, c.k_start, c.window)
+            .unwrap();
+        let wide = |x: &[f32]| x.iter().map(|&e| e as f64).collect::<Vec<f64>>();
+        let narrow = |x: Vec<f64>| x.iter().map(|&e| e as f32).collect::<Vec<f32>>();
+        let qr = narrow(rotated(&wide(&qv), c.t, c.d, &t[0], &t[1], false));
+        let kr = narrow(rotated(&wide(&kv), c.s, c.d, &t[2], &t[3], false));
+        let want = reference(c, &qr, &kr, &vv);
+        assert_close(&format!("{c:?} forward"), &out.to_f32_vec().unwrap(), &want, 1e-5, 2e-6);
+        // Without gradients the forward keeps nothing, and gives the same bits.
+        let inference =
+            hierarchos::core::no_grad(|| q.rotary_flash_attention(&k, &v, rope, c.q_start, c.k_start, c.window));
+        assert_eq!(
+            inference.unwrap().to_f32_vec().unwrap(),
+            out.to_f32_vec().unwrap(),
+            "{c:?}"
+        );
+
+        let w = rng.vec(out.numel(), -1.0, 1.0);
+        let wt = Tensor::from_slice(&w, out.shape(), &d).unwrap();
+        out.mul(&wt).unwrap().sum_all().unwrap().backward().unwrap();
+        let [dq, dk, dv] = reference_grads(c, &qr, &kr, &vv, &w);
+        let dq = rotated(&dq, c.t, c.d, &t[0], &t[1], true);
+        let dk = rotated(&dk, c.s, c.d, &t[2], &t[3], true);
+        let got: Vec<Vec<f32>> = match projection {
+            true => {
+                // The projection's gradient, [B, T, (q heads, k heads, v heads), D], cut back into heads.
+                let g = y.grad().unwrap().reshape(&[c.b, c.t, c.h + 2 * c.kvh, c.d]).unwrap();
+                let part =
+                    |from: usize, n: usize| values(&g.narrow(2, from, n).unwrap().permute(&[0, 2, 1, 3]).unwrap());
+                vec![part(0, c.h), part(c.h, c.kvh), part(c.h + c.kvh, c.kvh)]
+            }
+            false => [&q, &k, &v].iter().map(|x| values(&x.grad().unwrap())).collect(),
+        };
+        for (name, got, want) in [("q", &got[0], &dq), ("k", &got[1], &dk), ("v", &got[2], &dv)] {
+            assert_close(&format!("{c:?} d{name}"), got, want, 1e-4, 1e-5);
+        }
+    }
+    // Heads whose quads do not pair within a thread (12: not a multiple of 8) have no rotary kernels.
+    let x = |heads: usize| Tensor::zeros(&[1, heads, 4, 12], DType::F32, &d).unwrap();
+    let (q, kv) = (x(2), x(1));
+    assert!(!rotary_flash_attention_fits(&q, &kv, &kv));
+    let table = Tensor::zeros(&[4, 6], DType::F32, &d).unwrap();
+    let rope = RopeTables {
+        cos_q: &table,
+        sin_q: &table,
+        cos_k: &table,
+        sin_k: &table,
+    };
+    let err = q
+        .rotary_flash_attention(&kv, &kv, rope, 0, 0, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no rotary kernels"), "{err}");
+    let x = |heads: usize, rows: usize| Tensor::zeros(&[1, heads, rows, 8], DType::F32, &d).unwrap();
+    let (q, kv) = (x(2, 4), x(1, 6));
+    assert!(!rotary_flash_attention_fits(&q, &kv, &kv));
+    let (qt, kt) = (
+        Tensor::zeros(&[4, 4], DType::F32, &d).unwrap(),
+        Tensor::zeros(&[6, 4], DType::F32, &d).unwrap(),
+    );
+    let rope = RopeTables {
+        cos_q: &qt,
+        sin_q: &qt,
+        cos_k: &kt,
+        sin_k: &kt,
+    };
+    let err = q
+        .rotary_flash_attention(&kv, &kv, rope, 2, 0, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("self-attention only"), "{err}");
+}

@@ -2,7 +2,10 @@
 //
 // Parameters (u32 words): [B, H, T, S, group (H / KVH), q_start, k_start, window (0: none), D,
 // q offset, q strides (b, h, t, d), k offset, k strides (b, kvh, s, d), v offset, v strides (b, kvh, s, d),
-// then for the backward whether dq, and dk with dv, are stored token-major ([B, T, H, D]; 0 or 1 each)].
+// whether dq, and dk with dv, are stored token-major (read by the tensor-core kernels only), the element offsets
+// of the rotary tables cos_q, sin_q, cos_k, sin_k (flash_attention_rotary.wgsl; zeros without them), then for
+// the backward the views the gradients dq, dk and dv are stored through (offset, strides along b, head, pos, d;
+// rows dense along d)].
 // The Rust side defines D4 (quads per head row, D rounded up to 4) and the tile constants of each kernel (BR
 // and BC for the forward; R, TILE, M and STAGED for the tiled backward kernels; G, QM, QS, ROWS, STREAM,
 // STAGED and UNROLL for the row kernels; see their files), and repeats every block
@@ -18,8 +21,10 @@
 const Q_AT: u32 = 9u;
 const K_AT: u32 = 14u;
 const V_AT: u32 = 19u;
-const DQ_TOKEN_MAJOR: u32 = 24u;
-const DKV_TOKEN_MAJOR: u32 = 25u;
+const ROPE_AT: u32 = 26u;
+const DQ_AT: u32 = 30u;
+const DK_AT: u32 = 35u;
+const DV_AT: u32 = 40u;
 
 // Element offset of row (b, head, pos) of the view whose offset and strides start at p[at].
 fn view_base(at: u32, b: u32, head: u32, pos: u32) -> u32 {

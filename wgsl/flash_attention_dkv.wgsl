@@ -5,8 +5,8 @@
 // tiles of queries that see them (flash_attention_grad_tiles.wgsl); thread (ty, tx) accumulates keys tx + 8x,
 // head-row quads ty + 8m of both gradients in registers.
 //
-// Bindings: dk, dv [B, KVH, S, D] (dense, written), q, k, v through their views, dout [B, T, H, D], lse and
-// delta [B, H, T] (dense).
+// Bindings: dk, dv [B, KVH, S, D] (written through their views, dense along D), q, k, v through their views,
+// dout [B, T, H, D], lse and delta [B, H, T] (dense).
 
 const SCORES_KEY_MAJOR: bool = false;
 

@@ -17,15 +17,16 @@
 // group_sum(x), the sum of x over the G threads of a group (subgroup shuffles; x itself when G is 1, so that no
 // subgroup operation is needed then); flash_attention_rows_common.wgsl holds what both row kernels share.
 //
-// Bindings: dk, dv [B, KVH, S, D] (dense, written), q, k, v through their views, dout [B, T, H, D], lse and
-// delta [B, H, T] (dense).
+// Bindings: dk, dv [B, KVH, S, D] (written through their views, dense along D), q, k, v through their views,
+// dout [B, T, H, D], lse and delta [B, H, T] (dense); with rotary embeddings, the tables of
+// flash_attention_rotary.wgsl.
 
 var<workgroup> lse_t: array<f32, 2u * STREAM>;
 var<workgroup> delta_t: array<f32, 2u * STREAM>;
 
 // Quad c of query row i's q and dout (the streamed rows), head h of sequence b.
 fn stream_quads(i: u32, c: u32, b: u32, h: u32) -> array<vec4<f32>, 2> {
-    let q = load_q(view_base(Q_AT, b, h, i), c);
+    let q = query_quad(b, h, i, c);
     let g = load_dout(((b * p[2] + i) * p[1] + h) * p[8], c);
     return array<vec4<f32>, 2>(q, g);
 }
@@ -43,12 +44,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let j0 = wg.y * ROWS;
     let j = j0 + lid / G;
     let member = lid % G;
-    let kb = view_base(K_AT, b, kh, min(j, S - 1u));
     let vb = view_base(V_AT, b, kh, min(j, S - 1u));
     //@FOR m QM
     let c@m = min(member + G * @mu, D4 - 1u);
     let in@m = member + G * @mu < D4;
-    let k@m = select(vec4<f32>(0.0), load_k(kb, c@m), in@m);
+    let k@m = select(vec4<f32>(0.0), key_quad(b, kh, min(j, S - 1u), c@m), in@m);
     let v@m = select(vec4<f32>(0.0), load_v(vb, c@m), in@m);
     var dk@m = vec4<f32>(0.0);
     var dv@m = vec4<f32>(0.0);
@@ -123,7 +123,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             //@END
         }
     }
+    // Quad m's rotary partner is quad m + QM / 2 (mod QM) of the same thread (flash_attention_rotary.wgsl).
+    var dks: array<vec4<f32>, QM>;
     //@FOR m QM
-    store_key(b, kh, j, member + G * @mu, dk@m, dv@m);
+    dks[@mu] = dk@m;
+    //@END
+    //@FOR m QM
+    store_key(b, kh, j, member + G * @mu, key_grad(min(j, S - 1u), c@m, dk@m, dks[(@mu + QM / 2u) % QM]), dv@m);
     //@END
 }

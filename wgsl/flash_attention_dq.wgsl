@@ -4,8 +4,8 @@
 // workgroup keeps TILE query rows of one head staged and walks the tiles of keys they see
 // (flash_attention_grad_tiles.wgsl); thread (ty, tx) accumulates query rows tx + 8x, head-row quads ty + 8m.
 //
-// Bindings: dq [B, H, T, D] and delta [B, H, T] (dense, written), q, k, v through their views, out and dout
-// [B, T, H, D] and lse [B, H, T] (dense).
+// Bindings: dq [B, H, T, D] (written through its view, dense along D) and delta [B, H, T] (dense, written), q,
+// k, v through their views, out and dout [B, T, H, D] and lse [B, H, T] (dense).
 
 const SCORES_KEY_MAJOR: bool = true;
 

@@ -9,12 +9,13 @@
 //
 // The Rust side defines the constants and group_sum(x) as for flash_attention_dkv_rows.wgsl.
 //
-// Bindings: dq [B, H, T, D] and delta [B, H, T] (dense, written), q, k, v through their views, out and dout
-// [B, T, H, D] and lse [B, H, T] (dense).
+// Bindings: dq [B, H, T, D] (written through its view, dense along D) and delta [B, H, T] (dense, written), q,
+// k, v through their views, out and dout [B, T, H, D] and lse [B, H, T] (dense); with rotary embeddings, the
+// tables of flash_attention_rotary.wgsl.
 
 // Quad c of key row j's k and v (the streamed rows), key/value head kh of sequence b.
 fn stream_quads(j: u32, c: u32, b: u32, kh: u32) -> array<vec4<f32>, 2> {
-    let k = load_k(view_base(K_AT, b, kh, j), c);
+    let k = key_quad(b, kh, j, c);
     let v = load_v(view_base(V_AT, b, kh, j), c);
     return array<vec4<f32>, 2>(k, v);
 }
@@ -32,13 +33,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let t = t0 + lid / G;
     let member = lid % G;
     let tc = min(t, T - 1u);
-    let qb = view_base(Q_AT, b, h, tc);
     let ob = ((b * T + tc) * H + h) * D;
     var delta_part = 0.0;
     //@FOR m QM
     let c@m = min(member + G * @mu, D4 - 1u);
     let in@m = member + G * @mu < D4;
-    let q@m = select(vec4<f32>(0.0), load_q(qb, c@m), in@m);
+    let q@m = select(vec4<f32>(0.0), query_quad(b, h, tc, c@m), in@m);
     let g@m = select(vec4<f32>(0.0), load_dout(ob, c@m), in@m);
     delta_part = delta_part + dot(g@m, select(vec4<f32>(0.0), load_out(ob, c@m), in@m));
     var dq@m = vec4<f32>(0.0);
@@ -95,7 +95,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             //@END
         }
     }
+    // Quad m's rotary partner is quad m + QM / 2 (mod QM) of the same thread (flash_attention_rotary.wgsl).
+    var dqs: array<vec4<f32>, QM>;
     //@FOR m QM
-    store_query(b, h, t, member + G * @mu, dq@m);
+    dqs[@mu] = dq@m;
+    //@END
+    //@FOR m QM
+    store_query(b, h, t, member + G * @mu, query_grad(tc, c@m, dq@m, dqs[(@mu + QM / 2u) % QM]));
     //@END
 }

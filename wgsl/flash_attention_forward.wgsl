@@ -4,7 +4,8 @@
 // sees in tiles of BC keys staged in workgroup memory, with an online softmax: the scores are never stored, so
 // memory stays linear in the sequence length. Query head h reads key/value head h / group (GQA without copies).
 //
-// Bindings: out [B, T, H, D] and lse [B, H, T] (dense), q, k, v through their views.
+// Bindings: out [B, T, H, D] and lse [B, H, T] (dense), q, k, v through their views; with rotary embeddings, the
+// tables of flash_attention_rotary.wgsl.
 
 // The inner loop takes four keys at a time, for four independent chains of multiply-adds; lanes past
 // the end of the range reread the tile's last row and are given no weight.
@@ -38,16 +39,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     let seen = keys_seen(min(t, T - 1u));
     let tile_first = keys_seen(t0).x;
     let tile_end = keys_seen(min(t0 + BR, T) - 1u).y;
+    // With rotary embeddings (self-attention: key j at query j's position), the first query head of each
+    // key/value head keeps the rotated keys (and the values) of its block's positions, which it stages anyway.
+    let keep = select(vec2<u32>(0u), vec2<u32>(t0, min(t0 + BR, T)), h % p[4] == 0u);
     if (live) {
-        let qb = view_base(Q_AT, b, h, t);
         //@FOR i D4
-        qr@i = load_q(qb, @iu);
+        qr@i = query_quad(b, h, t, @iu);
+        keep_query(b, h, t, @iu, qr@i);
         //@END
     }
     var m = neg_inf();
     var l = 0.0;
     for (var j0 = tile_first; j0 < tile_end; j0 = j0 + BC) {
-        stage_keys(lid, j0, tile_end, b, kh);
+        stage_keys(lid, j0, tile_end, b, kh, keep);
         let first = max(seen.x, j0);
         let end = min(seen.y, j0 + BC);
         for (var j = first; j < end; j = j + 4u) {

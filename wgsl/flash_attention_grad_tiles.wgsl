@@ -31,7 +31,7 @@ fn fetch_query(x: u32, i0: u32, end: u32, b: u32, h: u32) -> array<vec4<f32>, 2>
     let i = min(i0 + x / D4, max(end, 1u) - 1u);
     let c = x % D4;
     let live = i0 + x / D4 < end && x < TILE * D4;
-    let q = load_q(view_base(Q_AT, b, h, i), c);
+    let q = query_quad(b, h, i, c);
     let g = load_dout(((b * p[2] + i) * p[1] + h) * p[8], c);
     return array<vec4<f32>, 2>(select(vec4<f32>(0.0), q, live), select(vec4<f32>(0.0), g, live));
 }
@@ -48,7 +48,7 @@ fn fetch_key(x: u32, j0: u32, end: u32, b: u32, kh: u32) -> array<vec4<f32>, 2> 
     let j = min(j0 + x / D4, max(end, 1u) - 1u);
     let c = x % D4;
     let live = j0 + x / D4 < end && x < TILE * D4;
-    let k = load_k(view_base(K_AT, b, kh, j), c);
+    let k = key_quad(b, kh, j, c);
     let v = load_v(view_base(V_AT, b, kh, j), c);
     return array<vec4<f32>, 2>(select(vec4<f32>(0.0), k, live), select(vec4<f32>(0.0), v, live));
 }

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::cell::OnceCell;
 
 use hierarchos_core::ops::attention::{MAX_HEAD_DIM, NewKeys, STEP_MAX_QUERIES};
-use hierarchos_core::ops::flash_attention::flash_attention_fits;
+use hierarchos_core::ops::flash_attention::{flash_attention_fits, rotary_flash_attention_fits};
 use hierarchos_core::{Device, Tensor, grad_enabled};
 
 use crate::config::QkvLayout;
@@ -180,13 +180,11 @@ impl Attention {
                         };
                         (part(0, g)?, part(g, 1)?, part(g + 1, 1)?)
                     }
-                    _ => {
-                        // Attention keeps v for its backward: as a view, v would keep the whole product alive,
-                        // q and k before rotation included.
-                        let v = y.narrow(-1, (h + kvh) * d, kvh * d)?;
-                        let v = if differentiable { v.contiguous()? } else { v };
-                        (y.narrow(-1, 0, h * d)?, y.narrow(-1, h * d, kvh * d)?, v)
-                    }
+                    _ => (
+                        y.narrow(-1, 0, h * d)?,
+                        y.narrow(-1, h * d, kvh * d)?,
+                        y.narrow(-1, (h + kvh) * d, kvh * d)?,
+                    ),
                 }
             }
             None => {
@@ -338,14 +336,21 @@ pub(crate) fn attend_heads(
             }
         }
         _ => {
-            let q = rotate(
-                q.permute(&[0, 2, 1, 3])?,
-                &ctx.tables.cos_q,
-                &ctx.tables.sin_q,
-                ctx.score_scale,
-            )?;
-            let k = rotate(k.permute(&[0, 2, 1, 3])?, &ctx.tables.cos_k, &ctx.tables.sin_k, 1.0)?;
-            let v = v.permute(&[0, 2, 1, 3])?;
+            let heads = |x: &Tensor| x.permute(&[0, 2, 1, 3]);
+            let (qh, kh, vh) = (heads(&q)?, heads(&k)?, heads(&v)?);
+            // Training's path: the attention kernels rotate q and k as they read them, so that no rotary kernels
+            // run and the gradients of q, k and v cut from one projection come back as one tensor.
+            if fused && cache.is_none() && ctx.key_start == 0 && rotary_flash_attention_fits(&qh, &kh, &vh) {
+                return Ok(qh.rotary_flash_attention(&kh, &vh, ctx.tables.step(), ctx.query_start, 0, ctx.window)?);
+            }
+            // Attention keeps v for its backward: a view of a wider projection would keep all of it alive (q and
+            // k before rotation included).
+            let v = match differentiable && !v.is_contiguous() {
+                true => heads(&v.contiguous()?)?,
+                false => vh,
+            };
+            let q = rotate(qh, &ctx.tables.cos_q, &ctx.tables.sin_q, ctx.score_scale)?;
+            let k = rotate(kh, &ctx.tables.cos_k, &ctx.tables.sin_k, 1.0)?;
             let (k, v) = match cache {
                 Some((cache, layer)) => cache.append(layer, &k, &v, ctx.key_start)?,
                 None if ctx.key_start == 0 => (k, v),

@@ -4,12 +4,15 @@
 //! length, and a training step saves one launch per direction instead of the matmuls, mask, softmax and their
 //! gradients of the composed path.
 
+use std::sync::Arc;
+
 use hierarchos_wgpu::{COMMON_WGSL, DType, Dispatch, Language};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
 use crate::ops::attention::{MAX_HEAD_DIM, check_shapes, token_major, view_params, window_word};
 use crate::ops::flash_attention_coop;
+use crate::ops::rope::RopeTables;
 use crate::tensor::{Device, Tensor};
 
 const COMMON: &str = include_str!("../../../../wgsl/flash_attention_common.wgsl");
@@ -23,6 +26,8 @@ const QUERY_GRADS: &str = include_str!("../../../../wgsl/flash_attention_query_g
 const KEY_GRADS: &str = include_str!("../../../../wgsl/flash_attention_key_grads.wgsl");
 const KEY_TILES: &str = include_str!("../../../../wgsl/flash_attention_key_tiles.wgsl");
 const GRAD_TILES: &str = include_str!("../../../../wgsl/flash_attention_grad_tiles.wgsl");
+const LOADS: &str = include_str!("../../../../wgsl/flash_attention_loads.wgsl");
+const ROTARY: &str = include_str!("../../../../wgsl/flash_attention_rotary.wgsl");
 
 /// Rows staged per tile at most. Measured on the H200 (8 x 12 heads of 64, 512 tokens): tiles of 16 rows took the
 /// forward from 2.6 to 5.0 TFLOP/s against tiles of 64 (less workgroup memory, more workgroups resident per
@@ -45,10 +50,46 @@ const GROUP_SUM_SINGLE: &str = "fn group_sum(x: f32) -> f32 {
     return x;
 }
 ";
-/// Words of the launch parameters telling the backward kernels to store dq, and dk with dv, token-major (as
-/// `DQ_TOKEN_MAJOR` / `DKV_TOKEN_MAJOR` in flash_attention_common.wgsl).
-const DQ_TOKEN_MAJOR: usize = 24;
-const DKV_TOKEN_MAJOR: usize = 25;
+/// How the forward loads query and key rows with rotary embeddings (flash_attention_rotary.wgsl; without them,
+/// flash_attention_loads.wgsl)...
+const ROTATED_LOADS: &str = "fn query_quad(b: u32, h: u32, t: u32, c: u32) -> vec4<f32> {
+    return rotated_query(b, h, t, c);
+}
+fn key_quad(b: u32, kh: u32, j: u32, c: u32) -> vec4<f32> {
+    return rotated_key(b, kh, j, c);
+}
+";
+/// ...and whether it keeps them rotated, with the values, for the backward (when gradients are recorded).
+const KEEP_ROTATED: &str = "fn keep_query(b: u32, h: u32, t: u32, c: u32, x: vec4<f32>) {
+    store_kept(kept_row(b, h, t), c, x);
+}
+fn keep_key(b: u32, kh: u32, j: u32, c: u32, k: vec4<f32>, v: vec4<f32>) {
+    store_kept(kept_row(b, p[1] + kh, j), c, k);
+    store_kept(kept_row(b, p[1] + p[1] / p[4] + kh, j), c, v);
+}
+";
+const KEEP_NOTHING: &str = "fn keep_query(b: u32, h: u32, t: u32, c: u32, x: vec4<f32>) {}
+fn keep_key(b: u32, kh: u32, j: u32, c: u32, k: vec4<f32>, v: vec4<f32>) {}
+";
+/// How the backward kernels store the query and key gradients: rotated back with rotary embeddings, else as
+/// computed (`partner` is quad c ± D4 / 2 of the same row).
+const GRADS_ROTATED_BACK: &str = "fn query_grad(t: u32, c: u32, x: vec4<f32>, partner: vec4<f32>) -> vec4<f32> {
+    return query_back(t, c, x, partner);
+}
+fn key_grad(j: u32, c: u32, x: vec4<f32>, partner: vec4<f32>) -> vec4<f32> {
+    return key_back(j, c, x, partner);
+}
+";
+const GRADS_AS_COMPUTED: &str = "fn query_grad(t: u32, c: u32, x: vec4<f32>, partner: vec4<f32>) -> vec4<f32> {
+    return x;
+}
+fn key_grad(j: u32, c: u32, x: vec4<f32>, partner: vec4<f32>) -> vec4<f32> {
+    return x;
+}
+";
+/// Storage buffers the key/value gradients' kernel binds with rotary tables: parameters, eight tensors, four
+/// tables.
+const ROTARY_BINDINGS: u32 = 13;
 
 impl Tensor {
     /// Causal attention of the queries `self` (`[B, H, T, D]`, already multiplied by the score scale) over keys
@@ -67,44 +108,159 @@ impl Tensor {
         k_start: usize,
         window: Option<usize>,
     ) -> Result<Tensor> {
-        const OP: &str = "flash_attention";
-        check_shapes(OP, self, k, v, q_start, k_start, window)?;
-        let (q, device) = (self, self.device());
-        let [b, h, t, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
-        if !within_grid(q) {
-            return Err(Error::Invalid {
-                op: OP,
-                message: format!("{b} sequences of {h} heads exceed the launch grid"),
-            });
+        attend("flash_attention", [self, k, v], None, [q_start, k_start], window)
+    }
+
+    /// [`Tensor::flash_attention`] as self-attention (as many keys as queries, `q_start == k_start`) of queries
+    /// and keys before their rotary embedding: the forward rotates each row of `self` and of `k` as it reads it,
+    /// by the angles of its row of `tables` (`cos_q`, `sin_q`: `[T, D/2]`, usually carrying the score scale;
+    /// `cos_k`, `sin_k`: `[T, D/2]`), as [`Tensor::rope`] does, and keeps the rotated rows with the values for
+    /// the backward, which rotates the gradients back as it stores them. Training then runs no rotary kernels
+    /// and holds no view of the projection; and where q, k and v are token-major views of one
+    /// `[B, T, (H + 2 KVH) D]` projection, their gradients come back as views of one tensor of that shape,
+    /// which the projection's backward takes without a copy. Only for inputs that
+    /// [`rotary_flash_attention_fits`] accepts.
+    pub fn rotary_flash_attention(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        tables: RopeTables<'_>,
+        q_start: usize,
+        k_start: usize,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        attend(
+            "rotary_flash_attention",
+            [self, k, v],
+            Some(tables),
+            [q_start, k_start],
+            window,
+        )
+    }
+}
+
+/// [`Tensor::flash_attention`], with `rotary` [`Tensor::rotary_flash_attention`].
+fn attend(
+    op: &'static str,
+    [q, k, v]: [&Tensor; 3],
+    rotary: Option<RopeTables<'_>>,
+    starts: [usize; 2],
+    window: Option<usize>,
+) -> Result<Tensor> {
+    check_shapes(op, q, k, v, starts[0], starts[1], window)?;
+    let device = q.device();
+    let [b, h, t, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
+    if !within_grid(q) {
+        return Err(Error::Invalid {
+            op,
+            message: format!("{b} sequences of {h} heads exceed the launch grid"),
+        });
+    }
+    let with_grads = records_grads([q, k, v]);
+    if !tiles_fit(q, with_grads) {
+        return Err(Error::Invalid {
+            op,
+            message: format!(
+                "heads of {d} elements need more workgroup memory than the device's {} bytes{}",
+                workgroup_memory(device),
+                if with_grads { " (for the backward)" } else { "" }
+            ),
+        });
+    }
+    let tables = rotary.map(|r| rotary_tables(op, [q, k, v], starts, r)).transpose()?;
+    let coop = tables.is_none() && flash_attention_coop::fits(q, k, v);
+    let params = Params::new([q, k, v], starts, window, coop, tables.clone());
+    let out = output(op, &[b, t, h, d], device)?;
+    let lse = output(op, &[b, h, t], device)?;
+    // With rotary embeddings the forward keeps the rotated queries and keys, with the values, for the backward.
+    let kvh = k.shape()[1];
+    let kept = match tables.is_some() && with_grads {
+        true => Some(output(op, &[b, t, h + 2 * kvh, d], device)?),
+        false => None,
+    };
+    if b * h * t > 0 && d > 0 {
+        let mut buffers = vec![&out, &lse, q, k, v];
+        buffers.extend(kept.as_ref());
+        params.launch(op, Kernel::Forward, &buffers, [t, b * h])?;
+    }
+    let layout = GradLayout::of([q, k, v], coop);
+    let (saved, params) = match kept {
+        Some(kept) => {
+            let part = |from: usize, heads: usize| kept.narrow(2, from, heads)?.permute(&[0, 2, 1, 3]);
+            let saved = [part(0, h)?, part(h, kvh)?, part(h + kvh, kvh)?];
+            let params = Params::new([&saved[0], &saved[1], &saved[2]], starts, window, false, tables);
+            (saved, params)
         }
-        let with_grads = records_grads([q, k, v]);
-        if !tiles_fit(q, with_grads) {
+        None => ([q.detach(), k.detach(), v.detach()], params),
+    };
+    let node = Node::record(op, &[q, k, v], {
+        let out = out.detach();
+        Box::new(move |g| {
+            let grads = backward(&params, [&saved[0], &saved[1], &saved[2]], layout, &out, &lse, g)?;
+            Ok(grads.into_iter().map(Some).collect())
+        })
+    });
+    Ok(out.with_node(node))
+}
+
+/// The four tables of `rotary` as the kernels bind them (f32, dense rows of D/2 starting on a quad: copied when
+/// they are not), after checking that the inputs take rotary kernels and that the tables cover their rows.
+fn rotary_tables(
+    op: &'static str,
+    [q, k, v]: [&Tensor; 3],
+    [q_start, k_start]: [usize; 2],
+    rotary: RopeTables<'_>,
+) -> Result<[Tensor; 4]> {
+    if q_start != k_start {
+        return Err(Error::Invalid {
+            op,
+            message: format!("queries from position {q_start} over keys from {k_start}: self-attention only"),
+        });
+    }
+    if !rotary_flash_attention_fits(q, k, v) {
+        return Err(Error::Invalid {
+            op,
+            message: format!(
+                "no rotary kernels for queries {:?} ({}) over keys {:?} on this device: as many keys as queries, \
+                 heads a multiple of 8 long, rows starting on a vec4, f32 kernels outside autocast(f16)",
+                q.shape(),
+                q.dtype(),
+                k.shape()
+            ),
+        });
+    }
+    let half = q.shape()[3] / 2;
+    let rows = [q.shape()[2], q.shape()[2], k.shape()[2], k.shape()[2]];
+    let named = [
+        ("cos_q", rotary.cos_q),
+        ("sin_q", rotary.sin_q),
+        ("cos_k", rotary.cos_k),
+        ("sin_k", rotary.sin_k),
+    ];
+    let mut tables = Vec::with_capacity(4);
+    for ((name, table), rows) in named.into_iter().zip(rows) {
+        if table.dtype() != DType::F32 || table.shape() != [rows, half] {
             return Err(Error::Invalid {
-                op: OP,
+                op,
                 message: format!(
-                    "heads of {d} elements need more workgroup memory than the device's {} bytes{}",
-                    workgroup_memory(device),
-                    if with_grads { " (for the backward)" } else { "" }
+                    "{name} must be f32 [{rows}, {half}], got {} {:?}",
+                    table.dtype(),
+                    table.shape()
                 ),
             });
         }
-        let coop = flash_attention_coop::fits(q, k, v);
-        let params = Params::new(q, k, v, [q_start, k_start], window, coop);
-        let out = output(OP, &[b, t, h, d], device)?;
-        let lse = output(OP, &[b, h, t], device)?;
-        if b * h * t > 0 && d > 0 {
-            params.launch(OP, Kernel::Forward, &[&out, &lse, q, k, v], [t, b * h])?;
+        if grad_enabled() && table.requires_grad() {
+            return Err(Error::Invalid {
+                op,
+                message: format!("{name} is not differentiated; detach it"),
+            });
         }
-        let node = Node::record(OP, &[q, k, v], {
-            let (q, k, v) = (q.detach(), k.detach(), v.detach());
-            let out = out.detach();
-            Box::new(move |g| {
-                let grads = backward(&params, [&q, &k, &v], &out, &lse, g)?;
-                Ok(grads.into_iter().map(Some).collect())
-            })
+        tables.push(match table.is_contiguous() && table.layout().offset.is_multiple_of(4) {
+            true => table.clone(),
+            false => table.copy()?,
         });
-        Ok(out.with_node(node))
     }
+    Ok(tables.try_into().expect("four tables"))
 }
 
 /// Whether [`Tensor::flash_attention`] takes queries `q` `[B, H, T, D]` with keys and values `k`, `v`: f32
@@ -117,6 +273,31 @@ pub fn flash_attention_fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
         && q.shape()[3] <= MAX_HEAD_DIM
         && within_grid(q)
         && tiles_fit(q, records_grads([q, k, v]))
+}
+
+/// Whether [`Tensor::rotary_flash_attention`] takes queries `q` with keys and values `k`, `v`: as
+/// [`flash_attention_fits`], as many keys as queries, on the f32 kernels (not autocast's tensor-core ones), which then keep each head row
+/// in whole rotary pairs of quads: heads a multiple of 8 long, rows starting on a vec4 at unit stride, and the
+/// backward's row kernels with each quad's partner in the same thread. The device must also bind
+/// [`ROTARY_BINDINGS`] storage buffers per kernel (browsers offer 8 to 10).
+pub fn rotary_flash_attention_fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+    let device = q.device();
+    flash_attention_fits(q, k, v)
+        && q.shape()[2] == k.shape()[2]
+        && !flash_attention_coop::fits(q, k, v)
+        && q.shape()[3].is_multiple_of(8)
+        && [q, k, v].iter().all(|x| x.layout().rows_of_vec4s())
+        && device.limits().max_storage_buffers_per_shader_stage >= ROTARY_BINDINGS
+        && [Kernel::GradQRows, Kernel::GradKvRows].iter().all(|kernel| {
+            let d4 = q.shape()[3] / 4;
+            let tiling = kernel.tiling(d4, workgroup_memory(device), device);
+            // Quad m of a thread pairs with its quad m + QM / 2: G must divide D4 / 2.
+            tiling.is_some_and(|(_, constants)| {
+                constants
+                    .iter()
+                    .any(|&(name, g)| name == "G" && (d4 / 2).is_multiple_of(g))
+            })
+        })
 }
 
 /// Whether the op records a backward rule for these inputs.
@@ -143,7 +324,16 @@ fn within_grid(q: &Tensor) -> bool {
 }
 
 /// Gradients of the queries, keys and values from the output gradient `g` (`[B, T, H, D]`, any strides).
-fn backward(params: &Params, [q, k, v]: [&Tensor; 3], out: &Tensor, lse: &Tensor, g: &Tensor) -> Result<Vec<Tensor>> {
+/// Gradients of the inputs read as `q`, `k`, `v` (the op's inputs, or the rows its rotary forward kept), laid out
+/// as `layout` says, from the output gradient `g` (`[B, T, H, D]`, any strides).
+fn backward(
+    params: &Params,
+    [q, k, v]: [&Tensor; 3],
+    layout: GradLayout,
+    out: &Tensor,
+    lse: &Tensor,
+    g: &Tensor,
+) -> Result<Vec<Tensor>> {
     const OP: &str = "flash_attention_backward";
     let device = q.device();
     let [b, h, t, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
@@ -160,17 +350,30 @@ fn backward(params: &Params, [q, k, v]: [&Tensor; 3], out: &Tensor, lse: &Tensor
             .map(|x| Tensor::zeros(x.shape(), DType::F32, device))
             .collect();
     }
-    // Queries, keys and values are usually views of `[B, T, H, D]` projections: their gradients are written in
-    // that order and handed back as the same views, so the projections' backward reshapes them without a copy.
-    let gradient = |shape: &[usize], token_major: bool| -> Result<Tensor> {
-        match token_major {
-            true => output(OP, &[shape[0], shape[2], shape[1], shape[3]], device)?.permute(&[0, 2, 1, 3]),
-            false => output(OP, shape, device),
+    let (dq, dk, dv) = match layout {
+        GradLayout::OneProjection => {
+            let all = output(OP, &[b, t, h + 2 * kvh, d], device)?;
+            let part = |from: usize, heads: usize| all.narrow(2, from, heads)?.permute(&[0, 2, 1, 3]);
+            (part(0, h)?, part(h, kvh)?, part(h + kvh, kvh)?)
+        }
+        GradLayout::Separate {
+            q_token_major,
+            kv_token_major,
+        } => {
+            let gradient = |shape: &[usize], token_major: bool| -> Result<Tensor> {
+                match token_major {
+                    true => output(OP, &[shape[0], shape[2], shape[1], shape[3]], device)?.permute(&[0, 2, 1, 3]),
+                    false => output(OP, shape, device),
+                }
+            };
+            (
+                gradient(q.shape(), q_token_major)?,
+                gradient(k.shape(), kv_token_major)?,
+                gradient(v.shape(), kv_token_major)?,
+            )
         }
     };
-    let dq = gradient(q.shape(), params.words[DQ_TOKEN_MAJOR] != 0)?;
-    let dk = gradient(k.shape(), params.words[DKV_TOKEN_MAJOR] != 0)?;
-    let dv = gradient(v.shape(), params.words[DKV_TOKEN_MAJOR] != 0)?;
+    let params = params.storing([&dq, &dk, &dv]);
     {
         let delta = output(OP, &[b, h, t], device)?;
         // The kernels that keep rows in registers where they fit (not on the tensor-core path, which has its own).
@@ -188,6 +391,45 @@ fn backward(params: &Params, [q, k, v]: [&Tensor; 3], out: &Tensor, lse: &Tensor
         }
     }
     Ok(vec![dq, dk, dv])
+}
+
+/// How the backward lays out the gradients of the queries, keys and values, decided from the inputs by the
+/// forward (the backward may not keep them). Inputs are usually views of `[B, T, H, D]` projections: their
+/// gradients are written in that order and handed back as the same views, so that the projections' backward
+/// reshapes them without a copy; views side by side in one `[B, T, (H + 2 KVH) D]` projection get theirs side
+/// by side in one tensor, which that projection's backward then takes whole.
+#[derive(Clone, Copy)]
+enum GradLayout {
+    OneProjection,
+    Separate { q_token_major: bool, kv_token_major: bool },
+}
+
+impl GradLayout {
+    /// The layout for inputs `q`, `k`, `v`; never one tensor on the tensor-core path (`coop`), whose kernels
+    /// write each gradient densely.
+    fn of([q, k, v]: [&Tensor; 3], coop: bool) -> GradLayout {
+        let (lq, lk, lv) = (q.layout(), k.layout(), v.layout());
+        let (h, kvh, d) = (q.shape()[1], k.shape()[1], q.shape()[3]);
+        let one = [q, k, v]
+            .iter()
+            .all(|x| token_major(x) && Arc::ptr_eq(x.shared_buffer(), q.shared_buffer()))
+            && q.shape()[2] == k.shape()[2]
+            && lk.strides == lq.strides
+            && lv.strides == lq.strides
+            && lq.strides[1] == d
+            && lq.strides[3] == 1
+            && lq.strides[2] == (h + 2 * kvh) * d
+            && lq.strides[0] == q.shape()[2] * lq.strides[2]
+            && lk.offset == lq.offset + h * d
+            && lv.offset == lk.offset + kvh * d;
+        match one && !coop {
+            true => GradLayout::OneProjection,
+            false => GradLayout::Separate {
+                q_token_major: token_major(q),
+                kv_token_major: token_major(k) && token_major(v),
+            },
+        }
+    }
 }
 
 /// A dense f32 tensor of `shape` that a kernel fills completely (not cleared first); zeros when it is empty.
@@ -404,6 +646,7 @@ fn binding(index: usize, name: &str, written: bool, rows: Rows, quads: bool) -> 
 }
 
 /// The launch parameters shared by the forward and backward kernels (see flash_attention_common.wgsl).
+#[derive(Clone)]
 struct Params {
     words: Vec<u32>,
     d: usize,
@@ -412,16 +655,18 @@ struct Params {
     quads: bool,
     /// Whether the tensor-core kernels run (chosen with the forward, kept by its backward).
     coop: bool,
+    /// The rotary tables cos_q, sin_q, cos_k, sin_k, bound after the kernel's other tensors when the kernels
+    /// rotate queries and keys (flash_attention_rotary.wgsl).
+    tables: Option<[Tensor; 4]>,
 }
 
 impl Params {
     fn new(
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        [q, k, v]: [&Tensor; 3],
         [q_start, k_start]: [usize; 2],
         window: Option<usize>,
         coop: bool,
+        tables: Option<[Tensor; 4]>,
     ) -> Self {
         let [b, h, t, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
         let (kvh, s) = (k.shape()[1], k.shape()[2]);
@@ -439,11 +684,29 @@ impl Params {
         for view in [q, k, v] {
             words.extend(view_params(view));
         }
-        // The backward writes each gradient in the order its input's view was cut from (see `backward`).
+        // The tensor-core backward writes each gradient in the order its input's view was cut from (see
+        // `GradLayout`; the portable kernels take views of the gradients, see `storing`).
         words.push(token_major(q) as u32);
         words.push((token_major(k) && token_major(v)) as u32);
+        words.extend((0..4).map(|i| tables.as_ref().map_or(0, |t| t[i].layout().offset as u32)));
         let quads = d.is_multiple_of(4) && [q, k, v].into_iter().all(|x| x.layout().rows_of_vec4s());
-        Params { words, d, quads, coop }
+        Params {
+            words,
+            d,
+            quads,
+            coop,
+            tables,
+        }
+    }
+
+    /// The parameters of the backward kernels, which store the gradients through the views `dq`, `dk` and `dv`
+    /// (`[B, heads, rows, D]`, dense along D).
+    fn storing(&self, gradients: [&Tensor; 3]) -> Params {
+        let mut params = self.clone();
+        for x in gradients {
+            params.words.extend(view_params(x));
+        }
+        params
     }
 
     /// Records `kernel` with `buffers` bound in the order of [`Kernel::parts`] over `rows` (query or key rows)
@@ -461,18 +724,45 @@ impl Params {
             .expect("checked by flash_attention");
         constants.push(("D4", d4));
         let shape: Vec<String> = constants.iter().map(|(_, value)| value.to_string()).collect();
-        let key = format!("flash_attention:{kernel:?}:{}:{}", shape.join(":"), self.quads);
+        let rotary = self.tables.is_some();
+        // The forward's last binding, after the inputs, is where it keeps rotated rows (see `attend`).
+        let keeps = rotary && matches!(kernel, Kernel::Forward) && buffers.len() > 5;
+        let key = format!(
+            "flash_attention:{kernel:?}:{}:{}:{rotary}:{keeps}",
+            shape.join(":"),
+            self.quads
+        );
         let source = || {
             let (bindings, body) = kernel.parts();
+            let mut bindings = bindings.to_vec();
+            if keeps {
+                bindings.push(("kept", true, Rows::Dense));
+            }
             let mut s = String::from("@group(0) @binding(0) var<storage, read> p: array<u32>;\n");
             for (i, &(name, written, rows)) in bindings.iter().enumerate() {
                 s.push_str(&binding(i + 1, name, written, rows, self.quads));
+            }
+            if rotary {
+                for (i, name) in ["cos_q", "sin_q", "cos_k", "sin_k"].iter().enumerate() {
+                    let index = bindings.len() + 1 + i;
+                    s.push_str(&format!(
+                        "@group(0) @binding({index}) var<storage, read> {name}: array<vec4<f32>>;\n"
+                    ));
+                }
             }
             for (name, value) in &constants {
                 s.push_str(&format!("const {name}: u32 = {value}u;\n"));
             }
             s.push_str(COMMON_WGSL);
             s.push_str(COMMON);
+            s.push_str(&match (kernel, rotary) {
+                (Kernel::Forward, true) => {
+                    [ROTARY, ROTATED_LOADS, if keeps { KEEP_ROTATED } else { KEEP_NOTHING }].concat()
+                }
+                (Kernel::Forward, false) => [LOADS, KEEP_NOTHING].concat(),
+                (_, true) => [LOADS, ROTARY, GRADS_ROTATED_BACK].concat(),
+                (_, false) => [LOADS, GRADS_AS_COMPUTED].concat(),
+            });
             match kernel {
                 Kernel::Forward => s.push_str(KEY_TILES),
                 Kernel::GradQ => s.push_str(&[GRAD_TILES, QUERY_GRADS].concat()),
@@ -488,7 +778,8 @@ impl Params {
             s.push_str(body);
             expand(&s, &constants)
         };
-        let raw: Vec<_> = buffers.iter().map(|t| t.buffer()).collect();
+        let tables = self.tables.iter().flatten();
+        let raw: Vec<_> = buffers.iter().copied().chain(tables).map(|t| t.buffer()).collect();
         device.dispatch(Dispatch {
             op,
             runtime_checks: false,
