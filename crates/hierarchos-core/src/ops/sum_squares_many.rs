@@ -11,6 +11,8 @@ const SUM_SQUARES_MANY_WGSL: &str = include_str!("../../../../wgsl/sum_squares_m
 
 /// Elements each workgroup sums (`CHUNK` in the kernel).
 const CHUNK: usize = 4096;
+/// Elements of a whole chunk each of the 256 threads sums.
+const LOADS_PER_THREAD: usize = CHUNK / 256;
 /// Tensors one launch takes at most: within the bindings every WebGPU device offers per kernel (eight storage
 /// buffers: the parameters, the partial sums and six tensors).
 const MAX_TENSORS: usize = 6;
@@ -80,7 +82,10 @@ impl Tensor {
 }
 
 /// The kernel for `tensors` tensors: their bindings and `square_sum`, which sums the squares of `count` elements
-/// of tensor `t` from `start`, thread `lid` taking every 256th.
+/// of tensor `t` from `start`, thread `lid` taking every 256th. A whole chunk (every workgroup's but the last of
+/// each tensor) issues its [`LOADS_PER_THREAD`] loads before the first sum, so that they are in flight together
+/// (the loop kept one at a time: 0.33 ms a step for the 110M Llama shape's gradients, H200), and adds them in
+/// the loop's order.
 fn source(tensors: usize) -> String {
     let mut s = String::from(
         "@group(0) @binding(0) var<storage, read> p: array<u32>;\n\
@@ -91,8 +96,15 @@ fn source(tensors: usize) -> String {
     }
     s += "fn square_sum(t: u32, start: u32, count: u32, lid: u32) -> f32 {\n    var acc = 0.0;\n";
     for i in 0..tensors {
+        s += &format!("    if (t == {i}u && count == {CHUNK}u) {{\n");
+        for j in 0..LOADS_PER_THREAD {
+            s += &format!("        let x{j} = t{i}[start + lid + {}u];\n", 256 * j);
+        }
+        for j in 0..LOADS_PER_THREAD {
+            s += &format!("        acc = acc + x{j} * x{j};\n");
+        }
         s += &format!(
-            "    if (t == {i}u) {{\n        for (var j = lid; j < count; j = j + 256u) {{\n            \
+            "    }} else if (t == {i}u) {{\n        for (var j = lid; j < count; j = j + 256u) {{\n            \
              let x = t{i}[start + j];\n            acc = acc + x * x;\n        }}\n    }}\n"
         );
     }
