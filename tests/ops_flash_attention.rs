@@ -516,38 +516,26 @@ fn rotary_flash_attention_matches_reference() {
             assert_close(&format!("{c:?} d{name}"), got, want, 1e-4, 1e-5);
         }
     }
-    // Heads whose quads do not pair within a thread (12: not a multiple of 8) have no rotary kernels.
-    let x = |heads: usize| Tensor::zeros(&[1, heads, 4, 12], DType::F32, &d).unwrap();
-    let (q, kv) = (x(2), x(1));
-    assert!(!rotary_flash_attention_fits(&q, &kv, &kv));
-    let table = Tensor::zeros(&[4, 6], DType::F32, &d).unwrap();
-    let rope = RopeTables {
-        cos_q: &table,
-        sin_q: &table,
-        cos_k: &table,
-        sin_k: &table,
+    // Refused: heads whose quads do not pair within a thread (12: not a multiple of 8), and queries after a
+    // prefix of keys.
+    let refused = |head: usize, [t, s]: [usize; 2], q_start: usize| -> String {
+        let x = |heads: usize, rows: usize| Tensor::zeros(&[1, heads, rows, head], DType::F32, &d).unwrap();
+        let (q, kv) = (x(2, t), x(1, s));
+        assert!(!rotary_flash_attention_fits(&q, &kv, &kv));
+        let table = |rows: usize| Tensor::zeros(&[rows, head / 2], DType::F32, &d).unwrap();
+        let (qt, kt) = (table(t), table(s));
+        let rope = RopeTables {
+            cos_q: &qt,
+            sin_q: &qt,
+            cos_k: &kt,
+            sin_k: &kt,
+        };
+        q.rotary_flash_attention(&kv, &kv, rope, q_start, 0, None)
+            .unwrap_err()
+            .to_string()
     };
-    let err = q
-        .rotary_flash_attention(&kv, &kv, rope, 0, 0, None)
-        .unwrap_err()
-        .to_string();
+    let err = refused(12, [4, 4], 0);
     assert!(err.contains("no rotary kernels"), "{err}");
-    let x = |heads: usize, rows: usize| Tensor::zeros(&[1, heads, rows, 8], DType::F32, &d).unwrap();
-    let (q, kv) = (x(2, 4), x(1, 6));
-    assert!(!rotary_flash_attention_fits(&q, &kv, &kv));
-    let (qt, kt) = (
-        Tensor::zeros(&[4, 4], DType::F32, &d).unwrap(),
-        Tensor::zeros(&[6, 4], DType::F32, &d).unwrap(),
-    );
-    let rope = RopeTables {
-        cos_q: &qt,
-        sin_q: &qt,
-        cos_k: &kt,
-        sin_k: &kt,
-    };
-    let err = q
-        .rotary_flash_attention(&kv, &kv, rope, 2, 0, None)
-        .unwrap_err()
-        .to_string();
+    let err = refused(8, [4, 6], 2);
     assert!(err.contains("self-attention only"), "{err}");
 }
