@@ -2,7 +2,8 @@
 //! query row and stores only the output and each row's log-sum-exp; the backward recomputes the probabilities
 //! from them. No `[T, S]` score or probability tensor is ever allocated, so memory stays linear in the sequence
 //! length, and a training step saves one launch per direction instead of the matmuls, mask, softmax and their
-//! gradients of the composed path.
+//! gradients of the composed path. [`Tensor::rotary_flash_attention`] also applies the rotary embedding inside
+//! the kernels, so that training runs no rotary launches and no copies around attention.
 
 use std::sync::Arc;
 
@@ -276,10 +277,10 @@ pub fn flash_attention_fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
 }
 
 /// Whether [`Tensor::rotary_flash_attention`] takes queries `q` with keys and values `k`, `v`: as
-/// [`flash_attention_fits`], as many keys as queries, on the f32 kernels (not autocast's tensor-core ones), which then keep each head row
-/// in whole rotary pairs of quads: heads a multiple of 8 long, rows starting on a vec4 at unit stride, and the
-/// backward's row kernels with each quad's partner in the same thread. The device must also bind
-/// [`ROTARY_BINDINGS`] storage buffers per kernel (browsers offer 8 to 10).
+/// [`flash_attention_fits`], as many keys as queries, on the f32 kernels (not autocast's tensor-core ones), which
+/// then keep each head row in whole rotary pairs of quads: heads a multiple of 8 long, rows starting on a vec4 at
+/// unit stride, and the backward's row kernels with each quad's partner in the same thread. The device must also
+/// bind [`ROTARY_BINDINGS`] storage buffers per kernel (browsers offer 8 to 10).
 pub fn rotary_flash_attention_fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     let device = q.device();
     flash_attention_fits(q, k, v)
@@ -323,7 +324,6 @@ fn within_grid(q: &Tensor) -> bool {
     q.shape()[0] * q.shape()[1] <= u16::MAX as usize
 }
 
-/// Gradients of the queries, keys and values from the output gradient `g` (`[B, T, H, D]`, any strides).
 /// Gradients of the inputs read as `q`, `k`, `v` (the op's inputs, or the rows its rotary forward kept), laid out
 /// as `layout` says, from the output gradient `g` (`[B, T, H, D]`, any strides).
 fn backward(
