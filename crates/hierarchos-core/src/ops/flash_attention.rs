@@ -725,8 +725,8 @@ impl Params {
         constants.push(("D4", d4));
         let shape: Vec<String> = constants.iter().map(|(_, value)| value.to_string()).collect();
         let rotary = self.tables.is_some();
-        // The forward's last binding, after the inputs, is where it keeps rotated rows (see `attend`).
-        let keeps = rotary && matches!(kernel, Kernel::Forward) && buffers.len() > 5;
+        // A rotary forward given one buffer past its fixed bindings keeps the rotated rows there (see `attend`).
+        let keeps = rotary && matches!(kernel, Kernel::Forward) && buffers.len() > kernel.parts().0.len();
         let key = format!(
             "flash_attention:{kernel:?}:{}:{}:{rotary}:{keeps}",
             shape.join(":"),
