@@ -560,10 +560,6 @@ pub(crate) fn full_wave_split(
     })
 }
 
-/// Output elements per thread of [`split_sum`] (matmul_split_sum.wgsl's `WPT`): one a thread, each waiting on
-/// its loads slice after slice, kept too few loads in flight to fill the memory bus.
-const SPLIT_SUM_PER_THREAD: usize = 4;
-
 /// What [`split_sum`] writes: the f32 sum, or it rounded to f16 (round to nearest even), as f16 or widened back
 /// to f32 (the products of autocast), so that no cast follows in launches of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -583,27 +579,41 @@ pub(crate) fn split_sum(partial: &Tensor, shape: &[usize], output: SumOutput) ->
         DType::F32
     };
     let out = device.alloc("matmul_split_sum", Tensor::bytes_for(n, dtype))?;
+    // A thread sums four outputs as one vec4 where they tile the rows: a quarter of the threads and loads.
+    let lanes = if n.is_multiple_of(4) { 4 } else { 1 };
     device.dispatch(Dispatch {
         op: "matmul_split_sum",
         runtime_checks: false,
         language: Language::Wgsl,
-        key: &format!("matmul_split_sum:{output:?}"),
+        key: &format!("matmul_split_sum:{output:?}:{lanes}"),
         source: &|| {
+            let (part, rounded) = match lanes {
+                4 => (
+                    "vec4<f32>",
+                    "fn rounded(x: vec4<f32>) -> vec4<f32> {\n    \
+                     return vec4<f32>(round16(x.x), round16(x.y), round16(x.z), round16(x.w));\n}\n",
+                ),
+                _ => ("f32", "fn rounded(x: f32) -> f32 { return round16(x); }\n"),
+            };
             let out = match output {
-                SumOutput::F32 => "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return x; }\n",
-                SumOutput::F16 => {
-                    "enable f16;\nalias OutType = f16;\n\
-                     fn to_out(x: f32) -> f16 { return f16(unpack2x16float(f32_to_f16(x)).x); }\n"
-                }
+                SumOutput::F32 => "alias OutType = Part;\nfn to_out(x: Part) -> OutType { return x; }\n".to_string(),
+                SumOutput::F16 => format!(
+                    "enable f16;\nalias OutType = {};\nfn to_out(x: Part) -> OutType {{ return OutType(rounded(x)); }}\n",
+                    part.replace("f32", "f16")
+                ),
                 SumOutput::F16AsF32 => {
-                    "alias OutType = f32;\nfn to_out(x: f32) -> f32 { return unpack2x16float(f32_to_f16(x)).x; }\n"
+                    "alias OutType = Part;\nfn to_out(x: Part) -> OutType { return rounded(x); }\n".to_string()
                 }
             };
-            format!("{out}const WPT: u32 = {SPLIT_SUM_PER_THREAD}u;\n{MATMUL_SPLIT_SUM_WGSL}{COMMON_WGSL}")
+            format!(
+                "{out}alias Part = {part};\n\
+                 fn round16(x: f32) -> f32 {{ return unpack2x16float(f32_to_f16(x)).x; }}\n{rounded}\
+                 {MATMUL_SPLIT_SUM_WGSL}{COMMON_WGSL}"
+            )
         },
         buffers: &[&out, partial.buffer()],
-        params: &[n as u32, partial.shape()[0] as u32],
-        workgroups: Gpu::grid(n.div_ceil(256 * SPLIT_SUM_PER_THREAD) as u32),
+        params: &[(n / lanes) as u32, partial.shape()[0] as u32],
+        workgroups: Gpu::grid((n / lanes).div_ceil(256) as u32),
     })?;
     Ok(Tensor::from_buffer(out, shape, dtype, None))
 }
@@ -705,7 +715,17 @@ mod tests {
     #[test]
     fn split_sums_add_slices_in_order() {
         let d = default_device().unwrap();
-        for (slices, n) in [(1, 8), (3, 12), (7, 1028), (5, 7), (6, 1030)] {
+        for (slices, n) in [
+            (1, 8),
+            (3, 12),
+            (7, 1028),
+            (5, 7),
+            (6, 1030),
+            (2, 4),
+            (4, 3),
+            (9, 2052),
+            (8, 1),
+        ] {
             let values: Vec<f32> = (0..slices * n)
                 .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.37 + (i % 3) as f32 * 1e-4)
                 .collect();
