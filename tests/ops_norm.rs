@@ -674,3 +674,93 @@ fn rms_norm_on_quads_gives_the_row_kernels_bits() {
         }
     }
 }
+
+/// The gradient a norm's input already has from its other reader (the residual stream, in a transformer) is
+/// added by the norm's backward kernel as it stores an f32 dx: the bits of that gradient plus the norm's own,
+/// added apart, with one launch fewer than when the input is a leaf (whose gradient is added to after). 16-bit
+/// inputs add after the kernel. Also when that gradient is a transposed view.
+#[test]
+fn norm_backward_adds_the_gradient_gathered_for_its_input() {
+    let d = own_dev();
+    let mut rng = Rng::new("norm_backward_adds_the_gradient_gathered_for_its_input");
+    // Rows of 64 take the RMSNorm kernel on quads where the device has subgroups, and rows of 33 the row kernel.
+    for (layer, dtype, transposed, c) in [
+        (false, DType::F32, false, 33),
+        (false, DType::F32, true, 33),
+        (true, DType::F32, false, 33),
+        (false, DType::BF16, false, 33),
+        (false, DType::F32, false, 64),
+        (false, DType::F32, true, 64),
+        (true, DType::F32, false, 64),
+    ] {
+        let rows = 5;
+        let what = format!("layer={layer} {dtype} transposed={transposed} c={c}");
+        let tensor = |v: &[f32], shape: &[usize]| Tensor::from_slice(v, shape, &d).unwrap().to_dtype(dtype).unwrap();
+        let (x, r, w) = (
+            rng.vec(rows * c, -2.0, 2.0),
+            rng.vec(rows * c, -2.0, 2.0),
+            rng.vec(c, 0.5, 1.5),
+        );
+        let (g1, g2) = (
+            tensor(&rng.vec(rows * c, -1.0, 1.0), &[rows, c]),
+            rng.vec(rows * c, -1.0, 1.0),
+        );
+        // The other reader's gradient: g2, as a [rows, c] tensor or the transpose of a [c, rows] one.
+        let g2 = if transposed {
+            tensor(&g2, &[c, rows])
+        } else {
+            tensor(&g2, &[rows, c])
+        };
+        let norm = |h: &Tensor, w: &Tensor| match layer {
+            true => h.layer_norm(Some(w), None, 1e-5),
+            false => h.rms_norm(Some(w), 1e-5),
+        };
+        // `h` read by the norm and by the loss directly; its gradient as computed and the launches of backward.
+        let run = |h: &Tensor, w: &Tensor| -> u64 {
+            let other = match transposed {
+                true => h.t().unwrap().mul(&g2).unwrap(),
+                false => h.mul(&g2).unwrap(),
+            };
+            let loss = norm(h, w).unwrap().mul(&g1).unwrap().sum_all().unwrap();
+            let loss = loss.add(&other.sum_all().unwrap()).unwrap();
+            let before = d.dispatch_count();
+            loss.backward().unwrap();
+            d.dispatch_count() - before
+        };
+        let (xt, wt) = (
+            tensor(&x, &[rows, c]).requires_grad_(),
+            tensor(&w, &[c]).requires_grad_(),
+        );
+        let h = xt.add(&tensor(&r, &[rows, c])).unwrap();
+        let fused_launches = run(&h, &wt);
+        let got = xt.grad().unwrap();
+        // The same graph on a leaf holding h's values: backward adds the two gradients in a launch of its own.
+        let (leaf, wt2) = (h.detach().requires_grad_(), tensor(&w, &[c]).requires_grad_());
+        let leaf_launches = run(&leaf, &wt2);
+        let want_launches = if dtype == DType::F32 {
+            leaf_launches - 1
+        } else {
+            leaf_launches
+        };
+        assert_eq!(fused_launches, want_launches, "{what}: launches of backward");
+        // The norm's own gradient apart, plus the other reader's.
+        let alone = h.detach().requires_grad_();
+        norm(&alone, &tensor(&w, &[c]))
+            .unwrap()
+            .mul(&g1)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let other = if transposed { g2.t().unwrap() } else { g2.clone() };
+        let want = other.add(&alone.grad().unwrap()).unwrap();
+        assert_eq!(bits(&got), bits(&want), "{what}: gradient of the input");
+        assert_eq!(bits(&leaf.grad().unwrap()), bits(&want), "{what}: gradient of the leaf");
+        assert_eq!(
+            bits(&wt.grad().unwrap()),
+            bits(&wt2.grad().unwrap()),
+            "{what}: gradient of the weight"
+        );
+    }
+}

@@ -5,8 +5,10 @@
 // between the row's reduction and its output
 //   dx = rstd * (ĝ - mean(ĝ) - x̂ * mean(ĝ * x̂))      (RMSNorm drops the mean(ĝ) term),
 // while it adds g * x̂ (the weight's gradient) and g (the bias's) of its elements over the rows. Those sums go out
-// per workgroup as [groups, PARTS, C], weight part first; the Rust side adds them. The Rust side defines WPT, DX,
-// DW, DB and PARTS, and `store_dx` / `store_partial` (empty when not written).
+// per workgroup as [groups, PARTS, C], weight part first; the Rust side adds them. With PRIOR, dx is stored as
+// prior_grad(row, j) + dx: the gradient x already had (view 2), added here instead of by a launch of its own. The
+// Rust side defines WPT, DX, DW, DB, PARTS and PRIOR, `prior_grad` and `store_dx` / `store_partial` (empty when not
+// written).
 
 const EPT: u32 = WPT * EPW;
 
@@ -30,12 +32,15 @@ fn run_group(group: u32, lid: u32, sg_lane: u32) {
         let rstd = stats[2u * row + 1u];
         var gh: array<f32, EPT>;
         var xh: array<f32, EPT>;
+        var prior: array<f32, EPT>;
         var acc = vec4<f32>(0.0);
         for (var k = 0u; k < EPT; k = k + 1u) {
             let j = (lid + WG * (k / EPW)) * EPW + k % EPW;
             if (j < c) {
                 let g = f32(load_g(bg + j * sg));
                 let x = (f32(load_x(bx + j * sx)) - mean) * rstd;
+                // Loaded with the row, not after its reduction, so that its latency hides behind theirs.
+                prior[k] = prior_grad(row, j);
                 gh[k] = g * weight(j);
                 xh[k] = x;
                 acc = acc + vec4<f32>(gh[k], gh[k] * x, 0.0, 0.0);
@@ -51,7 +56,11 @@ fn run_group(group: u32, lid: u32, sg_lane: u32) {
                 let w = lid + WG * k;
                 if (w < wpr) {
                     let e = k * EPW;
-                    let v0 = rstd * (gh[e] - mean_g - xh[e] * mean_gx);
+                    // Only an f32 dx (EPW 1) adds the gradient gathered for x.
+                    var v0 = rstd * (gh[e] - mean_g - xh[e] * mean_gx);
+                    if (PRIOR) {
+                        v0 = prior[e] + v0;
+                    }
                     var v1 = v0;
                     if (EPW == 2u) {
                         v1 = rstd * (gh[e + 1u] - mean_g - xh[e + 1u] * mean_gx);

@@ -1,6 +1,6 @@
 // RMSNorm forward over f32 rows read as quads, one row per subgroup (ops/norm.rs): the row's sum of squares goes
-// through registers and subgroup shuffles (`row_sum`, the same bits), where the row kernel (norm_forward.wgsl)
-// gives each row a workgroup and a tree of barriers.
+// through registers and subgroup shuffles (`row_sum` of row_sum_quads.wgsl, the same bits), where the row kernel
+// (norm_forward.wgsl) gives each row a workgroup and a tree of barriers.
 // y = x * rstd * w with rstd = 1 / sqrt(mean(x²) + eps), as norm_forward.wgsl computes it (mean 0, no bias); for
 // add_rms_norm the row is the sum x + r, also written out. Saves (0, rstd) per row.
 //
@@ -9,27 +9,6 @@
 // `weight(q)` (quad q of w, or ones) and SLOTS, the slots of `row_sum` for the smallest subgroup (64 / its
 // lanes). Parameters (u32 words, offsets and strides in quads): [rows, quads a row, x offset, x row stride,
 // r offset, r row stride, w offset, eps (f32 bits)].
-
-// The sum of a row as the row kernels add it (rows.wgsl: 256 threads, thread t adding elements t, t + 256, ...
-// in order, then a tree halving the threads, t taking t + s for s = 128, 64, ..., 1), for kernels that take a row
-// per subgroup of L lanes (a power of two, at most 64) reading quads q = lane + n L: the same additions in the
-// same order, so that they give the row kernels' bits. Lane l stands for threads 4l + i + 4L m (component i of
-// slot m, m < 64 / L), which element j of the row (quad n of the lane) belongs to exactly when m = n % (64 / L):
-// tree steps s >= 4L add slots of one lane, steps 4 <= s < 4L shuffle lanes down, steps 2 and 1 add components.
-
-fn row_sum(parts: array<vec4<f32>, SLOTS>, lanes: u32) -> f32 {
-    var slot = parts;
-    for (var s = 32u / lanes; s > 0u; s = s >> 1u) {
-        for (var m = 0u; m < s; m = m + 1u) {
-            slot[m] = slot[m] + slot[m + s];
-        }
-    }
-    var a = slot[0];
-    for (var d = lanes / 2u; d > 0u; d = d >> 1u) {
-        a = a + subgroupShuffleDown(a, d);
-    }
-    return subgroupBroadcastFirst((a.x + a.z) + (a.y + a.w));
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -13,6 +13,19 @@ use crate::tensor::Tensor;
 /// It owns the tensors it saved, so running it (once) frees them.
 pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
 
+/// A backward rule that is also handed the gradient gathered so far for its first input (`None` when there is
+/// none yet) and returns that input's gradient with it already added: the add happens inside the rule's own
+/// kernel instead of in a launch and a pass over memory of its own (a residual stream's gradient meeting the
+/// gradient through the norm that reads it).
+pub(crate) type AddingBackwardFn =
+    Box<dyn FnOnce(&Tensor, Option<Tensor>) -> Result<Vec<Option<Tensor>>> + Send + Sync>;
+
+/// A node's rule, of either kind.
+enum Backward {
+    Plain(BackwardFn),
+    Adding(AddingBackwardFn),
+}
+
 /// Where a gradient flows: into a leaf's `.grad` or into another node.
 #[derive(Clone)]
 pub(crate) enum Edge {
@@ -31,7 +44,7 @@ pub(crate) struct Node {
     id: usize,
     pub(crate) name: &'static str,
     edges: Vec<Option<Edge>>,
-    backward: Mutex<Option<BackwardFn>>,
+    backward: Mutex<Option<Backward>>,
     /// The op only looks at its input's storage another way (transpose, reshape, ...).
     view: bool,
     /// The op is a `narrow` of its input: where the input is itself recorded, the gradient is handed to it as a
@@ -138,12 +151,12 @@ pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
 impl Node {
     /// Records an op whose inputs are `inputs`; `None` when no input needs a gradient (or grad is off).
     pub(crate) fn record(name: &'static str, inputs: &[&Tensor], backward: BackwardFn) -> Option<Arc<Node>> {
-        Node::new(name, inputs, backward, false, None)
+        Node::new(name, inputs, Backward::Plain(backward), false, None)
     }
 
     /// [`Node::record`] for a view of `input`.
     pub(crate) fn record_view(name: &'static str, input: &Tensor, backward: BackwardFn) -> Option<Arc<Node>> {
-        Node::new(name, &[input], backward, true, None)
+        Node::new(name, &[input], Backward::Plain(backward), true, None)
     }
 
     /// [`Node::record_view`] for `narrow`, whose gradient [`run_backward`] may hand on as a slice.
@@ -151,16 +164,25 @@ impl Node {
         Node::new(
             "narrow",
             &[input],
-            Box::new(move |g| Ok(vec![Some(pad(g, narrow)?)])),
+            Backward::Plain(Box::new(move |g| Ok(vec![Some(pad(g, narrow)?)]))),
             true,
             Some(narrow),
         )
     }
 
+    /// [`Node::record`] for a rule that adds the gradient gathered so far for its first input itself.
+    pub(crate) fn record_adding(
+        name: &'static str,
+        inputs: &[&Tensor],
+        backward: AddingBackwardFn,
+    ) -> Option<Arc<Node>> {
+        Node::new(name, inputs, Backward::Adding(backward), false, None)
+    }
+
     fn new(
         name: &'static str,
         inputs: &[&Tensor],
-        backward: BackwardFn,
+        backward: Backward,
         view: bool,
         narrow: Option<Narrow>,
     ) -> Option<Arc<Node>> {
@@ -245,7 +267,17 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
                 grads.entry(n.id).or_default().slices.push((narrow, g));
                 continue;
             }
-            let input_grads = f(&g)?;
+            let input_grads = match f {
+                Backward::Plain(f) => f(&g)?,
+                // A leaf's gradient may hold earlier backward passes' sums: only a node's is handed over.
+                Backward::Adding(f) => {
+                    let gathered = match node.edges.first() {
+                        Some(Some(Edge::Node(n))) => grads.get_mut(&n.id).and_then(|p| p.whole.take()),
+                        _ => None,
+                    };
+                    f(&g, gathered)?
+                }
+            };
             drop(g);
             for (edge, ig) in node.edges.iter().zip(input_grads) {
                 let (Some(edge), Some(ig)) = (edge, ig) else {

@@ -12,6 +12,8 @@ use crate::tensor::Tensor;
 const NORM_FORWARD_WGSL: &str = include_str!("../../../../wgsl/norm_forward.wgsl");
 const NORM_BACKWARD_WGSL: &str = include_str!("../../../../wgsl/norm_backward.wgsl");
 const RMS_NORM_QUADS_WGSL: &str = include_str!("../../../../wgsl/rms_norm_quads.wgsl");
+const RMS_NORM_BACKWARD_QUADS_WGSL: &str = include_str!("../../../../wgsl/rms_norm_backward_quads.wgsl");
+const ROW_SUM_QUADS_WGSL: &str = include_str!("../../../../wgsl/row_sum_quads.wgsl");
 /// Rows per workgroup of the backward when it also sums the weight or bias gradients (one row otherwise): each
 /// workgroup writes one partial sum per column, so fewer rows per workgroup mean more partial sums to add after,
 /// more rows fewer workgroups to keep the GPU busy. On an H200 (110M shape, 25 backward passes a step over 4096
@@ -20,6 +22,9 @@ const GRAD_ROWS: usize = 4;
 /// Longest row the backward takes: each thread keeps its share of a row in four arrays (4 KiB at this length,
 /// within the 8 KiB of function memory WGSL guarantees).
 const BACKWARD_MAX_COLS: usize = 1 << 16;
+/// Most quads a lane takes in `rms_norm_backward_quads.wgsl`, which keeps that many of the weight's partial
+/// sums and of the prior gradient in registers: rows of up to 2048 elements on 32-lane subgroups.
+const BACKWARD_QUADS_MAX_STEPS: usize = 16;
 
 /// Which normalization.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -334,7 +339,7 @@ fn rms_norm_quads(
                 false => "fn weight(q: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n",
             };
             s += &format!("const SLOTS: u32 = {slots}u;\n");
-            s + RMS_NORM_QUADS_WGSL
+            s + ROW_SUM_QUADS_WGSL + RMS_NORM_QUADS_WGSL
         },
         buffers: &buffers,
         params: &params,
@@ -345,7 +350,9 @@ fn rms_norm_quads(
 }
 
 /// The gradients a normalization node needs from `g`, in one pass over `g` and `x`: `[dx, dw, db]` for the
-/// `need`ed ones, dx in x's dtype, the weight's and bias's (Σ over rows of g·x̂ and of g) in f32.
+/// `need`ed ones, dx in x's dtype, the weight's and bias's (Σ over rows of g·x̂ and of g) in f32. `gathered`, the
+/// gradient x already has from elsewhere (the residual stream's), is added to dx: by the kernel as it stores
+/// an f32 dx, else by an add after it, the same sum either way.
 fn norm_backward(
     kind: Norm,
     g: &Tensor,
@@ -353,6 +360,7 @@ fn norm_backward(
     affine: &Affine,
     stats: &Tensor,
     need: [bool; 3],
+    gathered: Option<Tensor>,
 ) -> Result<[Option<Tensor>; 3]> {
     let op = kind.backward_name();
     let device = x.device().clone();
@@ -367,6 +375,10 @@ fn norm_backward(
         });
     }
     let dx_dtype = stored_dtype(x.dtype(), cols, &device);
+    let (prior, gathered) = match gathered {
+        Some(p) if need_x && dx_dtype == DType::F32 && p.dtype() == DType::F32 && p.shape() == shape => (Some(p), None),
+        other => (None, other),
+    };
     let dx = need_x
         .then(|| {
             let bytes = Tensor::bytes_for(x.numel(), dx_dtype);
@@ -393,7 +405,13 @@ fn norm_backward(
             ))
         })
         .transpose()?;
-    if rows > 0 && cols > 0 && (need_x || parts > 0) {
+    let on_quads = || match (kind, &dx) {
+        (Norm::Rms, Some(dx)) => {
+            rms_norm_backward_quads(g, x, affine, stats, prior.as_ref(), dx, partial.as_ref(), per)
+        }
+        _ => Ok(false),
+    };
+    if rows > 0 && cols > 0 && (need_x || parts > 0) && !on_quads()? {
         let epw = if need_x {
             Access::new(dx_dtype, device.caps().f16).elems_per_word() as usize
         } else {
@@ -407,10 +425,11 @@ fn norm_backward(
         let mut defs = format!(
             "const LAYER: bool = {};\n{}const EPW: u32 = {epw}u;\nconst WPT: u32 = {}u;\n\
              const DX: bool = {need_x};\nconst DW: bool = {need_w};\nconst DB: bool = {need_b};\n\
-             const PARTS: u32 = {parts}u;\n",
+             const PARTS: u32 = {parts}u;\nconst PRIOR: bool = {};\n",
             kind == Norm::Layer,
             affine.defs(),
             cols.div_ceil(256 * epw),
+            prior.is_some(),
         );
         let mut bindings = vec![Binding::read("stats", stats)];
         match &dx {
@@ -423,11 +442,20 @@ fn norm_backward(
         }
         bindings.extend([Binding::read("g", g), Binding::read("x", x)]);
         bindings.extend(affine.bindings());
+        let mut views = vec![g.layout(), x.layout()];
+        match &prior {
+            Some(prior) => {
+                bindings.push(Binding::read("prior", prior));
+                views.push(prior.layout());
+                defs.push_str("fn prior_grad(row: u32, j: u32) -> f32 { return load_prior(row_base(2u, row) + j * col_stride(2u)); }\n");
+            }
+            None => defs.push_str("fn prior_grad(row: u32, j: u32) -> f32 { return 0.0; }\n"),
+        }
         let mut scalars = affine.scalars();
         scalars[5] = per as u32;
         RowKernel {
             scalars,
-            views: vec![g.layout(), x.layout()],
+            views,
             bindings,
             defs,
             entry: Entry::Groups(groups as u32),
@@ -436,6 +464,10 @@ fn norm_backward(
         .run(&device)?;
     }
     let dx = dx.map(|dx| no_grad(|| dx.to_dtype(x.dtype()))).transpose()?;
+    let dx = match (gathered, dx) {
+        (Some(gathered), Some(dx)) => Some(no_grad(|| gathered.add(&dx))?),
+        (gathered, dx) => dx.or(gathered),
+    };
     let sums = match partial {
         Some(p) if groups == 1 => Some(p.reshape(&[parts, cols])?),
         Some(p) => Some(p.sum(&[0], false)?),
@@ -452,6 +484,106 @@ fn norm_backward(
         need_w.then(|| part(0)).transpose()?,
         need_b.then(|| part(parts - 1)).transpose()?,
     ])
+}
+
+/// The RMSNorm backward through `rms_norm_backward_quads.wgsl`, a group of `per` rows per subgroup, writing `dx`
+/// (with `prior` added) and, where given, the weight's `partial` sums: where the device has subgroups as
+/// `row_sum` needs them and g, x, dx and prior are f32 rows starting on quads (a multiple of 4 long, at most
+/// [`BACKWARD_QUADS_MAX_STEPS`] quads a lane), the weight f32 at unit stride. False, with nothing launched,
+/// otherwise (the row kernel then runs).
+#[allow(clippy::too_many_arguments)]
+fn rms_norm_backward_quads(
+    g: &Tensor,
+    x: &Tensor,
+    affine: &Affine,
+    stats: &Tensor,
+    prior: Option<&Tensor>,
+    dx: &Tensor,
+    partial: Option<&Tensor>,
+    per: usize,
+) -> Result<bool> {
+    let device = x.device();
+    let cols = x.shape().last().copied().unwrap_or(0);
+    let Some(slots) = row_sum_slots(device) else {
+        return Ok(false);
+    };
+    let steps = (cols / 4).div_ceil(device.caps().subgroup_size.0 as usize);
+    let quads = |t: &Tensor| t.dtype() == DType::F32 && t.layout().quad_rows().is_some();
+    let weight_ok = affine
+        .weight
+        .as_ref()
+        .is_none_or(|w| w.dtype() == DType::F32 && w.layout().strides == [1] && w.layout().offset.is_multiple_of(4));
+    if x.numel() == 0
+        || !cols.is_multiple_of(4)
+        || steps > BACKWARD_QUADS_MAX_STEPS
+        || ![g, x, dx].into_iter().chain(prior).all(quads)
+        || !weight_ok
+    {
+        return Ok(false);
+    }
+    let rows = x.numel() / cols;
+    let view = |t: &Tensor| t.layout().quad_rows().map_or([0, 0], |(o, s)| [o as u32, s as u32]);
+    let mut params = vec![rows as u32, (cols / 4) as u32, per as u32];
+    params.extend(view(g));
+    params.extend(view(x));
+    params.extend(prior.map_or([0, 0], view));
+    params.push(affine.weight.as_ref().map_or(0, |w| (w.layout().offset / 4) as u32));
+    // The bindings after dx and stats, by name: g and x, then those this launch has.
+    let named = [
+        ("gs", Some(g), "read"),
+        ("xs", Some(x), "read"),
+        ("partial", partial, "read_write"),
+        ("priors", prior, "read"),
+        ("ws", affine.weight.as_ref(), "read"),
+    ];
+    let bound: Vec<(&str, &Tensor, &str)> = named
+        .iter()
+        .filter_map(|&(name, t, mode)| Some((name, t?, mode)))
+        .collect();
+    let mut buffers = vec![dx.buffer(), stats.buffer()];
+    buffers.extend(bound.iter().map(|(_, t, _)| t.buffer()));
+    let (has_partial, has_prior, has_w) = (partial.is_some(), prior.is_some(), affine.weight.is_some());
+    let groups = rows.div_ceil(per);
+    device.dispatch(Dispatch {
+        op: "rms_norm_backward",
+        runtime_checks: false,
+        language: Language::Wgsl,
+        key: &format!("rms_norm_backward_quads:{has_partial}:{has_prior}:{has_w}:{slots}:{steps}"),
+        source: &|| {
+            let mut s = String::from(
+                "@group(0) @binding(0) var<storage, read> p: array<u32>;\n\
+                 @group(0) @binding(1) var<storage, read_write> dx: array<vec4<f32>>;\n\
+                 @group(0) @binding(2) var<storage, read> stats: array<f32>;\n",
+            );
+            for (k, (name, _, mode)) in bound.iter().enumerate() {
+                s += &format!(
+                    "@group(0) @binding({}) var<storage, {mode}> {name}: array<vec4<f32>>;\n",
+                    k + 3
+                );
+            }
+            s += match has_partial {
+                true => "fn store_partial(i: u32, v: vec4<f32>) { partial[i] = v; }\n",
+                false => "fn store_partial(i: u32, v: vec4<f32>) {}\n",
+            };
+            s += match has_prior {
+                true => "fn prior_quad(row: u32, q: u32) -> vec4<f32> { return priors[p[7] + row * p[8] + q]; }\n",
+                false => "fn prior_quad(row: u32, q: u32) -> vec4<f32> { return vec4<f32>(0.0); }\n",
+            };
+            s += match has_w {
+                true => "fn weight(q: u32) -> vec4<f32> { return ws[p[9] + q]; }\n",
+                false => "fn weight(q: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n",
+            };
+            s += &format!(
+                "const PRIOR: bool = {has_prior};\nconst SLOTS: u32 = {slots}u;\nconst STEPS: u32 = {steps}u;\n"
+            );
+            s + ROW_SUM_QUADS_WGSL + RMS_NORM_BACKWARD_QUADS_WGSL
+        },
+        buffers: &buffers,
+        params: &params,
+        // A workgroup of 256 threads takes one group per subgroup: as few as the largest subgroups allow.
+        workgroups: Gpu::grid(groups.div_ceil(256 / device.caps().subgroup_size.1.clamp(1, 256) as usize) as u32),
+    })?;
+    Ok(true)
 }
 
 impl Tensor {
@@ -587,11 +719,11 @@ impl Tensor {
         let mut inputs = vec![self];
         inputs.extend(weight);
         inputs.extend(bias);
-        let node = Node::record(
+        let node = Node::record_adding(
             kind.name(),
             &inputs,
-            Box::new(move |g| {
-                let [dx, dw, db] = norm_backward(kind, g, &x, &affine, &stats, needs)?;
+            Box::new(move |g, gathered| {
+                let [dx, dw, db] = norm_backward(kind, g, &x, &affine, &stats, needs, gathered)?;
                 let mut grads = vec![dx];
                 for (p, d) in [(&affine.weight, dw), (&affine.bias, db)] {
                     if let Some(p) = p {
