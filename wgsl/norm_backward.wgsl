@@ -8,7 +8,8 @@
 // per workgroup as [groups, PARTS, C], weight part first; the Rust side adds them. With PRIOR, dx is stored as
 // prior_grad(row, j) + dx: the gradient x already had (view 2), added here instead of by a launch of its own. The
 // Rust side defines WPT, DX, DW, DB, PARTS and PRIOR, `prior_grad` and `store_dx` / `store_partial` (empty when not
-// written).
+// written). Products that meet a sum are written as fma: a compiler may fuse a multiply and an add or not, and
+// rms_norm_backward_quads.wgsl must give these bits.
 
 const EPT: u32 = WPT * EPW;
 
@@ -43,12 +44,14 @@ fn run_group(group: u32, lid: u32, sg_lane: u32) {
                 prior[k] = prior_grad(row, j);
                 gh[k] = g * weight(j);
                 xh[k] = x;
-                acc = acc + vec4<f32>(gh[k], gh[k] * x, 0.0, 0.0);
-                dw[k] = dw[k] + g * x;
+                acc = vec4<f32>(acc.x + gh[k], fma(gh[k], x, acc.y), acc.z, acc.w);
+                dw[k] = fma(g, x, dw[k]);
                 db[k] = db[k] + g;
             }
         }
         let t = workgroup_reduce(lid, acc, SUM);
+        // A 1 the compiler cannot see: the prior is added to dx rounded, as an add of its own would.
+        let one = select(0.0, 1.0, p[0] != 0u);
         if (DX) {
             let mean_g = select(0.0, t.x / f32(c), LAYER);
             let mean_gx = t.y / f32(c);
@@ -57,13 +60,13 @@ fn run_group(group: u32, lid: u32, sg_lane: u32) {
                 if (w < wpr) {
                     let e = k * EPW;
                     // Only an f32 dx (EPW 1) adds the gradient gathered for x.
-                    var v0 = rstd * (gh[e] - mean_g - xh[e] * mean_gx);
+                    var v0 = rstd * fma(-xh[e], mean_gx, gh[e] - mean_g);
                     if (PRIOR) {
-                        v0 = prior[e] + v0;
+                        v0 = fma(v0, one, prior[e]);
                     }
                     var v1 = v0;
                     if (EPW == 2u) {
-                        v1 = rstd * (gh[e + 1u] - mean_g - xh[e + 1u] * mean_gx);
+                        v1 = rstd * fma(-xh[e + 1u], mean_gx, gh[e + 1u] - mean_g);
                     }
                     store_dx(row * wpr + w, v0, v1);
                 }

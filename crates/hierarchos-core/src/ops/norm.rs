@@ -22,9 +22,10 @@ const GRAD_ROWS: usize = 4;
 /// Longest row the backward takes: each thread keeps its share of a row in four arrays (4 KiB at this length,
 /// within the 8 KiB of function memory WGSL guarantees).
 const BACKWARD_MAX_COLS: usize = 1 << 16;
-/// Most quads a lane takes in `rms_norm_backward_quads.wgsl`, which keeps that many of the weight's partial
-/// sums and of the prior gradient in registers: rows of up to 2048 elements on 32-lane subgroups.
-const BACKWARD_QUADS_MAX_STEPS: usize = 16;
+/// Most quads a lane takes in `rms_norm_backward_quads.wgsl`, which keeps five of its quads of every row in
+/// registers (g, x, the prior gradient, the weight and its partial sum): rows of up to 1024 elements on 32-lane
+/// subgroups.
+const BACKWARD_QUADS_MAX_STEPS: usize = 8;
 
 /// Which normalization.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -544,11 +545,14 @@ fn rms_norm_backward_quads(
     buffers.extend(bound.iter().map(|(_, t, _)| t.buffer()));
     let (has_partial, has_prior, has_w) = (partial.is_some(), prior.is_some(), affine.weight.is_some());
     let groups = rows.div_ceil(per);
+    // LANES: the lanes of every subgroup where all have as many, else 0.
+    let (min_lanes, max_lanes) = device.caps().subgroup_size;
+    let lanes = if min_lanes == max_lanes { min_lanes } else { 0 };
     device.dispatch(Dispatch {
         op: "rms_norm_backward",
         runtime_checks: false,
         language: Language::Wgsl,
-        key: &format!("rms_norm_backward_quads:{has_partial}:{has_prior}:{has_w}:{slots}:{steps}"),
+        key: &format!("rms_norm_backward_quads:{has_partial}:{has_prior}:{has_w}:{slots}:{steps}:{lanes}"),
         source: &|| {
             let mut s = String::from(
                 "@group(0) @binding(0) var<storage, read> p: array<u32>;\n\
@@ -574,7 +578,8 @@ fn rms_norm_backward_quads(
                 false => "fn weight(q: u32) -> vec4<f32> { return vec4<f32>(1.0); }\n",
             };
             s += &format!(
-                "const PRIOR: bool = {has_prior};\nconst SLOTS: u32 = {slots}u;\nconst STEPS: u32 = {steps}u;\n"
+                "const PRIOR: bool = {has_prior};\nconst SLOTS: u32 = {slots}u;\nconst STEPS: u32 = {steps}u;\n\
+                 const LANES: u32 = {lanes}u;\n"
             );
             s + ROW_SUM_QUADS_WGSL + RMS_NORM_BACKWARD_QUADS_WGSL
         },
