@@ -1,6 +1,8 @@
 //! Row normalizations over the last dimension, RMSNorm (Llama) and LayerNorm, with dedicated forward and backward
 //! kernels.
 
+use std::fmt::Write;
+
 use hierarchos_wgpu::{Access, DType, Dispatch, Gpu, Language};
 
 use crate::autograd::{Node, grad_enabled, no_grad};
@@ -255,6 +257,43 @@ fn row_sum_slots(device: &crate::tensor::Device) -> Option<u32> {
     (device.caps().subgroups && min.is_power_of_two() && max.is_power_of_two() && max <= 64).then(|| 64 / min)
 }
 
+/// Whether `t` is f32 rows that start on quads, as the kernels on quads read it.
+fn on_quad_rows(t: &Tensor) -> bool {
+    t.dtype() == DType::F32 && t.layout().quad_rows().is_some()
+}
+
+/// `t`'s offset and row stride in quads (zeros for a tensor the kernel does not bind).
+fn quad_view(t: Option<&Tensor>) -> [u32; 2] {
+    t.and_then(|t| t.layout().quad_rows())
+        .map_or([0, 0], |(o, s)| [o as u32, s as u32])
+}
+
+/// Whether the weight, if any, is f32 at unit stride from a quad, as the kernels on quads read it.
+fn weight_on_quads(affine: &Affine) -> bool {
+    affine
+        .weight
+        .as_ref()
+        .is_none_or(|w| w.dtype() == DType::F32 && w.layout().strides == [1] && w.layout().offset.is_multiple_of(4))
+}
+
+/// The tensors of `named` (name, tensor if bound, access mode) that a kernel on quads binds from binding
+/// `first` on, and their WGSL declarations as arrays of vec4s.
+fn quad_bindings<'a>(named: &[(&str, Option<&'a Tensor>, &str)], first: usize) -> (Vec<&'a Tensor>, String) {
+    let mut decls = String::new();
+    let mut tensors = Vec::new();
+    for (name, t, mode) in named {
+        if let Some(t) = t {
+            let _ = writeln!(
+                decls,
+                "@group(0) @binding({}) var<storage, {mode}> {name}: array<vec4<f32>>;",
+                first + tensors.len()
+            );
+            tensors.push(*t);
+        }
+    }
+    (tensors, decls)
+}
+
 /// [`norm_rows`] for RMSNorm through `rms_norm_quads.wgsl`, one row per subgroup: where the device has subgroups
 /// and the output, x (and r), the weight and the sum are f32 whose rows (a multiple of 4 long) start on quads,
 /// the weight at unit stride. None otherwise, for the row kernel.
@@ -269,11 +308,6 @@ fn rms_norm_quads(
     let x = inputs[0].1;
     let device = x.device();
     let cols = x.shape().last().copied().unwrap_or(0);
-    let quads = |t: &Tensor| t.dtype() == DType::F32 && t.layout().quad_rows().is_some();
-    let weight_ok = affine
-        .weight
-        .as_ref()
-        .is_none_or(|w| w.dtype() == DType::F32 && w.layout().strides == [1] && w.layout().offset.is_multiple_of(4));
     let sum = match pass {
         Pass::Forward => None,
         Pass::AddForward { sum } => Some(sum),
@@ -284,34 +318,32 @@ fn rms_norm_quads(
     if dtype != DType::F32
         || x.numel() == 0
         || !cols.is_multiple_of(4)
-        || !inputs.iter().all(|(_, t)| quads(t))
-        || !weight_ok
+        || !inputs.iter().all(|(_, t)| on_quad_rows(t))
+        || !weight_on_quads(affine)
         || sum.is_some_and(|s| !s.layout().is_contiguous() || !s.layout().offset.is_multiple_of(4))
     {
         return Ok(None);
     }
     let rows = x.numel() / cols;
-    let view = |t: &Tensor| t.layout().quad_rows().map_or([0, 0], |(o, s)| [o as u32, s as u32]);
     let r = inputs.get(1).map(|(_, t)| *t);
     let mut params = vec![rows as u32, (cols / 4) as u32];
-    params.extend(view(x));
-    params.extend(r.map_or([0, 0], view));
+    params.extend(quad_view(Some(x)));
+    params.extend(quad_view(r));
     params.push(affine.weight.as_ref().map_or(0, |w| (w.layout().offset / 4) as u32));
     params.push((affine.eps as f32).to_bits());
     let out = device.alloc(op, Tensor::bytes_for(x.numel(), DType::F32))?;
     // The bindings after out and stats: those of this launch's inputs and outputs, by name.
-    let named = [
-        ("sums", sum, "read_write"),
-        ("xs", Some(x), "read"),
-        ("rs", r, "read"),
-        ("ws", affine.weight.as_ref(), "read"),
-    ];
-    let bound: Vec<(&str, &Tensor, &str)> = named
-        .iter()
-        .filter_map(|&(name, t, mode)| Some((name, t?, mode)))
-        .collect();
+    let (bound, decls) = quad_bindings(
+        &[
+            ("sums", sum, "read_write"),
+            ("xs", Some(x), "read"),
+            ("rs", r, "read"),
+            ("ws", affine.weight.as_ref(), "read"),
+        ],
+        3,
+    );
     let mut buffers = vec![&out, stats.buffer()];
-    buffers.extend(bound.iter().map(|(_, t, _)| t.buffer()));
+    buffers.extend(bound.iter().map(|t| t.buffer()));
     let (has_sum, has_r, has_w) = (sum.is_some(), r.is_some(), affine.weight.is_some());
     device.dispatch(Dispatch {
         op,
@@ -324,9 +356,7 @@ fn rms_norm_quads(
                  @group(0) @binding(1) var<storage, read_write> out: array<vec4<f32>>;\n\
                  @group(0) @binding(2) var<storage, read_write> stats: array<f32>;\n",
             );
-            for (k, (name, _, mode)) in bound.iter().enumerate() {
-                s += &format!("@group(0) @binding({}) var<storage, {mode}> {name}: array<vec4<f32>>;\n", k + 3);
-            }
+            s += &decls;
             s += match has_r {
                 true => "fn row_quad(row: u32, q: u32) -> vec4<f32> { return xs[p[2] + row * p[3] + q] + rs[p[4] + row * p[5] + q]; }\n",
                 false => "fn row_quad(row: u32, q: u32) -> vec4<f32> { return xs[p[2] + row * p[3] + q]; }\n",
@@ -509,40 +539,33 @@ fn rms_norm_backward_quads(
         return Ok(false);
     };
     let steps = (cols / 4).div_ceil(device.caps().subgroup_size.0 as usize);
-    let quads = |t: &Tensor| t.dtype() == DType::F32 && t.layout().quad_rows().is_some();
-    let weight_ok = affine
-        .weight
-        .as_ref()
-        .is_none_or(|w| w.dtype() == DType::F32 && w.layout().strides == [1] && w.layout().offset.is_multiple_of(4));
     if x.numel() == 0
         || !cols.is_multiple_of(4)
         || steps > BACKWARD_QUADS_MAX_STEPS
-        || ![g, x, dx].into_iter().chain(prior).all(quads)
-        || !weight_ok
+        || ![g, x, dx].into_iter().chain(prior).all(on_quad_rows)
+        || !weight_on_quads(affine)
     {
         return Ok(false);
     }
     let rows = x.numel() / cols;
-    let view = |t: &Tensor| t.layout().quad_rows().map_or([0, 0], |(o, s)| [o as u32, s as u32]);
     let mut params = vec![rows as u32, (cols / 4) as u32, per as u32];
-    params.extend(view(g));
-    params.extend(view(x));
-    params.extend(prior.map_or([0, 0], view));
+    params.extend(quad_view(Some(g)));
+    params.extend(quad_view(Some(x)));
+    params.extend(quad_view(prior));
     params.push(affine.weight.as_ref().map_or(0, |w| (w.layout().offset / 4) as u32));
     // The bindings after dx and stats, by name: g and x, then those this launch has.
-    let named = [
-        ("gs", Some(g), "read"),
-        ("xs", Some(x), "read"),
-        ("partial", partial, "read_write"),
-        ("priors", prior, "read"),
-        ("ws", affine.weight.as_ref(), "read"),
-    ];
-    let bound: Vec<(&str, &Tensor, &str)> = named
-        .iter()
-        .filter_map(|&(name, t, mode)| Some((name, t?, mode)))
-        .collect();
+    let (bound, decls) = quad_bindings(
+        &[
+            ("gs", Some(g), "read"),
+            ("xs", Some(x), "read"),
+            ("partial", partial, "read_write"),
+            ("priors", prior, "read"),
+            ("ws", affine.weight.as_ref(), "read"),
+        ],
+        3,
+    );
     let mut buffers = vec![dx.buffer(), stats.buffer()];
-    buffers.extend(bound.iter().map(|(_, t, _)| t.buffer()));
+    buffers.extend(bound.iter().map(|t| t.buffer()));
     let (has_partial, has_prior, has_w) = (partial.is_some(), prior.is_some(), affine.weight.is_some());
     let groups = rows.div_ceil(per);
     // LANES: the lanes of every subgroup where all have as many, else 0.
@@ -559,12 +582,7 @@ fn rms_norm_backward_quads(
                  @group(0) @binding(1) var<storage, read_write> dx: array<vec4<f32>>;\n\
                  @group(0) @binding(2) var<storage, read> stats: array<f32>;\n",
             );
-            for (k, (name, _, mode)) in bound.iter().enumerate() {
-                s += &format!(
-                    "@group(0) @binding({}) var<storage, {mode}> {name}: array<vec4<f32>>;\n",
-                    k + 3
-                );
-            }
+            s += &decls;
             s += match has_partial {
                 true => "fn store_partial(i: u32, v: vec4<f32>) { partial[i] = v; }\n",
                 false => "fn store_partial(i: u32, v: vec4<f32>) {}\n",
