@@ -287,3 +287,55 @@ fn sum_squares_of_many_tensors() {
     let ids = Tensor::from_slice(&[1u32, 2], &[2], &d).unwrap();
     assert!(Tensor::sum_squares_of(&[&tensors[0], &ids]).is_err());
 }
+
+/// Sums over the leading dimensions of contiguous f32 tensors whose kept extent is a multiple of 4 (the weight
+/// gradients' partial sums) take a kernel reading rows of vec4s: the f64 reference, and the bits of the strided
+/// kernel that a transposed copy of the same values takes. Also from an offset view, and past 1024 rows.
+#[test]
+fn sums_over_leading_dims_read_rows_of_quads() {
+    let d = dev();
+    let mut rng = Rng::new("sums_over_leading_dims");
+    let cases: [(&[usize], &[usize]); 7] = [
+        (&[1, 4], &[0]),
+        (&[3, 8], &[0]),
+        (&[17, 12], &[0]),
+        (&[257, 4], &[0]),
+        (&[1030, 64], &[0]),
+        (&[2, 3, 8], &[0, 1]),
+        (&[5, 2, 4], &[0]),
+    ];
+    for (shape, dims) in cases {
+        let n: usize = shape.iter().product();
+        let x = rng.vec(n + 8, -3.0, 3.0);
+        // Rows from the second of the buffer's rows of 4 on: an offset the kernel reads through.
+        let t = Tensor::from_slice(&x, &[n + 8], &d)
+            .unwrap()
+            .narrow(0, 8, n)
+            .unwrap()
+            .reshape(shape)
+            .unwrap();
+        let idims: Vec<isize> = dims.iter().map(|&v| v as isize).collect();
+        let got = t.sum(&idims, false).unwrap();
+        let xd: Vec<f64> = x[8..].iter().map(|&v| v as f64).collect();
+        let want = reference(ReduceOp::Sum, &xd, shape, dims);
+        let what = format!("{shape:?} over {dims:?}");
+        assert_close(&what, &got.to_f32_vec().unwrap(), &want, 1e-5, 1e-5 * (n as f64).sqrt());
+        // The same values as the transpose of a [kept, reduced] tensor: the strided kernel's bits.
+        let (reduced, kept): (usize, usize) = (
+            dims.iter().map(|&k| shape[k]).product(),
+            n / dims.iter().map(|&k| shape[k]).product::<usize>(),
+        );
+        let mut transposed = vec![0.0; n];
+        for r in 0..reduced {
+            for c in 0..kept {
+                transposed[c * reduced + r] = x[8 + r * kept + c];
+            }
+        }
+        let strided = Tensor::from_slice(&transposed, &[kept, reduced], &d)
+            .unwrap()
+            .t()
+            .unwrap();
+        let bits = |t: &Tensor| t.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&strided.sum(&[0], false).unwrap()), "{what}: bits");
+    }
+}

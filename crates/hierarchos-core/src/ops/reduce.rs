@@ -10,6 +10,7 @@ use crate::shape::{MAX_DIMS, resolve_dim};
 use crate::tensor::Tensor;
 
 const REDUCE_WGSL: &str = include_str!("../../../../wgsl/reduce.wgsl");
+const REDUCE_COLUMNS_WGSL: &str = include_str!("../../../../wgsl/reduce_columns.wgsl");
 
 /// A reduction function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,7 +165,27 @@ impl Tensor {
         let out_dtype = if out_ty == "u32" { DType::U32 } else { DType::F32 };
         let buf = device.alloc(op.name(), Tensor::bytes_for(rows, out_dtype))?;
         let out = Tensor::from_buffer(buf, &out_shape, out_dtype, None);
-        if rows > 0 {
+        // f32 sums over the leading dimensions of a contiguous tensor (weight gradients' partial sums, biases'
+        // gradients) read rows of vec4s, coalesced, where the kept extent is a multiple of 4.
+        let columns = op == ReduceOp::Sum
+            && src_dtype == DType::F32
+            && r > 0
+            && red.iter().enumerate().all(|(i, &d)| i == d)
+            && rows.is_multiple_of(4)
+            && self.layout().is_contiguous()
+            && self.layout().offset.is_multiple_of(4);
+        if rows > 0 && columns {
+            device.dispatch(Dispatch {
+                op: op.name(),
+                runtime_checks: false,
+                language: Language::Wgsl,
+                key: "reduce_columns",
+                source: &|| REDUCE_COLUMNS_WGSL.to_string(),
+                buffers: &[out.buffer(), self.buffer()],
+                params: &[(rows / 4) as u32, r as u32, (self.layout().offset / 4) as u32],
+                workgroups: Gpu::grid((rows / 4) as u32),
+            })?;
+        } else if rows > 0 {
             let access = Access::new(src_dtype, device.caps().f16);
             let contiguous = view.is_contiguous();
             let mut params = vec![rows as u32, r as u32, rank as u32];
