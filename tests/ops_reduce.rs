@@ -321,10 +321,8 @@ fn sums_over_leading_dims_read_rows_of_quads() {
         let what = format!("{shape:?} over {dims:?}");
         assert_close(&what, &got.to_f32_vec().unwrap(), &want, 1e-5, 1e-5 * (n as f64).sqrt());
         // The same values as the transpose of a [kept, reduced] tensor: the strided kernel's bits.
-        let (reduced, kept): (usize, usize) = (
-            dims.iter().map(|&k| shape[k]).product(),
-            n / dims.iter().map(|&k| shape[k]).product::<usize>(),
-        );
+        let reduced: usize = dims.iter().map(|&k| shape[k]).product();
+        let kept = n / reduced;
         let mut transposed = vec![0.0; n];
         for r in 0..reduced {
             for c in 0..kept {

@@ -36,6 +36,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let live = (wid.x + wid.y * nwg.x) * n_sg + sg < groups;
     let group = min((wid.x + wid.y * nwg.x) * n_sg + sg, groups - 1u);
     let r1 = min(group * per + per, rows);
+    // A 1 the compiler cannot see: the prior is added to dx rounded, as an add of its own would.
+    let one = select(0.0, 1.0, rows != 0u);
     var dw: array<vec4<f32>, STEPS>;
     for (var row = group * per; row < r1; row = row + 1u) {
         let mean = stats[2u * row];
@@ -62,13 +64,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             }
         }
         let mean_gx = row_sum(parts, lanes) / f32(4u * width);
-        // A 1 the compiler cannot see: the prior is added to dx rounded, as an add of its own would.
-        let one = select(0.0, 1.0, rows != 0u);
         if (live) {
             for (var k = 0u; k < STEPS; k = k + 1u) {
                 let q = lane + k * lanes;
                 if (q < width) {
-                    var v = rstd * fma(-x[k], vec4<f32>(mean_gx), g[k] * w[k] - 0.0);
+                    var v = rstd * fma(-x[k], vec4<f32>(mean_gx), g[k] * w[k]);
                     if (PRIOR) {
                         v = fma(v, vec4<f32>(one), prior[k]);
                     }
