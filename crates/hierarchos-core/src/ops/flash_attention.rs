@@ -523,7 +523,8 @@ impl Kernel {
     /// 4 quads per thread (groups of 4), key/value gradients 6.4 ms with tiles of 32 rows, 7.1 with 32 keys per
     /// workgroup and 6.1 with 128. Each round's streamed rows are taken UNROLL at a time (their products
     /// interleaved, the gradient updates in row order, so the sums are the same): 2 for the query kernel and 4
-    /// for the key/value kernel took them from 3.64 / 3.89 ms to 3.32 / 3.75 (unrolling by 4 / 2: 3.39 / 3.78).
+    /// for the key/value kernel took them from 3.64 / 3.89 ms to 3.32 / 3.75 (unrolling by 4 / 2: 3.39 / 3.78);
+    /// since, 4 and 8 took them from 2.73 / 3.17 ms to 2.56 / 3.14.
     fn tiling(self, d4: usize, budget: usize, device: &Device) -> Option<(usize, Vec<(&'static str, usize)>)> {
         match self {
             Kernel::GradQRows | Kernel::GradKvRows => {
@@ -538,7 +539,7 @@ impl Kernel {
                 // Two buffers of two rows (k and v, or q and dout) per streamed row, and lse with delta.
                 let bytes = |stream: usize| 2 * stream * g * qm * 16 * 2 + 2 * stream * 4 * 2;
                 let stream = [16, 8].into_iter().find(|&stream| bytes(stream) <= budget)?;
-                let unroll = if matches!(self, Kernel::GradQRows) { 2 } else { 4 };
+                let unroll = if matches!(self, Kernel::GradQRows) { 4 } else { 8 };
                 // The kernels step through a tile UNROLL rows at a time: another divisor would skip rows.
                 assert!(
                     stream.is_multiple_of(unroll),
