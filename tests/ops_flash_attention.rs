@@ -331,6 +331,56 @@ fn flash_attention_gradcheck() {
     );
 }
 
+/// Devices with subgroups run the forward's row kernel (a group of threads per query row, their partial scores
+/// added through subgroup shuffles), others the single-row kernel: both give the reference's output, on a device
+/// of each kind, and the profile names the kernel that ran.
+#[test]
+fn flash_attention_forward_row_and_single_row_kernels() {
+    let mut rng = Rng::new("flash_attention_forward_kernels");
+    let options = hierarchos::core::GpuOptions {
+        profile: true,
+        ..hierarchos::core::GpuOptions::from_env()
+    };
+    for c in [
+        // Groups of two threads a row on the H200 and lavapipe (16 quads); grouped heads, several tiles of keys.
+        case((2, 4, 2), (70, 70, 64), (0, 0, None)),
+        // One thread a row (two quads); a window, so rows see different first keys within a subgroup.
+        case((1, 2, 1), (40, 40, 8), (0, 0, Some(5))),
+    ] {
+        let x = inputs(&mut rng, c);
+        let want = reference(c, &x.qv, &x.kv, &x.vv);
+        for subgroups in [true, false] {
+            let options = hierarchos::core::GpuOptions {
+                subgroups,
+                ..options.clone()
+            };
+            let d = pollster::block_on(hierarchos::core::Gpu::open(&options)).unwrap();
+            let on = |values: &[f32], shape: &[usize]| Tensor::from_slice(values, shape, &d).unwrap();
+            let out = on(&x.qv, &[c.b, c.h, c.t, c.d])
+                .flash_attention(
+                    &on(&x.kv, &[c.b, c.kvh, c.s, c.d]),
+                    &on(&x.vv, &[c.b, c.kvh, c.s, c.d]),
+                    c.q_start,
+                    c.k_start,
+                    c.window,
+                )
+                .unwrap();
+            let name = format!("{c:?}, subgroups {}", d.caps().subgroups);
+            assert_close(&name, &out.to_f32_vec().unwrap(), &want, 1e-5, 2e-6);
+            let timed = d
+                .features()
+                .contains(hierarchos::runtime::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
+            if timed {
+                let ran = d
+                    .profile()
+                    .iter()
+                    .any(|k| k.kernel.starts_with("flash_attention:ForwardRows"));
+                assert_eq!(ran, d.caps().subgroups, "{name}: the row kernel ran");
+            }
+        }
+    }
+}
+
 /// One launch forward, two backward (queries, then keys and values), whatever the views.
 #[test]
 fn flash_attention_launches() {

@@ -3,6 +3,7 @@
 // query row (BR rows of one head per workgroup) keeps the row and its output in registers and walks the keys it
 // sees in tiles of BC keys staged in workgroup memory, with an online softmax: the scores are never stored, so
 // memory stays linear in the sequence length. Query head h reads key/value head h / group (GQA without copies).
+// Devices with subgroups run flash_attention_forward_rows.wgsl instead.
 //
 // Bindings: out [B, T, H, D] and lse [B, H, T] (dense), q, k, v through their views; with rotary embeddings, the
 // tables of flash_attention_rotary.wgsl.

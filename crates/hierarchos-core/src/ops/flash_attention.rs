@@ -18,6 +18,7 @@ use crate::tensor::{Device, Tensor};
 
 const COMMON: &str = include_str!("../../../../wgsl/flash_attention_common.wgsl");
 const FORWARD: &str = include_str!("../../../../wgsl/flash_attention_forward.wgsl");
+const FORWARD_ROWS: &str = include_str!("../../../../wgsl/flash_attention_forward_rows.wgsl");
 const GRAD_Q: &str = include_str!("../../../../wgsl/flash_attention_dq.wgsl");
 const GRAD_KV: &str = include_str!("../../../../wgsl/flash_attention_dkv.wgsl");
 const GRAD_Q_ROWS: &str = include_str!("../../../../wgsl/flash_attention_dq_rows.wgsl");
@@ -37,6 +38,10 @@ const MAX_TILE_ROWS: usize = 16;
 /// Quads (of four elements) of each head row a thread of the backward's row kernels keeps at most: heads of
 /// 64 take groups of two threads per row.
 const ROW_QUADS: usize = 8;
+/// Keys per staged tile of the forward's row kernel at most...
+const FORWARD_TILE_KEYS: usize = 32;
+/// ...and keys per step of its online softmax (the output rescaled at most once per step).
+const FORWARD_KEY_GROUP: usize = 16;
 /// `group_sum(x)` of the row kernels: the sum over a row's G threads through subgroup shuffles, or `x` itself
 /// for groups of one thread (which then need no subgroups).
 const GROUP_SUM_SHUFFLED: &str = "fn group_sum(x: f32) -> f32 {
@@ -182,7 +187,13 @@ fn attend(
     if b * h * t > 0 && d > 0 {
         let mut buffers = vec![&out, &lse, q, k, v];
         buffers.extend(kept.as_ref());
-        params.launch(op, Kernel::Forward, &buffers, [t, b * h])?;
+        // The row kernel where it fits (not on the tensor-core path, which has its own).
+        let rows = !coop
+            && Kernel::ForwardRows
+                .tiling(d.div_ceil(4), workgroup_memory(device), device)
+                .is_some();
+        let forward = if rows { Kernel::ForwardRows } else { Kernel::Forward };
+        params.launch(op, forward, &buffers, [t, b * h])?;
     }
     let layout = GradLayout::of([q, k, v], coop);
     let (saved, params) = match kept {
@@ -442,8 +453,9 @@ fn output(op: &str, shape: &[usize], device: &Device) -> Result<Tensor> {
     Ok(Tensor::from_buffer(buffer, shape, DType::F32, None))
 }
 
-/// The kernels of the op (the first three numbered as the tensor-core ones). The backward runs `GradQRows` and
-/// `GradKvRows` where they fit, else the tiled `GradQ` and `GradKv`, which every device takes.
+/// The kernels of the op (the first three numbered as the tensor-core ones). The forward runs `ForwardRows` and
+/// the backward `GradQRows` and `GradKvRows` where they fit, else `Forward` and the tiled `GradQ` and `GradKv`,
+/// which every device takes.
 #[derive(Clone, Copy, Debug)]
 enum Kernel {
     Forward,
@@ -451,6 +463,7 @@ enum Kernel {
     GradKv,
     GradQRows,
     GradKvRows,
+    ForwardRows,
 }
 
 impl Kernel {
@@ -461,7 +474,7 @@ impl Kernel {
     fn parts(self) -> (&'static [(&'static str, bool, Rows)], &'static str) {
         use Rows::{Dense, Scalars, View};
         match self {
-            Kernel::Forward => (
+            Kernel::Forward | Kernel::ForwardRows => (
                 &[
                     ("out", true, Dense),
                     ("lse", true, Scalars),
@@ -469,7 +482,11 @@ impl Kernel {
                     ("k", false, View("K_AT")),
                     ("v", false, View("V_AT")),
                 ],
-                FORWARD,
+                if matches!(self, Kernel::Forward) {
+                    FORWARD
+                } else {
+                    FORWARD_ROWS
+                },
             ),
             Kernel::GradQ | Kernel::GradQRows => (
                 &[
@@ -512,7 +529,13 @@ impl Kernel {
     /// bytes of workgroup memory; `None` when even the smallest tiles do not fit.
     ///
     /// The forward takes 128 query rows per workgroup, one thread each, and stages up to [`MAX_TILE_ROWS`] keys
-    /// and values at a time (a power of two that fits). The backward kernels take tiles of `8R` query and key
+    /// and values at a time (a power of two that fits). Its row kernel takes 64 rows (32 for groups of 8) in
+    /// groups of G threads as the backward's row kernels, tiles of up to [`FORWARD_TILE_KEYS`] keys, and steps of
+    /// [`FORWARD_KEY_GROUP`]. On the H200 (the 12 layers of the 110M training shape): 2.26 ms against 2.49 for the
+    /// single-row kernel, whose 212 registers a thread let 8 warps run on a multiprocessor; groups of 2 threads
+    /// take 125 registers each. 128 rows: 2.42 ms; tiles of 16 keys: 2.31; steps of 4 keys: 2.31 (of 8: 2.27);
+    /// two rows a group (each staged quad read serving both): 2.62 to 2.83; groups of 4 threads: 3.28. The
+    /// backward kernels take tiles of `8R` query and key
     /// rows (flash_attention_grad_tiles.wgsl) with R = 2 where it fits, else 1. Measured on the H200 (the 12
     /// layers of the 110M training shape, query and key/value kernels together): 19.8 ms with R = 2, 20.7 with
     /// R = 1 and 31.4 with R = 4, whose larger register tiles and tile fetched ahead crowd the registers.
@@ -563,7 +586,34 @@ impl Kernel {
                 // 256 rows ran training's forward faster while each head's blocks started in order (10.5 against
                 // 9.7 TFLOP/s, H200); with the heaviest first, 128 take it from 2.87 to 2.41 ms a step. A prompt's
                 // prefill (few sequences) took 128 rows either way: 75.5K against 69.7K tokens/s over 512 tokens.
-                (bc > 0).then(|| (128, vec![("BR", 128), ("BC", 1 << bc.ilog2())]))
+                (bc > 0).then(|| (128, vec![("BR", 128), ("THREADS", 128), ("BC", 1 << bc.ilog2())]))
+            }
+            Kernel::ForwardRows => {
+                let g = d4.div_ceil(ROW_QUADS).next_power_of_two();
+                let caps = device.caps();
+                if !(caps.subgroups && caps.subgroup_size.0 as usize >= g) {
+                    return None;
+                }
+                // Tiles of a power of two keys that fits, at least one group of four.
+                let fit = (budget / (2 * 16 * d4.max(1))).min(FORWARD_TILE_KEYS);
+                if fit < 4 {
+                    return None;
+                }
+                let bc = 1 << fit.ilog2();
+                let kb = bc.min(FORWARD_KEY_GROUP);
+                let rows = (256 / g).min(64);
+                Some((
+                    rows,
+                    vec![
+                        ("G", g),
+                        ("QM", d4.div_ceil(g)),
+                        ("ROWS", rows),
+                        ("THREADS", rows * g),
+                        ("BC", bc),
+                        ("KB", kb),
+                        ("KQ", kb / 4),
+                    ],
+                ))
             }
             Kernel::GradQ | Kernel::GradKv => {
                 let bytes = |r: usize| {
@@ -727,7 +777,8 @@ impl Params {
         let shape: Vec<String> = constants.iter().map(|(_, value)| value.to_string()).collect();
         let rotary = self.tables.is_some();
         // A rotary forward given one buffer past its fixed bindings keeps the rotated rows there (see `attend`).
-        let keeps = rotary && matches!(kernel, Kernel::Forward) && buffers.len() > kernel.parts().0.len();
+        let forward = matches!(kernel, Kernel::Forward | Kernel::ForwardRows);
+        let keeps = rotary && forward && buffers.len() > kernel.parts().0.len();
         let key = format!(
             "flash_attention:{kernel:?}:{}:{}:{rotary}:{keeps}",
             shape.join(":"),
@@ -756,16 +807,14 @@ impl Params {
             }
             s.push_str(COMMON_WGSL);
             s.push_str(COMMON);
-            s.push_str(&match (kernel, rotary) {
-                (Kernel::Forward, true) => {
-                    [ROTARY, ROTATED_LOADS, if keeps { KEEP_ROTATED } else { KEEP_NOTHING }].concat()
-                }
-                (Kernel::Forward, false) => [LOADS, KEEP_NOTHING].concat(),
-                (_, true) => [LOADS, ROTARY, GRADS_ROTATED_BACK].concat(),
-                (_, false) => [LOADS, GRADS_AS_COMPUTED].concat(),
+            s.push_str(&match (forward, rotary) {
+                (true, true) => [ROTARY, ROTATED_LOADS, if keeps { KEEP_ROTATED } else { KEEP_NOTHING }].concat(),
+                (true, false) => [LOADS, KEEP_NOTHING].concat(),
+                (false, true) => [LOADS, ROTARY, GRADS_ROTATED_BACK].concat(),
+                (false, false) => [LOADS, GRADS_AS_COMPUTED].concat(),
             });
             match kernel {
-                Kernel::Forward => s.push_str(KEY_TILES),
+                Kernel::Forward | Kernel::ForwardRows => s.push_str(KEY_TILES),
                 Kernel::GradQ => s.push_str(&[GRAD_TILES, QUERY_GRADS].concat()),
                 Kernel::GradKv => s.push_str(&[GRAD_TILES, KEY_GRADS].concat()),
                 Kernel::GradQRows => s.push_str(QUERY_GRADS),
@@ -773,6 +822,8 @@ impl Params {
             }
             if matches!(kernel, Kernel::GradQRows | Kernel::GradKvRows) {
                 s.push_str(ROWS_COMMON);
+            }
+            if matches!(kernel, Kernel::ForwardRows | Kernel::GradQRows | Kernel::GradKvRows) {
                 let grouped = constants.iter().any(|&(name, value)| name == "G" && value > 1);
                 s.push_str(if grouped { GROUP_SUM_SHUFFLED } else { GROUP_SUM_SINGLE });
             }
