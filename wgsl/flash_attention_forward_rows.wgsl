@@ -12,7 +12,8 @@
 // weight.
 //
 // The Rust side defines G (a power of two, at most the smallest subgroup size), QM, ROWS (query rows a
-// workgroup owns), THREADS = ROWS G, BC (keys per staged tile), KB (a divisor of BC) and group_sum(x).
+// workgroup owns), THREADS = ROWS G, BC (keys per staged tile), KB (keys per step, a divisor of BC and a multiple
+// of 4), KQ = KB / 4 and group_sum(x).
 //
 // Bindings: as flash_attention_forward.wgsl.
 
