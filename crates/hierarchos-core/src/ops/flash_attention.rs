@@ -533,12 +533,13 @@ impl Kernel {
     /// groups of G threads as the backward's row kernels, tiles of up to [`FORWARD_TILE_KEYS`] keys, and steps of
     /// [`FORWARD_KEY_GROUP`]. On the H200 (the 12 layers of the 110M training shape): 2.26 ms against 2.49 for the
     /// single-row kernel, whose 212 registers a thread let 8 warps run on a multiprocessor; groups of 2 threads
-    /// take 125 registers each. 128 rows: 2.42 ms; tiles of 16 keys: 2.31; steps of 4 keys: 2.31 (of 8: 2.27);
-    /// two rows a group (each staged quad read serving both): 2.62 to 2.83; groups of 4 threads: 3.28. The
-    /// backward kernels take tiles of `8R` query and key
-    /// rows (flash_attention_grad_tiles.wgsl) with R = 2 where it fits, else 1. Measured on the H200 (the 12
-    /// layers of the 110M training shape, query and key/value kernels together): 19.8 ms with R = 2, 20.7 with
-    /// R = 1 and 31.4 with R = 4, whose larger register tiles and tile fetched ahead crowd the registers.
+    /// take 125 registers each. Other row counts, tiles, steps and group shapes ran slower (BENCHMARKS.md,
+    /// session 28), two rows a group too (each staged quad serving both).
+    ///
+    /// The backward kernels take tiles of `8R` query and key rows (flash_attention_grad_tiles.wgsl) with R = 2
+    /// where it fits, else 1. Measured on the H200 (the 12 layers of the 110M training shape, query and key/value
+    /// kernels together): 19.8 ms with R = 2, 20.7 with R = 1 and 31.4 with R = 4, whose larger register tiles
+    /// and tile fetched ahead crowd the registers.
     ///
     /// The row kernels keep each of their 64 rows (32 for groups of 8) in a group of G threads, at most
     /// [`ROW_QUADS`] quads each, and stream tiles of 16 rows (8 where 16 do not fit). On the H200, the same 12
