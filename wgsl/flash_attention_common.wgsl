@@ -31,6 +31,12 @@ fn view_base(at: u32, b: u32, head: u32, pos: u32) -> u32 {
     return p[at] + b * p[at + 1u] + head * p[at + 2u] + pos * p[at + 3u];
 }
 
+// The first query row of block `block` of `rows` query rows: blocks of later rows see more keys, so they take the
+// lowest numbers and launch first (see ops/flash_attention.rs, `launch`).
+fn query_block_start(block: u32, rows: u32) -> u32 {
+    return ((p[2] + rows - 1u) / rows - 1u - block) * rows;
+}
+
 // The keys query `t` sees: [first, end).
 fn keys_seen(t: u32) -> vec2<u32> {
     let qpos = p[5] + t;

@@ -25,8 +25,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     let b = wg.x / H;
     let h = wg.x % H;
     let kh = h / p[4];
-    // Blocks of later rows see more keys: they launch first (see ops/flash_attention.rs, `launch`).
-    let t0 = ((T + TILE - 1u) / TILE - 1u - wg.y) * TILE;
+    let t0 = query_block_start(wg.y, TILE);
     let tile_first = keys_seen(t0).x;
     let tile_end = keys_seen(min(t0 + TILE, T) - 1u).y;
     //@FOR e STAGED

@@ -28,8 +28,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let b = wg.x / H;
     let h = wg.x % H;
     let kh = h / p[4];
-    // Blocks of later rows see more keys: they launch first (see ops/flash_attention.rs, `launch`).
-    let t0 = ((T + ROWS - 1u) / ROWS - 1u - wg.y) * ROWS;
+    let t0 = query_block_start(wg.y, ROWS);
     let t = t0 + lid / G;
     let member = lid % G;
     let tc = min(t, T - 1u);

@@ -33,8 +33,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
     let b = wg.x / H;
     let h = wg.x % H;
     let kh = h / p[4];
-    // Blocks of later rows see more keys: they launch first (see ops/flash_attention.rs, `launch`).
-    let t0 = ((T + BR - 1u) / BR - 1u - wg.y) * BR;
+    let t0 = query_block_start(wg.y, BR);
     let t = t0 + lid;
     let live = t < T;
     let seen = keys_seen(min(t, T - 1u));

@@ -12,10 +12,13 @@
 // weight.
 //
 // The Rust side defines G (a power of two, at most the smallest subgroup size), QM, ROWS (query rows a
-// workgroup owns), THREADS = ROWS G, BC (keys per staged tile), KB (keys per step, a divisor of BC and a multiple
-// of 4), KQ = KB / 4 and group_sum(x).
+// workgroup owns), THREADS = ROWS G, BC (keys per staged tile), KQ (groups of four keys per step: 4 KQ divides
+// BC) and group_sum(x).
 //
 // Bindings: as flash_attention_forward.wgsl.
+
+// Keys per step.
+const KB: u32 = 4u * KQ;
 
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -25,8 +28,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let b = wg.x / H;
     let h = wg.x % H;
     let kh = h / p[4];
-    // Blocks of later rows see more keys: they launch first (see ops/flash_attention.rs, `launch`).
-    let t0 = ((T + ROWS - 1u) / ROWS - 1u - wg.y) * ROWS;
+    let t0 = query_block_start(wg.y, ROWS);
     let t = t0 + lid / G;
     let member = lid % G;
     let tc = min(t, T - 1u);

@@ -188,11 +188,10 @@ fn attend(
         let mut buffers = vec![&out, &lse, q, k, v];
         buffers.extend(kept.as_ref());
         // The row kernel where it fits (not on the tensor-core path, which has its own).
-        let rows = !coop
-            && Kernel::ForwardRows
-                .tiling(d.div_ceil(4), workgroup_memory(device), device)
-                .is_some();
-        let forward = if rows { Kernel::ForwardRows } else { Kernel::Forward };
+        let forward = match !coop && Kernel::ForwardRows.fits(d, device) {
+            true => Kernel::ForwardRows,
+            false => Kernel::Forward,
+        };
         params.launch(op, forward, &buffers, [t, b * h])?;
     }
     let layout = GradLayout::of([q, k, v], coop);
@@ -320,9 +319,8 @@ fn records_grads(inputs: [&Tensor; 3]) -> bool {
 /// Whether the forward kernel, and with `with_grads` the backward ones, have tiles for heads of `q`'s size
 /// within the device's workgroup memory.
 fn tiles_fit(q: &Tensor, with_grads: bool) -> bool {
-    let (d4, budget) = (q.shape()[3].div_ceil(4), workgroup_memory(q.device()));
     let kernels: &[Kernel] = if with_grads { &Kernel::ALL } else { &[Kernel::Forward] };
-    kernels.iter().all(|k| k.tiling(d4, budget, q.device()).is_some())
+    kernels.iter().all(|k| k.fits(q.shape()[3], q.device()))
 }
 
 fn workgroup_memory(device: &Device) -> usize {
@@ -388,11 +386,7 @@ fn backward(
     {
         let delta = output(OP, &[b, h, t], device)?;
         // The kernels that keep rows in registers where they fit (not on the tensor-core path, which has its own).
-        let rows = !params.coop
-            && Kernel::GradQRows
-                .tiling(d.div_ceil(4), workgroup_memory(device), device)
-                .is_some();
-        let (grad_q, grad_kv) = match rows {
+        let (grad_q, grad_kv) = match !params.coop && Kernel::GradQRows.fits(d, device) {
             true => (Kernel::GradQRows, Kernel::GradKvRows),
             false => (Kernel::GradQ, Kernel::GradKv),
         };
@@ -525,6 +519,11 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel has tiles for heads of `d` elements on `device`.
+    fn fits(self, d: usize, device: &Device) -> bool {
+        self.tiling(d.div_ceil(4), workgroup_memory(device), device).is_some()
+    }
+
     /// Rows per workgroup and the tile constants of the source (besides D4), for heads of `d4` quads and `budget`
     /// bytes of workgroup memory; `None` when even the smallest tiles do not fit.
     ///
@@ -552,14 +551,8 @@ impl Kernel {
     fn tiling(self, d4: usize, budget: usize, device: &Device) -> Option<(usize, Vec<(&'static str, usize)>)> {
         match self {
             Kernel::GradQRows | Kernel::GradKvRows => {
-                // Groups of G threads per row, each holding up to ROW_QUADS quads of every row it keeps.
-                let g = d4.div_ceil(ROW_QUADS).next_power_of_two();
-                let caps = device.caps();
-                if g > 1 && !(caps.subgroups && caps.subgroup_size.0 as usize >= g) {
-                    return None;
-                }
+                let (g, rows) = row_groups(d4, device, false)?;
                 let qm = d4.div_ceil(g);
-                let rows = (256 / g).min(64);
                 // Two buffers of two rows (k and v, or q and dout) per streamed row, and lse with delta.
                 let bytes = |stream: usize| 2 * stream * g * qm * 16 * 2 + 2 * stream * 4 * 2;
                 let stream = [16, 8].into_iter().find(|&stream| bytes(stream) <= budget)?;
@@ -590,11 +583,8 @@ impl Kernel {
                 (bc > 0).then(|| (128, vec![("BR", 128), ("THREADS", 128), ("BC", 1 << bc.ilog2())]))
             }
             Kernel::ForwardRows => {
-                let g = d4.div_ceil(ROW_QUADS).next_power_of_two();
-                let caps = device.caps();
-                if !(caps.subgroups && caps.subgroup_size.0 as usize >= g) {
-                    return None;
-                }
+                // Its loops take their bounds from subgroup operations, whatever G.
+                let (g, rows) = row_groups(d4, device, true)?;
                 // Tiles of a power of two keys that fits, at least one group of four.
                 let fit = (budget / (2 * 16 * d4.max(1))).min(FORWARD_TILE_KEYS);
                 if fit < 4 {
@@ -602,7 +592,6 @@ impl Kernel {
                 }
                 let bc = 1 << fit.ilog2();
                 let kb = bc.min(FORWARD_KEY_GROUP);
-                let rows = (256 / g).min(64);
                 Some((
                     rows,
                     vec![
@@ -611,7 +600,6 @@ impl Kernel {
                         ("ROWS", rows),
                         ("THREADS", rows * g),
                         ("BC", bc),
-                        ("KB", kb),
                         ("KQ", kb / 4),
                     ],
                 ))
@@ -634,6 +622,20 @@ impl Kernel {
             }
         }
     }
+}
+
+/// The groups of the row kernels for heads of `d4` quads, as (G, rows a workgroup): G threads a row, each holding
+/// up to [`ROW_QUADS`] quads of every row it keeps, 64 rows (fewer for groups past 4, so that a workgroup stays
+/// within 256 threads). The forward's and the backward's row kernels take the same G, so that the backward
+/// recomputes the forward's scores. `None` where the groups need subgroups (G > 1, or `subgroups`) that the
+/// device does not have at that size.
+fn row_groups(d4: usize, device: &Device, subgroups: bool) -> Option<(usize, usize)> {
+    let g = d4.div_ceil(ROW_QUADS).next_power_of_two();
+    let caps = device.caps();
+    if (g > 1 || subgroups) && !(caps.subgroups && caps.subgroup_size.0 as usize >= g) {
+        return None;
+    }
+    Some((g, (256 / g).min(64)))
 }
 
 /// What a binding's elements are: head rows of D read through a view (whose parameters start at the named
