@@ -222,12 +222,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let m_new = max(m_run, reduce(lid, local_max, true));
         // exp(-inf - -inf) is NaN: a running max or chunk max of -inf carries no mass and scales to 0.
         let empty = (m_new == neg_inf());
-        let scale = select(exp(m_run - m_new), 0.0, (m_run == neg_inf()));
+        let scale = select(exp_acc(m_run - m_new), 0.0, (m_run == neg_inf()));
         m_run = m_new;
         l_part = l_part * scale;
         acc = acc * scale;
         for (var i = lid; i < n; i = i + WG) {
-            let e = select(exp(scores[i] - m_new), 0.0, empty);
+            let e = select(exp_acc(scores[i] - m_new), 0.0, empty);
             scores[i] = e;
             l_part = l_part + e;
         }

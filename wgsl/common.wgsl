@@ -71,3 +71,16 @@ fn strided_index(i: u32, rank: u32, shape_at: u32, offset_at: u32, strides_at: u
     }
     return off;
 }
+
+// exp(x) as accurate at every x as the device's exp2 is near 0 (within 2 ulp on the H200 and lavapipe; PyTorch's
+// expf: 1). Drivers compute WGSL's exp as exp2(x log2(e)) with the product rounded, which adds about |x| / 4 ulp
+// (2-4 at the |x| of 8-16 of attention scores and logits, 20 near 88). Here x = n ln2 + r with n an integer and
+// |r| <= ln2 / 2: n ln2's high part has 15 significant bits, so that product and the difference are exact without
+// fma (lavapipe's fma rounds twice), and n goes into the exponent bits of exp2(r log2(e)), exactly. Past the
+// range of normal results: 0 below (as the driver's exp flushes them), infinity above; NaN stays NaN.
+fn exp_acc(x: f32) -> f32 {
+    let n = round(x * 1.44269502);
+    let r = (x - n * 0.693145751953125) - n * 1.4286068e-6;
+    let y = bitcast<f32>(bitcast<u32>(exp2(r * 1.44269502)) + (u32(i32(n)) << 23u));
+    return select(select(y, 0.0, x < -87.3), bitcast<f32>(0x7f800000u), x > 88.72283);
+}

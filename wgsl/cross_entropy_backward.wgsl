@@ -18,5 +18,5 @@ fn out_value(ctx: RowCtx, j: u32) -> f32 {
         return 0.0;
     }
     let x = f32(load_logits(ctx.base0 + j * col_stride(0u)));
-    return (exp(x - ctx.v.x) - select(0.0, 1.0, (j == ctx.base1))) * ctx.v.y;
+    return (exp_acc(x - ctx.v.x) - select(0.0, 1.0, (j == ctx.base1))) * ctx.v.y;
 }

@@ -112,7 +112,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             //@END
             let s@u = group_sum(s_part@u);
             let dp@u = group_sum(dp_part@u);
-            let pr@u = select(0.0, exp(s@u - lse_t[buf * STREAM + r0 + @uu]), within(i0 + r0 + @uu, seeing));
+            let pr@u = select(0.0, exp_acc(s@u - lse_t[buf * STREAM + r0 + @uu]), within(i0 + r0 + @uu, seeing));
             let ds@u = pr@u * (dp@u - delta_t[buf * STREAM + r0 + @uu]);
             //@END
             //@FOR u UNROLL

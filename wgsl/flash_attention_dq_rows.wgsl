@@ -85,7 +85,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             //@END
             let s@u = group_sum(s_part@u);
             let dp@u = group_sum(dp_part@u);
-            let ds@u = select(0.0, exp(s@u - row_lse), within(j0 + r0 + @uu, seen)) * (dp@u - delta);
+            let ds@u = select(0.0, exp_acc(s@u - row_lse), within(j0 + r0 + @uu, seen)) * (dp@u - delta);
             //@END
             //@FOR u UNROLL
             //@FOR m QM

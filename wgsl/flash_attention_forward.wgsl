@@ -72,17 +72,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid3
             let s3 = select(neg_inf(), hsum(a3), j + 3u < end);
             let mx = max(max(s0, s1), max(s2, s3));
             if (mx > m) {
-                let r = exp(m - mx);
+                let r = exp_acc(m - mx);
                 l = l * r;
                 //@FOR i D4
                 acc@i = acc@i * r;
                 //@END
                 m = mx;
             }
-            let e0 = vec4<f32>(exp(s0 - m));
-            let e1 = vec4<f32>(exp(s1 - m));
-            let e2 = vec4<f32>(exp(s2 - m));
-            let e3 = vec4<f32>(exp(s3 - m));
+            let e0 = vec4<f32>(exp_acc(s0 - m));
+            let e1 = vec4<f32>(exp_acc(s1 - m));
+            let e2 = vec4<f32>(exp_acc(s2 - m));
+            let e3 = vec4<f32>(exp_acc(s3 - m));
             l = l + (e0.x + e1.x) + (e2.x + e3.x);
             //@FOR i D4
             acc@i = fma(e0, vs[r.x + @iu], fma(e1, vs[r.y + @iu], fma(e2, vs[r.z + @iu], fma(e3, vs[r.w + @iu], acc@i))));

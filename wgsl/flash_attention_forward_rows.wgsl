@@ -82,7 +82,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             mx = max(mx, max(max(x@w_0, x@w_1), max(x@w_2, x@w_3)));
             //@END
             if (mx > m) {
-                let f = exp(m - mx);
+                let f = exp_acc(m - mx);
                 l = l * f;
                 //@FOR m QM
                 acc@m = acc@m * f;
@@ -92,10 +92,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             // Until the row has seen a key, every score is -inf: weigh them exp(-inf - 0) = 0, not NaN.
             let base = select(m, 0.0, m == neg_inf());
             //@FOR w KQ
-            let e@w_0 = exp(x@w_0 - base);
-            let e@w_1 = exp(x@w_1 - base);
-            let e@w_2 = exp(x@w_2 - base);
-            let e@w_3 = exp(x@w_3 - base);
+            let e@w_0 = exp_acc(x@w_0 - base);
+            let e@w_1 = exp_acc(x@w_1 - base);
+            let e@w_2 = exp_acc(x@w_2 - base);
+            let e@w_3 = exp_acc(x@w_3 - base);
             l = l + ((e@w_0 + e@w_1) + (e@w_2 + e@w_3));
             //@END
             //@FOR m QM

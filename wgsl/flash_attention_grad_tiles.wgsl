@@ -95,7 +95,7 @@ fn score_tile(ty: u32, tx: u32, i0: u32, j0: u32) {
 // p and ds of staged query row r and key row c from their score s and output-gradient product dp. With
 // SCORES_KEY_MAJOR, entry (r, c) is at c * PS + r, otherwise at r * PS + c.
 fn store_scores(r: u32, c: u32, i0: u32, j0: u32, s: f32, dp: f32) {
-    let pr = select(0.0, exp(s - lse_s[r]), visible(i0 + r, j0 + c));
+    let pr = select(0.0, exp_acc(s - lse_s[r]), visible(i0 + r, j0 + c));
     var at = r * PS + c;
     if (SCORES_KEY_MAJOR) {
         at = c * PS + r;

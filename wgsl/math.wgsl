@@ -8,19 +8,19 @@ fn tanh_acc(x: f32) -> f32 {
         return x * (1.0 + x2 * (-0.33333333333 + x2 * (0.13333333333 + x2 * (-0.05396825397
             + x2 * (0.02186948854 + x2 * (-0.00886323552 + x2 * 0.00359212803))))));
     }
-    let r = 1.0 - 2.0 / (exp(min(2.0 * a, 88.0)) + 1.0);
+    let r = 1.0 - 2.0 / (exp_acc(min(2.0 * a, 88.0)) + 1.0);
     return select(r, -r, x < 0.0);
 }
 
 fn sigmoid_acc(x: f32) -> f32 {
-    return 1.0 / (1.0 + exp(-x));
+    return 1.0 / (1.0 + exp_acc(-x));
 }
 
 // erfc with fractional error below 1.2e-7 everywhere (Chebyshev fit of erfc(z) exp(z^2)).
 fn erfc_acc(x: f32) -> f32 {
     let z = abs(x);
     let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
+    let r = t * exp_acc(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418
         + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587
         + t * (-0.82215223 + t * 0.17087277)))))))));
     return select(r, 2.0 - r, x < 0.0);
@@ -32,7 +32,7 @@ fn gelu_erf(x: f32) -> f32 {
 }
 
 fn gelu_erf_grad(x: f32) -> f32 {
-    return 0.5 * erfc_acc(-x * 0.70710678118654752) + x * 0.39894228040143268 * exp(-0.5 * x * x);
+    return 0.5 * erfc_acc(-x * 0.70710678118654752) + x * 0.39894228040143268 * exp_acc(-0.5 * x * x);
 }
 
 // Tanh-approximated GELU as x * sigmoid(2u): 1 + tanh(u) = 2 sigmoid(2u) avoids cancellation.

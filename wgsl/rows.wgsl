@@ -57,7 +57,7 @@ fn combine(a: vec4<f32>, b: vec4<f32>, kind: u32) -> vec4<f32> {
         if (m == neg_inf()) {
             return vec4<f32>(m, a.y + b.y, 0.0, 0.0);
         }
-        return vec4<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m), 0.0, 0.0);
+        return vec4<f32>(m, a.y * exp_acc(a.x - m) + b.y * exp_acc(b.x - m), 0.0, 0.0);
     }
     return a + b;
 }
@@ -65,9 +65,9 @@ fn combine(a: vec4<f32>, b: vec4<f32>, kind: u32) -> vec4<f32> {
 // Adds element x to a running logsumexp part with one exp. NaN falls to the second branch and poisons the sum.
 fn lse_push(a: vec4<f32>, x: f32) -> vec4<f32> {
     if (x > a.x) {
-        return vec4<f32>(x, a.y * exp(a.x - x) + 1.0, 0.0, 0.0);
+        return vec4<f32>(x, a.y * exp_acc(a.x - x) + 1.0, 0.0, 0.0);
     }
-    return vec4<f32>(a.x, a.y + select(exp(x - a.x), 0.0, (x == neg_inf())), 0.0, 0.0);
+    return vec4<f32>(a.x, a.y + select(exp_acc(x - a.x), 0.0, (x == neg_inf())), 0.0, 0.0);
 }
 
 var<workgroup> partials: array<vec4<f32>, 256>;

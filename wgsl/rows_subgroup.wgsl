@@ -11,7 +11,7 @@ fn lse_reduce(lid: u32, sg_lane: u32, own: vec4<f32>) -> vec4<f32> {
     let m = subgroupMax(own.x);
     var s = own.y;
     if (m != neg_inf()) {
-        s = own.y * exp(own.x - m);
+        s = own.y * exp_acc(own.x - m);
     }
     s = subgroupAdd(s);
     if (sg_lane == 0u) {

@@ -23,5 +23,5 @@ fn out_value(ctx: RowCtx, j: u32) -> f32 {
         // (x - max) - log(sum) keeps full precision for large x, unlike x - (max + log(sum)).
         return (x - ctx.v.x) - ctx.v.y;
     }
-    return exp(x - ctx.v.x) * ctx.v.y;
+    return exp_acc(x - ctx.v.x) * ctx.v.y;
 }

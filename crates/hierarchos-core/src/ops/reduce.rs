@@ -81,7 +81,7 @@ impl ReduceOp {
             ReduceOp::LogSumExp => (
                 "pick(phase == 1u, Acc(0.0, 0u), Acc(neg_inf(), 0u))",
                 "pick(phase == 1u, Acc(a.v + b.v, 0u), Acc(max_nan(a.v, b.v), 0u))",
-                "pick(phase == 1u, Acc(exp(x - pv), 0u), Acc(x, 0u))",
+                "pick(phase == 1u, Acc(exp_acc(x - pv), 0u), Acc(x, 0u))",
                 "pv + log(a.v)",
                 "f32",
             ),

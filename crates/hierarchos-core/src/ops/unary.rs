@@ -76,7 +76,7 @@ impl UnaryOp {
             UnaryOp::Neg => "-x",
             UnaryOp::Abs => "abs(x)",
             UnaryOp::Sign => "sign(x)",
-            UnaryOp::Exp => "exp(x)",
+            UnaryOp::Exp => "exp_acc(x)",
             UnaryOp::Log => "log(x)",
             UnaryOp::Sqrt => "sqrt(x)",
             UnaryOp::Rsqrt => "1.0 / sqrt(x)",
