@@ -15,10 +15,29 @@ use hierarchos::nn::train::{LossScale, LrScheduler, Precision, Schedule, StepSta
 use hierarchos::nn::{CausalLm, Error, Model, ModelConfig, Weights};
 
 /// The bound on any parameter after the two damped steps, unless PyTorch's own f32 lands further from the
-/// float64 reference on a fixture (2.0e-7..4.3e-7 here, mostly the rounding of norm weights near 1): then 1.5x
-/// PyTorch's error.
+/// float64 reference on a fixture (1.2e-7..9.4e-6 here, mostly the rounding of norm weights near 1): then 1.5x
+/// PyTorch's error. PyTorch's error is the largest of its runs: the fixture script's (reference.json) and those of
+/// `scripts/torch_f32_spread.py` (tests/fixtures/torch_f32_spread.json: the CPU with one thread and with all, and
+/// CUDA). The damped steps turn a gradient's rounding into a parameter error of its size, and the few gradients
+/// that nearly cancel (embedding rows of tokens seen once, some key projections) follow any change of summation
+/// order, so one f32 run is one sample of that noise: PyTorch's own runs differ by up to 5x (Gemma 3's embeddings).
 const PARAM_ATOL: f64 = 2.5e-7;
 const TORCH_F32_FACTOR: f64 = 1.5;
+
+/// The largest parameter error of PyTorch's f32 runs of fixture `name` (see [`PARAM_ATOL`]).
+fn torch_f32_error(name: &str, dir: &Path) -> f64 {
+    let fixture = report(dir)["diagnostics"]["transformers_f32_adamw"]["adamw_damped"]["max_abs_param_err"]
+        .as_f64()
+        .unwrap();
+    let file = dir.parent().unwrap().join("torch_f32_spread.json");
+    let spread: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let runs = spread["fixtures"][name]
+        .as_object()
+        .unwrap_or_else(|| panic!("{name}: no runs in torch_f32_spread.json (run scripts/torch_f32_spread.py)"));
+    runs.values()
+        .map(|run| run["max_abs_param_err"].as_f64().unwrap())
+        .fold(fixture, f64::max)
+}
 /// Relative bound on the two losses (the first is the forward pass alone, the second follows one update).
 const LOSS_RTOL: f64 = 1e-6;
 
@@ -88,9 +107,7 @@ fn two_adamw_steps_match_pytorch_float64() {
             })
             .collect();
         errors.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let torch = report(&dir)["diagnostics"]["transformers_f32_adamw"]["adamw_damped"]["max_abs_param_err"]
-            .as_f64()
-            .unwrap();
+        let torch = torch_f32_error(name, &dir);
         let bound = PARAM_ATOL.max(TORCH_F32_FACTOR * torch);
         let worst: Vec<String> = errors.iter().take(3).map(|(d, p)| format!("{p} {d:.2e}")).collect();
         eprintln!(
