@@ -202,6 +202,26 @@ fn softmax_special_values() {
             .iter()
             .all(|v| v.is_nan())
     );
+    // The same rows past four elements a thread (rows of 2500 take the kernels' four-at-a-time steps), padded
+    // with -inf: a masked row, a row of only -inf, large values, and a NaN among finite values.
+    let w = 2500;
+    let mut wide = vec![ninf; 4 * w];
+    wide[0] = 0.0;
+    wide[2 * w..2 * w + 3].copy_from_slice(&[1000.0, 1000.0, -1000.0]);
+    wide[3 * w..].fill(0.5);
+    wide[3 * w + 2100] = f32::NAN;
+    let got = Tensor::from_slice(&wide, &[4, w], &d)
+        .unwrap()
+        .softmax(1)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(got[0], 1.0);
+    assert!(got[1..w].iter().all(|&v| v == 0.0));
+    assert!(got[w..2 * w].iter().all(|v| v.is_nan()));
+    assert_eq!(&got[2 * w..2 * w + 3], &[0.5, 0.5, 0.0]);
+    assert!(got[2 * w + 3..3 * w].iter().all(|&v| v == 0.0));
+    assert!(got[3 * w..].iter().all(|v| v.is_nan()));
     let scalar = Tensor::from_slice(&[3.0f32], &[], &d).unwrap();
     assert_eq!(scalar.softmax(-1).unwrap().to_vec::<f32>().unwrap(), vec![1.0]);
     assert_eq!(scalar.log_softmax(0).unwrap().to_vec::<f32>().unwrap(), vec![0.0]);

@@ -72,15 +72,19 @@ fn strided_index(i: u32, rank: u32, shape_at: u32, offset_at: u32, strides_at: u
     return off;
 }
 
-// exp(x) as accurate at every x as the device's exp2 is near 0 (within 2 ulp on the H200 and lavapipe; PyTorch's
+// exp(x) as accurate at every x as the device's exp2 is near 0 (within 2 ulp on the H200 and 3 on lavapipe; PyTorch's
 // expf: 1). Drivers compute WGSL's exp as exp2(x log2(e)) with the product rounded, which adds about |x| / 4 ulp
-// (2-4 at the |x| of 8-16 of attention scores and logits, 20 near 88). Here x = n ln2 + r with n an integer and
-// |r| <= ln2 / 2: n ln2's high part has 15 significant bits, so that product and the difference are exact without
-// fma (lavapipe's fma rounds twice), and n goes into the exponent bits of exp2(r log2(e)), exactly. Past the
-// range of normal results: 0 below (as the driver's exp flushes them), infinity above; NaN stays NaN.
+// (2-4 at the |x| of 8-16 of attention scores and logits, 20 near 88). Here x = n ln2 + r with n an integer:
+// n ln2's high part has 15 significant bits, so that product and the difference are exact without fma (lavapipe's
+// fma rounds twice), and 2^n scales exp2(r log2(e)) exactly. n is x log2(e) rounded by adding 1.5 2^23 (its
+// bits then hold n; a float round trip there, (a + c) - c, is folded away by Mesa), at most 127, so that 2^n is
+// an f32 (|r log2(e)| <= 1 then). Outside the range of normal results x gives 0, infinity or NaN, chosen by
+// comparisons that no compiler can turn into a max or min (which drop NaN).
 fn exp_acc(x: f32) -> f32 {
-    let n = round(x * 1.44269502);
+    let k = min(bitcast<i32>(bitcast<u32>(x * 1.44269502 + 12582912.0) - 0x4b400000u), 127);
+    let n = f32(k);
     let r = (x - n * 0.693145751953125) - n * 1.4286068e-6;
-    let y = bitcast<f32>(bitcast<u32>(exp2(r * 1.44269502)) + (u32(i32(n)) << 23u));
-    return select(select(y, 0.0, x < -87.3), bitcast<f32>(0x7f800000u), x > 88.72283);
+    let y = exp2(r * 1.44269502) * bitcast<f32>(u32(k + 127) << 23u);
+    let outside = select(select(x, 0.0, x < -1.0), pos_inf(), x > 1.0);
+    return select(y, outside, !(x >= -87.3 && x <= 88.72283));
 }

@@ -7,7 +7,14 @@ fn run_row(row: u32, lid: u32, sg_lane: u32) {
     let base = row_base(0u, row);
     let cs = col_stride(0u);
     var own = vec4<f32>(neg_inf(), 0.0, 0.0, 0.0);
-    for (var j = lid; j < p[1]; j = j + WG) {
+    var j = lid;
+    for (; j + 3u * WG < p[1]; j = j + 4u * WG) {
+        let at = base + j * cs;
+        let step = WG * cs;
+        own = lse_push4(own, vec4<f32>(f32(load_logits(at)), f32(load_logits(at + step)), f32(load_logits(at + 2u * step)),
+            f32(load_logits(at + 3u * step))));
+    }
+    for (; j < p[1]; j = j + WG) {
         own = lse_push(own, f32(load_logits(base + j * cs)));
     }
     let t = lse_reduce(lid, sg_lane, own);
