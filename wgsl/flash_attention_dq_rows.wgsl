@@ -31,6 +31,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let t0 = query_block_start(wg.y, ROWS);
     let t = t0 + lid / G;
     let member = lid % G;
+    let odd = (member & 1u) == 1u;
     let tc = min(t, T - 1u);
     let ob = ((b * T + tc) * H + h) * D;
     var delta_part = 0.0;
@@ -71,6 +72,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         let row0 = buf * STREAM * QS + member;
         for (var r0 = 0u; r0 < STREAM; r0 = r0 + UNROLL) {
+            // Each pair of a group's threads takes the exps of two streamed rows, one each (see pair_exp).
+            var x: array<f32, UNROLL>;
+            var e: array<vec2<f32>, PAIRS>;
             //@FOR u UNROLL
             let at@u = row0 + (r0 + @uu) * QS;
             // Sums in the tiled kernels' order (a dot product per quad, quads in order): with one thread per row
@@ -85,9 +89,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             //@END
             let s@u = group_sum(s_part@u);
             let dp@u = group_sum(dp_part@u);
-            let ds@u = select(0.0, exp_acc(s@u - row_lse), within(j0 + r0 + @uu, seen)) * (dp@u - delta);
+            x[@u] = s@u - row_lse;
+            //@END
+            //@FOR v PAIRS
+            e[@vu] = pair_exp(x[2u * @vu], x[2u * @vu + 1u], odd);
             //@END
             //@FOR u UNROLL
+            let ds@u = select(0.0, e[@uu / 2u][@uu % 2u], within(j0 + r0 + @uu, seen)) * (dp@u - delta);
             //@FOR m QM
             dq@m = fma(vec4<f32>(ds@u), k@u_@m, dq@m);
             //@END

@@ -31,6 +31,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let t0 = query_block_start(wg.y, ROWS);
     let t = t0 + lid / G;
     let member = lid % G;
+    let odd = (member & 1u) == 1u;
     let tc = min(t, T - 1u);
     let seen = keys_seen(tc);
     // With rotary embeddings the first query head of each key/value head keeps the rotated keys (and the
@@ -92,10 +93,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             // Until the row has seen a key, every score is -inf: weigh them exp(-inf - 0) = 0, not NaN.
             let base = select(m, 0.0, m == neg_inf());
             //@FOR w KQ
-            let e@w_0 = exp_acc(x@w_0 - base);
-            let e@w_1 = exp_acc(x@w_1 - base);
-            let e@w_2 = exp_acc(x@w_2 - base);
-            let e@w_3 = exp_acc(x@w_3 - base);
+            let e@w_01 = pair_exp(x@w_0 - base, x@w_1 - base, odd);
+            let e@w_23 = pair_exp(x@w_2 - base, x@w_3 - base, odd);
+            let e@w_0 = e@w_01.x;
+            let e@w_1 = e@w_01.y;
+            let e@w_2 = e@w_23.x;
+            let e@w_3 = e@w_23.y;
             l = l + ((e@w_0 + e@w_1) + (e@w_2 + e@w_3));
             //@END
             //@FOR m QM
