@@ -62,24 +62,6 @@ fn combine(a: vec4<f32>, b: vec4<f32>, kind: u32) -> vec4<f32> {
     return a + b;
 }
 
-// Adds element x to a running logsumexp part with one exp. NaN falls to the second branch and poisons the sum.
-fn lse_push(a: vec4<f32>, x: f32) -> vec4<f32> {
-    if (x > a.x) {
-        return vec4<f32>(x, a.y * exp_acc(a.x - x) + 1.0, 0.0, 0.0);
-    }
-    return vec4<f32>(a.x, a.y + select(exp_acc(x - a.x), 0.0, (x == neg_inf())), 0.0, 0.0);
-}
-
-// Adds four elements at once: their exps are independent of each other (one exp to rescale the part, at most), so
-// they overlap where lse_push's chain of one element after another would wait on each.
-fn lse_push4(a: vec4<f32>, x: vec4<f32>) -> vec4<f32> {
-    let m = max(a.x, max(max(x.x, x.y), max(x.z, x.w)));
-    // exp(inf - inf) is NaN: a maximum of +-inf scales by exp(x - 0) instead (an infinite sum, or nothing).
-    let base = select(m, 0.0, abs(m) == bitcast<f32>(INF_BITS));
-    let e = (exp_acc(x.x - base) + exp_acc(x.y - base)) + (exp_acc(x.z - base) + exp_acc(x.w - base));
-    return vec4<f32>(m, a.y * exp_acc(a.x - base) + e, 0.0, 0.0);
-}
-
 var<workgroup> partials: array<vec4<f32>, 256>;
 
 // Combines the WG threads' partial results with a shared-memory tree; every thread gets the total.

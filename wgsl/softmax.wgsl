@@ -1,21 +1,15 @@
 // Softmax / log-softmax over rows of x (view 0), an output kernel of rows.wgsl: one read pass keeps a running
-// logsumexp part (max, sum of exp(x - max)) per thread (online softmax), `lse_reduce` merges them, then one read +
+// logsumexp part per thread (online softmax, row_logsumexp.wgsl), `lse_reduce` merges them, then one read +
 // write pass normalizes. `LOG` selects log-softmax.
+
+fn row_value(i: u32) -> f32 {
+    return f32(load_x(i));
+}
 
 fn row_context(row: u32, lid: u32, sg_lane: u32) -> RowCtx {
     let base = row_base(0u, row);
     let cs = col_stride(0u);
-    var own = vec4<f32>(neg_inf(), 0.0, 0.0, 0.0);
-    var j = lid;
-    for (; j + 3u * WG < p[1]; j = j + 4u * WG) {
-        let at = base + j * cs;
-        let step = WG * cs;
-        own = lse_push4(own, vec4<f32>(f32(load_x(at)), f32(load_x(at + step)), f32(load_x(at + 2u * step)),
-            f32(load_x(at + 3u * step))));
-    }
-    for (; j < p[1]; j = j + WG) {
-        own = lse_push(own, f32(load_x(base + j * cs)));
-    }
+    let own = row_lse_part(base, cs, lid);
     let total = lse_reduce(lid, sg_lane, own);
     var scale = 1.0 / total.y;
     if (LOG) {

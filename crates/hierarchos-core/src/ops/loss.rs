@@ -5,7 +5,7 @@ use hierarchos_wgpu::DType;
 use crate::autograd::{Node, grad_enabled, no_grad};
 use crate::error::{Error, Result};
 use crate::ops::map::Map;
-use crate::ops::rows::{Binding, RowKernel};
+use crate::ops::rows::{Binding, ROW_LOGSUMEXP_WGSL, RowKernel};
 use crate::shape::{Layout, numel};
 use crate::tensor::Tensor;
 
@@ -98,7 +98,12 @@ impl Tensor {
                 Binding::read("logits", self),
                 Binding::read("targets", targets),
             ],
-            ..RowKernel::new(op, lead, cols, &[CROSS_ENTROPY_WGSL, CROSS_ENTROPY_FORWARD_WGSL])
+            ..RowKernel::new(
+                op,
+                lead,
+                cols,
+                &[CROSS_ENTROPY_WGSL, ROW_LOGSUMEXP_WGSL, CROSS_ENTROPY_FORWARD_WGSL],
+            )
         }
         .run(&device)?;
         let sums = no_grad(|| per_row_out.narrow(1, 0, 2)?.sum(&[0], false))?;

@@ -12,6 +12,8 @@ use crate::tensor::{Device, Tensor};
 
 const ROWS_WGSL: &str = include_str!("../../../../wgsl/rows.wgsl");
 const ROWS_SUBGROUP_WGSL: &str = include_str!("../../../../wgsl/rows_subgroup.wgsl");
+/// The logsumexp pass over a row that softmax and cross-entropy share (their kernels define `row_value`).
+pub(crate) const ROW_LOGSUMEXP_WGSL: &str = include_str!("../../../../wgsl/row_logsumexp.wgsl");
 
 /// `lse_reduce` without subgroup operations.
 const LSE_REDUCE_TREE: &str =

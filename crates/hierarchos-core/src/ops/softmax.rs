@@ -2,7 +2,7 @@
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
-use crate::ops::rows::{Binding, RowKernel, dim_last};
+use crate::ops::rows::{Binding, ROW_LOGSUMEXP_WGSL, RowKernel, dim_last};
 use crate::shape::resolve_dim;
 use crate::tensor::Tensor;
 
@@ -40,7 +40,7 @@ impl Tensor {
             views: vec![&view],
             bindings: vec![Binding::read("x", self)],
             defs: format!("const LOG: bool = {log};\n"),
-            ..RowKernel::new(op, lead, cols[0], &[SOFTMAX_WGSL])
+            ..RowKernel::new(op, lead, cols[0], &[ROW_LOGSUMEXP_WGSL, SOFTMAX_WGSL])
         }
         .output(dtype, self.device())?
         .permute(&back)?;
