@@ -568,25 +568,27 @@ impl Kernel {
                 // Two buffers of two rows (k and v, or q and dout) per streamed row, and lse with delta.
                 let bytes = |stream: usize| 2 * stream * g * qm * 16 * 2 + 2 * stream * 4 * 2;
                 let stream = [16, 8].into_iter().find(|&stream| bytes(stream) <= budget)?;
-                let unroll = if matches!(self, Kernel::GradQRows) { 4 } else { 8 };
-                // The kernels step through a tile UNROLL rows at a time: another divisor would skip rows.
+                let query = matches!(self, Kernel::GradQRows);
+                let unroll = if query { 4 } else { 8 };
+                // The kernels step through a tile UNROLL rows at a time: another divisor would skip rows. The query
+                // kernel takes their exps two by two (pair_exp).
                 assert!(
-                    stream.is_multiple_of(unroll) && unroll.is_multiple_of(2),
-                    "UNROLL {unroll} must be even (pair_exp takes rows two by two) and divide STREAM {stream}"
+                    stream.is_multiple_of(unroll) && (!query || unroll.is_multiple_of(2)),
+                    "UNROLL {unroll} must divide STREAM {stream} (and be even for the query kernel)"
                 );
-                Some((
-                    rows,
-                    vec![
-                        ("G", g),
-                        ("QM", qm),
-                        ("QS", g * qm),
-                        ("ROWS", rows),
-                        ("STREAM", stream),
-                        ("STAGED", (stream * qm).div_ceil(rows)),
-                        ("UNROLL", unroll),
-                        ("PAIRS", unroll / 2),
-                    ],
-                ))
+                let mut constants = vec![
+                    ("G", g),
+                    ("QM", qm),
+                    ("QS", g * qm),
+                    ("ROWS", rows),
+                    ("STREAM", stream),
+                    ("STAGED", (stream * qm).div_ceil(rows)),
+                    ("UNROLL", unroll),
+                ];
+                if query {
+                    constants.push(("PAIRS", unroll / 2));
+                }
+                Some((rows, constants))
             }
             Kernel::Forward => {
                 let bc = (budget / (2 * 16 * d4.max(1))).min(MAX_TILE_ROWS);
