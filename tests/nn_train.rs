@@ -24,6 +24,9 @@ use hierarchos::nn::{CausalLm, Error, Model, ModelConfig, Weights};
 const PARAM_ATOL: f64 = 2.5e-7;
 const TORCH_F32_FACTOR: f64 = 1.5;
 
+/// Relative bound on the two losses (the first is the forward pass alone, the second follows one update).
+const LOSS_RTOL: f64 = 1e-6;
+
 /// The largest parameter error of PyTorch's f32 runs of fixture `name` (see [`PARAM_ATOL`]).
 fn torch_f32_error(name: &str, dir: &Path) -> f64 {
     let fixture = report(dir)["diagnostics"]["transformers_f32_adamw"]["adamw_damped"]["max_abs_param_err"]
@@ -38,8 +41,6 @@ fn torch_f32_error(name: &str, dir: &Path) -> f64 {
         .map(|run| run["max_abs_param_err"].as_f64().unwrap())
         .fold(fixture, f64::max)
 }
-/// Relative bound on the two losses (the first is the forward pass alone, the second follows one update).
-const LOSS_RTOL: f64 = 1e-6;
 
 /// The fixture model with every parameter trainable.
 fn trainable(dir: &Path) -> CausalLm {
