@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 
-use hierarchos::core::ops::adamw::{AdamWStep, AdamWUpdate, adamw_update_many};
+use hierarchos::core::ops::adamw::{AdamWStep, AdamWUpdate, ClipGate, adamw_update_many};
 use hierarchos::core::{DType, Error, Tensor};
 
 /// torch.optim.AdamW's single-tensor update in f64, in place.
@@ -178,7 +178,7 @@ fn many_updates_match_one_at_a_time() {
             })
             .collect();
         if together {
-            adamw_update_many(&updates).unwrap();
+            adamw_update_many(&updates, None).unwrap();
         } else {
             for u in &updates {
                 u.param.adamw_update(u.grad, u.m, u.v, &u.step).unwrap();
@@ -198,4 +198,93 @@ fn many_updates_match_one_at_a_time() {
     assert_eq!(one_holder, many_holder);
     assert_ne!(one_holder[..32], holder_values[..32], "the views were updated");
     assert_eq!(one_holder[32..], holder_values[32..], "outside the views");
+}
+
+/// Clipping read on the device: each gradient scaled by `clip_grad_norm_`'s factor for the gate's norm (unscaled by
+/// the host factor, which then scales the gradient too), none for a norm within the limit or a limit of 0; no
+/// change at all for a non-finite loss or norm; a malformed gate refused.
+#[test]
+fn the_clip_gate_scales_gradients_on_the_device_and_skips_non_finite_steps() {
+    let d = dev();
+    let mut rng = Rng::new("adamw gate");
+    let n = 257;
+    let (x0, g0) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -2.0, 2.0));
+    let (m0, v0) = (rng.vec(n, -0.1, 0.1), rng.vec(n, 0.0, 0.2));
+    let s = AdamWStep {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-6,
+        weight_decay: 0.1,
+        step: 2,
+        grad_scale: 0.25,
+    };
+    // (loss, squared norm of the gradients as they are, largest norm) and the factor each gradient takes: the
+    // norm is sqrt(64) * 0.25 = 2.
+    let clipped = 0.25 / (2.0 + 1e-6);
+    let cases = [
+        (2.0, 64.0, 1.0, Some(clipped)),
+        (2.0, 64.0, 4.0, Some(0.25)),
+        (2.0, 64.0, 0.0, Some(0.25)),
+        (f32::NAN, 64.0, 1.0, None),
+        (f32::INFINITY, 64.0, 1.0, None),
+        (2.0, f32::INFINITY, 1.0, None),
+        (2.0, f32::NAN, 1.0, None),
+    ];
+    for (loss, norm_sq, max_norm, factor) in cases {
+        let t = |v: &[f32]| Tensor::from_slice(v, &[n], &d).unwrap();
+        let (param, grad, m, v) = (t(&x0), t(&g0), t(&m0), t(&v0));
+        let stats = Tensor::from_slice(&[loss, norm_sq], &[2], &d).unwrap();
+        let gate = ClipGate {
+            stats: &stats,
+            max_norm,
+        };
+        let update = AdamWUpdate {
+            param: &param,
+            grad: &grad,
+            m: &m,
+            v: &v,
+            step: s,
+        };
+        adamw_update_many(&[update], Some(&gate)).unwrap();
+        let what = format!("loss {loss}, squared norm {norm_sq}, max norm {max_norm}");
+        let got = [&param, &m, &v].map(|t| t.to_vec::<f32>().unwrap());
+        let Some(factor) = factor else {
+            assert_eq!(got, [x0.clone(), m0.clone(), v0.clone()], "{what}: skipped");
+            continue;
+        };
+        let f64s = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
+        let (mut x, mut rm, mut rv) = (f64s(&x0), f64s(&m0), f64s(&v0));
+        let reference = AdamWStep {
+            grad_scale: factor,
+            ..s
+        };
+        reference_step(&mut x, &f64s(&g0), &mut rm, &mut rv, &reference);
+        assert_close(&format!("{what} param"), &got[0], &x, 1e-6, 1e-6);
+        assert_close(&format!("{what} m"), &got[1], &rm, 1e-6, 1e-7);
+        assert_close(&format!("{what} v"), &got[2], &rv, 1e-6, 1e-8);
+    }
+    let (p, g, m, v) = (
+        Tensor::zeros(&[4], DType::F32, &d).unwrap(),
+        Tensor::zeros(&[4], DType::F32, &d).unwrap(),
+        Tensor::zeros(&[4], DType::F32, &d).unwrap(),
+        Tensor::zeros(&[4], DType::F32, &d).unwrap(),
+    );
+    let update = AdamWUpdate {
+        param: &p,
+        grad: &g,
+        m: &m,
+        v: &v,
+        step: s,
+    };
+    let three = Tensor::zeros(&[3], DType::F32, &d).unwrap();
+    let two = Tensor::zeros(&[2], DType::F32, &d).unwrap();
+    for (stats, max_norm) in [(&three, 1.0), (&two, f64::NAN), (&two, -1.0)] {
+        let gate = ClipGate { stats, max_norm };
+        assert!(
+            matches!(adamw_update_many(&[update], Some(&gate)), Err(Error::Invalid { .. })),
+            "{:?} {max_norm}",
+            stats.shape()
+        );
+    }
 }

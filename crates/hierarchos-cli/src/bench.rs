@@ -670,8 +670,14 @@ pub fn train(args: &TrainBenchArgs) -> Result<()> {
     let launches = device.dispatch_count();
     let start = Instant::now();
     let mut last_loss = 0.0;
+    // As `hierarchos train` runs: each step's loss read back while the GPU runs the next.
     for _ in 0..args.steps {
-        last_loss = trainer.step(&data)?.loss;
+        if let Some(s) = trainer.step_ahead(&data)? {
+            last_loss = s.loss;
+        }
+    }
+    if let Some(s) = trainer.finish()? {
+        last_loss = s.loss;
     }
     let secs = start.elapsed().as_secs_f64();
     let launches_per_step = (device.dispatch_count() - launches) as f64 / args.steps as f64;

@@ -358,50 +358,65 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         }
         Ok(())
     };
+    // A step's statistics are read back while the GPU runs the next (`Trainer::step_ahead`), except for steps
+    // whose parameters are evaluated or saved, and the last: those are settled before anything else is recorded.
+    let settles = |step: usize| {
+        step == config.steps
+            || (args.eval_every > 0 && step.is_multiple_of(args.eval_every))
+            || (args.save_every > 0 && step.is_multiple_of(args.save_every))
+    };
     while trainer.completed_steps() < config.steps {
-        let s = match trainer.step(&data) {
-            Ok(s) => s,
-            Err(e) => {
-                bar.abandon();
-                return Err(e).context(match checkpoint::checkpoints(&args.out)?.pop() {
-                    Some((step, dir)) => format!("the checkpoint of step {step} is kept in {}", dir.display()),
-                    None => "no checkpoint was saved before it".to_string(),
-                });
+        let number = trainer.completed_steps() + usize::from(trainer.in_flight()) + 1;
+        let mut done = Vec::new();
+        let recorded = trainer
+            .step_ahead(&data)
+            .map(|s| done.extend(s))
+            .and_then(|()| match settles(number) {
+                true => trainer.finish().map(|s| done.extend(s)),
+                false => Ok(()),
+            });
+        if let Err(e) = recorded {
+            bar.abandon();
+            return Err(e).context(match checkpoint::checkpoints(&args.out)?.pop() {
+                Some((step, dir)) => format!("the checkpoint of step {step} is kept in {}", dir.display()),
+                None => "no checkpoint was saved before it".to_string(),
+            });
+        }
+        for s in done {
+            tokens += s.tokens;
+            secs += s.secs;
+            bar.set_position(s.step as u64);
+            let skipped = if s.skipped {
+                " (gradients overflowed: step skipped)"
+            } else {
+                ""
+            };
+            bar.set_message(format!(
+                "loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s{skipped}",
+                s.loss,
+                s.lr,
+                s.grad_norm,
+                tokens as f64 / secs.max(1e-9)
+            ));
+            if s.skipped {
+                tracing::warn!(step = s.step, loss_scale = ?s.loss_scale, "f16 gradients overflowed: step skipped");
             }
-        };
-        tokens += s.tokens;
-        secs += s.secs;
-        bar.set_position(s.step as u64);
-        let skipped = if s.skipped {
-            " (gradients overflowed: step skipped)"
-        } else {
-            ""
-        };
-        bar.set_message(format!(
-            "loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s{skipped}",
-            s.loss,
-            s.lr,
-            s.grad_norm,
-            tokens as f64 / secs.max(1e-9)
-        ));
-        if s.skipped {
-            tracing::warn!(step = s.step, loss_scale = ?s.loss_scale, "f16 gradients overflowed: step skipped");
-        }
-        let mut line = serde_json::json!({
-            "step": s.step, "loss": s.loss, "lr": s.lr, "grad_norm": s.grad_norm,
-            "tokens": s.tokens, "tokens_per_sec": s.tokens as f64 / s.secs.max(1e-9),
-        });
-        if let Some(scale) = s.loss_scale {
-            line["loss_scale"] = scale.into();
-            line["skipped"] = s.skipped.into();
-        }
-        log(line)?;
-        let last = s.step == config.steps;
-        if args.eval_every > 0 && s.step % args.eval_every == 0 && !last {
-            evaluate_now(s.step, &mut log)?;
-        }
-        if args.save_every > 0 && s.step % args.save_every == 0 && !last {
-            save(&trainer)?;
+            let mut line = serde_json::json!({
+                "step": s.step, "loss": s.loss, "lr": s.lr, "grad_norm": s.grad_norm,
+                "tokens": s.tokens, "tokens_per_sec": s.tokens as f64 / s.secs.max(1e-9),
+            });
+            if let Some(scale) = s.loss_scale {
+                line["loss_scale"] = scale.into();
+                line["skipped"] = s.skipped.into();
+            }
+            log(line)?;
+            let last = s.step == config.steps;
+            if args.eval_every > 0 && s.step % args.eval_every == 0 && !last {
+                evaluate_now(s.step, &mut log)?;
+            }
+            if args.save_every > 0 && s.step % args.save_every == 0 && !last {
+                save(&trainer)?;
+            }
         }
     }
     bar.finish();

