@@ -462,6 +462,29 @@ fn long_reductions_split_into_slices() {
     check_shapes(&mut rng, &[2, 70, 768], &[768, 33], DType::F32);
 }
 
+/// f32 products at most 16 columns wide (LoRA's rank-16 products) take thin tiles of 128 x 16, split along K
+/// where they are few: `x @ A.t()`, `x @ B` and `g.t() @ B`, at odd sizes, a single column and long reductions.
+#[test]
+fn thin_products() {
+    let mut rng = Rng::new("thin_products");
+    for (m, k, n) in [
+        (300, 200, 16),
+        (129, 1100, 16),
+        (257, 17, 3),
+        (5, 300, 1),
+        (1024, 768, 16),
+        (1, 1, 7),
+    ] {
+        let (x, vx) = random(&mut rng, &[m, k], DType::F32);
+        let (a, va) = random(&mut rng, &[n, k], DType::F32);
+        check(&format!("x @ A^T {m}x{k}x{n}"), &x, &vx, &a.t().unwrap(), &va);
+        let (b, vb) = random(&mut rng, &[k, n], DType::F32);
+        check(&format!("x @ B {m}x{k}x{n}"), &x, &vx, &b, &vb);
+        let (g, vg) = random(&mut rng, &[k, m], DType::F32);
+        check(&format!("g^T @ B {m}x{k}x{n}"), &g.t().unwrap(), &vg, &b, &vb);
+    }
+}
+
 /// f32 products of at least 128 output tiles of 128 x 128 over K >= 2048 take those tiles and split K into slices
 /// (as the 110M shape's `[4096, 768]` products over K = 3072 do); as `a @ b` and as a weight gradient `g.t() @ x`.
 /// Where the adapter tells its multiprocessor count, fewer tiles take them too when whole waves of slices fill

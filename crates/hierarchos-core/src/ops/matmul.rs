@@ -76,6 +76,15 @@ const BIG_TILE_MIN_K: usize = 2048;
 /// products.
 const MID_TILE_MIN_TILES: usize = 256;
 
+/// f32 products at most this many columns wide (LoRA's rank-16 products `x @ A.t()`, `g @ B` and
+/// `g.t() @ (x @ A.t())`) take tiles of 128 x 16 (8 x 4 a thread, 64 threads), where 64 columns would leave three
+/// quarters of the tile idle...
+const THIN_MAX_COLUMNS: usize = 16;
+/// ...split along K in slices of at least this many steps where they are few. On an H200, LoRA r = 16 over the
+/// 110M Llama shape (all linear layers) ran its step's kernels in 100.5 ms with 64 x 64 tiles, 98.9 / 98.5 / 98.25
+/// with thin ones in slices of 256 / 64 / 128 and 100.2 with 128 x 32 tiles (BENCHMARKS.md, session 30).
+const THIN_MIN_SLICE: usize = 128;
+
 /// Workgroups of 128 x 128 tiles that one multiprocessor runs at once (their registers allow two of 256 threads on
 /// NVIDIA GPUs). Where the adapter tells its multiprocessor count, f32 products over K >= [`BIG_TILE_MIN_K`] take
 /// those tiles, split along K into whole waves of workgroups, whenever some split fills its last wave to
@@ -413,8 +422,13 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
         }
         _ => None,
     };
-    // (rows, columns) per thread and threads along N: 16 x 8 threads for 128 x 64 tiles, else 16 x 16.
-    let (tm, tn, tx) = if big_tiles >= BIG_TILE_MIN_TILES || long_k || wave_split.is_some() {
+    let thin = splits && n <= THIN_MAX_COLUMNS;
+    let wave_split = wave_split.filter(|_| !thin);
+    // (rows, columns) per thread and threads along N: 16 x 4 threads for 128 x 16 tiles, 16 x 8 for 128 x 64,
+    // else 16 x 16.
+    let (tm, tn, tx) = if thin {
+        (8, 4, 4)
+    } else if big_tiles >= BIG_TILE_MIN_TILES || long_k || wave_split.is_some() {
         (8, 8, 16)
     } else if splits && tiles_of(128, 64) >= MID_TILE_MIN_TILES {
         (8, 8, 8)
@@ -432,6 +446,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     // Skinny and 16-bit products are never split (a target of no workgroups gives one slice).
     let target = if splits { SPLIT_K_TARGET_WORKGROUPS } else { 0 };
     let min_slice = match tiles < BIG_TILE_MIN_TILES {
+        true if thin => THIN_MIN_SLICE,
         true => SPLIT_K_MIN_SLICE_FEW_TILES,
         false => SPLIT_K_MIN_SLICE,
     };
