@@ -19,6 +19,19 @@ fn reference_step(x: &mut [f64], g: &[f64], m: &mut [f64], v: &mut [f64], s: &Ad
     }
 }
 
+/// The settings of the reference tests at step `step` with gradient factor `grad_scale`.
+fn settings(step: u64, grad_scale: f64) -> AdamWStep {
+    AdamWStep {
+        lr: 1e-2,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-6,
+        weight_decay: 0.1,
+        step,
+        grad_scale,
+    }
+}
+
 #[test]
 fn adamw_matches_reference_on_odd_sizes_and_views() {
     let d = dev();
@@ -45,15 +58,7 @@ fn adamw_matches_reference_on_odd_sizes_and_views() {
                 .squeeze(1)
                 .unwrap();
             assert!(!grad.is_contiguous() || n == 1);
-            let s = AdamWStep {
-                lr: 1e-2,
-                beta1: 0.9,
-                beta2: 0.95,
-                eps: 1e-6,
-                weight_decay: 0.1,
-                step,
-                grad_scale: 0.5,
-            };
+            let s = settings(step, 0.5);
             param.adamw_update(&grad, &m, &v, &s).unwrap();
             let g64: Vec<f64> = gv.iter().map(|&a| a as f64).collect();
             reference_step(&mut x, &g64, &mut rm, &mut rv, &s);
@@ -210,15 +215,7 @@ fn the_clip_gate_scales_gradients_on_the_device_and_skips_non_finite_steps() {
     let n = 257;
     let (x0, g0) = (rng.vec(n, -1.0, 1.0), rng.vec(n, -2.0, 2.0));
     let (m0, v0) = (rng.vec(n, -0.1, 0.1), rng.vec(n, 0.0, 0.2));
-    let s = AdamWStep {
-        lr: 1e-2,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-6,
-        weight_decay: 0.1,
-        step: 2,
-        grad_scale: 0.25,
-    };
+    let s = settings(2, 0.25);
     // (loss, squared norm of the gradients as they are, largest norm) and the factor each gradient takes: the
     // norm is sqrt(64) * 0.25 = 2.
     let clipped = 0.25 / (2.0 + 1e-6);
