@@ -13,7 +13,7 @@ use hierarchos_nn::optim::AdamWConfig;
 use hierarchos_nn::train::checkpoint;
 use hierarchos_nn::train::data::{TokenData, pad_id};
 use hierarchos_nn::train::setup::{Source, Trained, has_weights, load_source};
-use hierarchos_nn::train::{LrScheduler, Schedule, TrainConfig, Trainer, evaluate};
+use hierarchos_nn::train::{LrScheduler, Schedule, StepStats, TrainConfig, Trainer, evaluate};
 use hierarchos_nn::{Model, SamplingConfig};
 use serde::{Deserialize, Serialize};
 
@@ -424,6 +424,26 @@ impl Worker {
                 2,
             )?)
         };
+        // A step's point, once its statistics are read back; evaluated where due (its weights are settled then).
+        let mut report = |step: StepStats| -> Result<()> {
+            let mut point = Point {
+                step: step.step,
+                loss: Some(step.loss),
+                eval_loss: None,
+                lr: step.lr,
+                tokens_per_sec: step.tokens as f64 / step.secs.max(1e-9),
+                memory_mib: self.device.memory().live_bytes as f64 / (1 << 20) as f64,
+            };
+            let last = step.step == s.steps;
+            if let Some(eval) = eval
+                && (last || (s.eval_every > 0 && step.step.is_multiple_of(s.eval_every)))
+            {
+                point.eval_loss = Some(evaluate(&source.lm, eval, s.batch_size, pad)?.loss);
+            }
+            log.append(&point)?;
+            self.send(Event::Point(point));
+            Ok(())
+        };
         let mut stopped = false;
         let mut paused = false;
         while trainer.completed_steps() < s.steps && !stopped {
@@ -441,6 +461,10 @@ impl Worker {
                         Err(TryRecvError::Disconnected) => return Ok(true),
                     }
                 };
+                // Commands act on settled weights: the step recorded ahead is read back first.
+                if let Some(step) = trainer.finish()? {
+                    report(step)?;
+                }
                 match command {
                     Command::Pause => {
                         paused = true;
@@ -471,23 +495,21 @@ impl Worker {
             if stopped {
                 break;
             }
-            let step = trainer.step(data)?;
-            let mut point = Point {
-                step: step.step,
-                loss: Some(step.loss),
-                eval_loss: None,
-                lr: step.lr,
-                tokens_per_sec: step.tokens as f64 / step.secs.max(1e-9),
-                memory_mib: self.device.memory().live_bytes as f64 / (1 << 20) as f64,
-            };
-            let last = step.step == s.steps;
-            if let Some(eval) = eval
-                && (last || (s.eval_every > 0 && step.step % s.eval_every == 0))
-            {
-                point.eval_loss = Some(evaluate(&source.lm, eval, s.batch_size, pad)?.loss);
+            // Each step is read back while the GPU runs the next (`Trainer::step_ahead`), but for the evaluated
+            // ones and the last, which are read back at once.
+            let number = trainer.completed_steps() + usize::from(trainer.in_flight()) + 1;
+            if let Some(step) = trainer.step_ahead(data)? {
+                report(step)?;
             }
-            log.append(&point)?;
-            self.send(Event::Point(point));
+            let evaluated = eval.is_some() && s.eval_every > 0 && number.is_multiple_of(s.eval_every);
+            if number == s.steps || evaluated {
+                if let Some(step) = trainer.finish()? {
+                    report(step)?;
+                }
+            }
+        }
+        if let Some(step) = trainer.finish()? {
+            report(step)?;
         }
         self.send(Event::Checkpoint(save(trainer)?));
         checkpoint::write_model(&s.out, &source.lm, &source.files)?;
