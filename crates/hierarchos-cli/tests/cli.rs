@@ -354,7 +354,12 @@ fn train_saves_resumes_exactly_and_evaluates() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(steps.len(), 4);
+    let numbers: Vec<u64> = steps.iter().map(|s| s["step"].as_u64().unwrap()).collect();
+    assert_eq!(
+        numbers,
+        [1, 2, 3, 4],
+        "each step once, in order (read back while the next runs)"
+    );
     assert!(steps.iter().all(|s| s["loss"].as_f64().unwrap().is_finite()));
     assert_eq!(
         steps[0]["lr"].as_f64(),
@@ -415,6 +420,48 @@ fn train_saves_resumes_exactly_and_evaluates() {
         dir.join("y").to_str().unwrap(),
     ]);
     assert!(err.contains("no checkpoint"), "{err}");
+}
+
+/// A diverging run (a learning rate of 1e30) stops with the step that met the non-finite loss, whichever step
+/// was running ahead of it, and names the checkpoint it keeps.
+#[test]
+fn a_diverging_run_stops_with_its_step_and_keeps_the_last_checkpoint() {
+    let dir = scratch("diverge");
+    let data = token_rows(&dir, 37, 11);
+    let out = dir.join("run");
+    let err = fails(&[
+        "train",
+        "-m",
+        fixture("qwen2").to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--steps",
+        "10",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "12",
+        "--lr",
+        "1e30",
+        "--lr-scheduler",
+        "constant",
+        "--max-grad-norm",
+        "0",
+        "--save-every",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let step: usize = err
+        .split("step ")
+        .filter_map(|s| s.split(':').next()?.parse().ok())
+        .next()
+        .unwrap_or_else(|| panic!("no failing step in: {err}"));
+    assert!(step > 1, "{err}");
+    let kept = format!("the checkpoint of step {} is kept", step - 1);
+    assert!(err.contains(&kept) && err.contains("training stopped"), "{err}");
+    assert!(out.join(format!("checkpoint-{}", step - 1)).is_dir());
+    assert!(!out.join(format!("checkpoint-{step}")).exists());
 }
 
 #[test]
