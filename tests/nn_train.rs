@@ -194,7 +194,7 @@ fn resume_continues_bit_for_bit(precision: Precision) {
     for _ in 0..2 {
         t.step(&data).unwrap();
     }
-    let saved = checkpoint::save(&out, &first, &files, t.optimizer(), &t.state("random"), 2).unwrap();
+    let saved = checkpoint::save(&out, &first, &files, t.optimizer(), &t.state("random").unwrap(), 2).unwrap();
     assert_eq!(saved, checkpoint::resolve_resume(&out).unwrap());
     let ckpt = checkpoint::load(&saved, &dev()).unwrap();
     assert_eq!(ckpt.state.step, 2);
@@ -259,7 +259,7 @@ fn an_f16_overflow_skips_the_step_and_halves_the_loss_scale() {
         ..small_run(3)
     };
     let t = Trainer::new(&lm, run, data.sequences.len(), 1).unwrap();
-    let mut state = t.state("random");
+    let mut state = t.state("random").unwrap();
     let huge = 2f64.powi(100);
     state.loss_scale = Some(LossScale {
         scale: huge,
@@ -272,7 +272,7 @@ fn an_f16_overflow_skips_the_step_and_halves_the_loss_scale() {
     assert!(s.loss.is_finite());
     assert_eq!(s.loss_scale, Some(huge));
     assert_eq!(values(&lm), before, "a skipped step leaves the weights alone");
-    assert_eq!(t.state("random").loss_scale.unwrap().scale, huge / 2.0);
+    assert_eq!(t.state("random").unwrap().loss_scale.unwrap().scale, huge / 2.0);
     let s = t.step(&data).unwrap();
     assert_eq!((s.step, s.loss_scale), (2, Some(huge / 2.0)));
 }
@@ -336,6 +336,10 @@ fn steps_recorded_ahead_are_the_blocking_steps() {
         assert!(
             t.step(&data).is_err(),
             "{precision}: a blocking step while one is in flight"
+        );
+        assert!(
+            t.state("random").is_err(),
+            "{precision}: a checkpoint's state while one is in flight"
         );
         got.extend(t.finish().unwrap());
         assert!(!t.in_flight() && t.finish().unwrap().is_none());
@@ -401,7 +405,7 @@ fn a_non_finite_loss_stops_with_its_step_and_keeps_the_last_checkpoint() {
     config.schedule.lr = 1e30;
     let mut t = Trainer::new(&lm, config, data.sequences.len(), 1).unwrap();
     let out = tmpdir("nan");
-    let saved = checkpoint::save(&out, &lm, &files, t.optimizer(), &t.state("random"), 0).unwrap();
+    let saved = checkpoint::save(&out, &lm, &files, t.optimizer(), &t.state("random").unwrap(), 0).unwrap();
     let before = values(&lm);
     let failed = (1..=10)
         .find_map(|_| t.step(&data).err())

@@ -13,13 +13,14 @@
 // the same arithmetic per element), W, the bindings param<t>, grad<t>, m<t>, v<t> and `update(t, i)`,
 // which runs `adamw` on element i of tensor t of the launch.
 //
-// Parameters (u32 words): [tensors, largest gradient norm (f32 bits, 0: no clipping), then WORDS per tensor: n, param offset, grad offset, m offset, v offset,
+// Parameters (u32 words): [tensors, largest gradient norm (f32 bits, 0: no clipping), the gate's element offset,
+// then WORDS per tensor: n, param offset, grad offset, m offset, v offset,
 // decay, 1 - beta1, beta2, 1 - beta2, step_size, sqrt(1 - beta2^t), eps, gradient scale, first workgroup].
 
 const WORDS: u32 = 14u;
 
 fn word(t: u32, k: u32) -> u32 {
-    return p[2u + WORDS * t + k];
+    return p[3u + WORDS * t + k];
 }
 
 fn scalar(t: u32, k: u32) -> f32 {

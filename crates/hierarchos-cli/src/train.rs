@@ -333,7 +333,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     );
     let (mut tokens, mut secs) = (0usize, 0.0f64);
     let save = |trainer: &Trainer| -> Result<PathBuf> {
-        let state = trainer.state(&data_arg);
+        let state = trainer.state(&data_arg)?;
         let dir = checkpoint::save(
             &args.out,
             lm,
@@ -375,13 +375,7 @@ pub fn train(args: &TrainArgs) -> Result<()> {
                 true => trainer.finish().map(|s| done.extend(s)),
                 false => Ok(()),
             });
-        if let Err(e) = recorded {
-            bar.abandon();
-            return Err(e).context(match checkpoint::checkpoints(&args.out)?.pop() {
-                Some((step, dir)) => format!("the checkpoint of step {step} is kept in {}", dir.display()),
-                None => "no checkpoint was saved before it".to_string(),
-            });
-        }
+        // Steps read back before a failure are logged before it is reported.
         for s in done {
             tokens += s.tokens;
             secs += s.secs;
@@ -417,6 +411,13 @@ pub fn train(args: &TrainArgs) -> Result<()> {
             if args.save_every > 0 && s.step % args.save_every == 0 && !last {
                 save(&trainer)?;
             }
+        }
+        if let Err(e) = recorded {
+            bar.abandon();
+            return Err(e).context(match checkpoint::checkpoints(&args.out)?.pop() {
+                Some((step, dir)) => format!("the checkpoint of step {step} is kept in {}", dir.display()),
+                None => "no checkpoint was saved before it".to_string(),
+            });
         }
     }
     bar.finish();

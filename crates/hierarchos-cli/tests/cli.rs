@@ -422,13 +422,15 @@ fn train_saves_resumes_exactly_and_evaluates() {
     assert!(err.contains("no checkpoint"), "{err}");
 }
 
-/// A diverging run (a learning rate of 1e30) stops with the step that met the non-finite loss, whichever step
-/// was running ahead of it, and names the checkpoint it keeps.
+/// A diverging run (a learning rate of 1e30 after a first step at 0) stops with the step that met the
+/// non-finite loss, whether it was read back while the next step ran or at a checkpoint, names the checkpoint it
+/// keeps, and logs every step before it once.
 #[test]
 fn a_diverging_run_stops_with_its_step_and_keeps_the_last_checkpoint() {
     let dir = scratch("diverge");
     let data = token_rows(&dir, 37, 11);
     let out = dir.join("run");
+    let metrics = dir.join("metrics.jsonl");
     let err = fails(&[
         "train",
         "-m",
@@ -443,12 +445,16 @@ fn a_diverging_run_stops_with_its_step_and_keeps_the_last_checkpoint() {
         "12",
         "--lr",
         "1e30",
+        "--warmup-steps",
+        "1",
         "--lr-scheduler",
         "constant",
         "--max-grad-norm",
         "0",
         "--save-every",
-        "1",
+        "2",
+        "--metrics",
+        metrics.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -457,11 +463,17 @@ fn a_diverging_run_stops_with_its_step_and_keeps_the_last_checkpoint() {
         .filter_map(|s| s.split(':').next()?.parse().ok())
         .next()
         .unwrap_or_else(|| panic!("no failing step in: {err}"));
-    assert!(step > 1, "{err}");
-    let kept = format!("the checkpoint of step {} is kept", step - 1);
-    assert!(err.contains(&kept) && err.contains("training stopped"), "{err}");
-    assert!(out.join(format!("checkpoint-{}", step - 1)).is_dir());
-    assert!(!out.join(format!("checkpoint-{step}")).exists());
+    assert!(step > 2 && err.contains("training stopped"), "{err}");
+    let kept = (step - 1) / 2 * 2;
+    assert!(err.contains(&format!("the checkpoint of step {kept} is kept")), "{err}");
+    assert!(out.join(format!("checkpoint-{kept}")).is_dir());
+    assert!(!out.join(format!("checkpoint-{}", kept + 2)).exists());
+    let logged: Vec<u64> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(logged, (1..step as u64).collect::<Vec<_>>(), "{err}");
 }
 
 #[test]

@@ -420,7 +420,7 @@ impl Worker {
                 &source.lm,
                 &source.files,
                 trainer.optimizer(),
-                &trainer.state(&s.data),
+                &trainer.state(&s.data)?,
                 2,
             )?)
         };

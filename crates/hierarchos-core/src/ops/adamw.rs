@@ -156,7 +156,7 @@ pub struct ClipGate<'a> {
 
 impl ClipGate<'_> {
     fn check(&self) -> Result<()> {
-        if self.stats.dtype() != DType::F32 || self.stats.shape() != [2] || !self.stats.is_contiguous() {
+        if self.stats.dtype() != DType::F32 || self.stats.shape() != [2] || self.stats.layout().strides != [1] {
             return Err(Error::Invalid {
                 op: OP,
                 message: format!(
@@ -231,6 +231,17 @@ pub fn adamw_update_many(updates: &[AdamWUpdate<'_>], gate: Option<&ClipGate<'_>
     }
     if let Some(g) = gate {
         g.check()?;
+        let apart = |u: &AdamWUpdate<'_>| {
+            [u.param, u.m, u.v]
+                .iter()
+                .all(|t| !std::ptr::eq(t.buffer(), g.stats.buffer()))
+        };
+        if !updates.iter().all(apart) {
+            return Err(Error::Invalid {
+                op: OP,
+                message: "the clip gate's statistics share a buffer with a parameter or a moment".into(),
+            });
+        }
     }
     let ready = crate::autograd::no_grad(|| {
         updates
@@ -296,7 +307,8 @@ pub fn adamw_update_many(updates: &[AdamWUpdate<'_>], gate: Option<&ClipGate<'_>
 /// One launch over `launch`'s tensors, `width` elements per thread.
 fn run(device: &crate::tensor::Device, launch: &[&Ready<'_>], width: usize, gate: Option<&ClipGate<'_>>) -> Result<()> {
     let max_norm = gate.map_or(0.0, |g| g.max_norm) as f32;
-    let mut params = vec![launch.len() as u32, max_norm.to_bits()];
+    let at = gate.map_or(0, |g| g.stats.layout().offset) as u32;
+    let mut params = vec![launch.len() as u32, max_norm.to_bits(), at];
     let mut workgroups = 0u32;
     for r in launch {
         params.extend(r.words);

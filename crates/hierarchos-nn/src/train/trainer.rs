@@ -187,14 +187,15 @@ impl<'m> Trainer<'m> {
         &self.optimizer
     }
 
-    /// The state a checkpoint saves now (the moments' steps are filled in by the checkpoint); with no step in
-    /// flight (see [`Trainer::finish`]).
-    pub fn state(&self, data: &str) -> TrainingState {
+    /// The state a checkpoint saves now (the moments' steps are filled in by the checkpoint). An error while a
+    /// step recorded ahead is in flight: its update and batches are already counted (see [`Trainer::finish`]).
+    pub fn state(&self, data: &str) -> Result<TrainingState> {
+        self.check_settled()?;
         let mut s = initial_state(&self.config, data, self.batcher.state());
         s.step = self.step;
         s.base_dtype = self.lm.frozen_dtype().map(|d| d.to_string());
         s.loss_scale = self.loss_scale.clone();
-        s
+        Ok(s)
     }
 
     /// One optimizer step on the next batches of `data`, returned once the GPU has run it. (No step may be in
