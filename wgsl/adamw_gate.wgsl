@@ -1,8 +1,8 @@
-// Gradient clipping read on the device for adamw.wgsl (ops/adamw.rs, `ClipGate`): gate[p[2]..] = [loss, squared
-// norm of the gradients as they are]. Every gradient is multiplied by its tensor's host factor (word 12, the inverse of a
-// loss scale, or 1) times clip_grad_norm_'s factor max_norm / (norm + 1e-6), at most 1, for the unscaled norm,
-// in f32 as PyTorch computes it; p[1] holds max_norm (0: no clipping). Nothing is updated unless the loss and
-// the norm are finite.
+// Gradient clipping read on the device for adamw.wgsl (ops/adamw.rs, `ClipGate`): gate[p[2]..] = [loss,
+// squared norm of the gradients as they are]. Every gradient is multiplied by its tensor's host factor (word 12,
+// the inverse of a loss scale, or 1) times clip_grad_norm_'s factor max_norm / (norm + 1e-6), at most 1, for the
+// unscaled norm, in f32 as PyTorch computes it; p[1] holds max_norm (0: no clipping). Nothing is updated unless
+// the loss and the norm are finite.
 
 @group(0) @binding(1) var<storage, read> gate: array<f32>;
 

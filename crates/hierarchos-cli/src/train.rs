@@ -360,18 +360,16 @@ pub fn train(args: &TrainArgs) -> Result<()> {
     };
     // A step's statistics are read back while the GPU runs the next (`Trainer::step_ahead`), except for steps
     // whose parameters are evaluated or saved, and the last: those are settled before anything else is recorded.
-    let settles = |step: usize| {
-        step == config.steps
-            || (args.eval_every > 0 && step.is_multiple_of(args.eval_every))
-            || (args.save_every > 0 && step.is_multiple_of(args.save_every))
-    };
+    let evaluates = |step: usize| args.eval_every > 0 && step.is_multiple_of(args.eval_every);
+    let saves = |step: usize| args.save_every > 0 && step.is_multiple_of(args.save_every);
     while trainer.completed_steps() < config.steps {
-        let number = trainer.completed_steps() + usize::from(trainer.in_flight()) + 1;
+        let number = trainer.next_step();
+        let settles = number == config.steps || evaluates(number) || saves(number);
         let mut done = Vec::new();
         let recorded = trainer
             .step_ahead(&data)
             .map(|s| done.extend(s))
-            .and_then(|()| match settles(number) {
+            .and_then(|()| match settles {
                 true => trainer.finish().map(|s| done.extend(s)),
                 false => Ok(()),
             });
@@ -405,10 +403,10 @@ pub fn train(args: &TrainArgs) -> Result<()> {
             }
             log(line)?;
             let last = s.step == config.steps;
-            if args.eval_every > 0 && s.step % args.eval_every == 0 && !last {
+            if evaluates(s.step) && !last {
                 evaluate_now(s.step, &mut log)?;
             }
-            if args.save_every > 0 && s.step % args.save_every == 0 && !last {
+            if saves(s.step) && !last {
                 save(&trainer)?;
             }
         }

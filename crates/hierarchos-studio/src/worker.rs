@@ -424,6 +424,10 @@ impl Worker {
                 2,
             )?)
         };
+        // The steps evaluated, whose points carry the evaluation loss.
+        let evaluates = |step: usize| {
+            eval.is_some() && (step == s.steps || (s.eval_every > 0 && step.is_multiple_of(s.eval_every)))
+        };
         // A step's point, once its statistics are read back; evaluated where due (its weights are settled then).
         let mut report = |step: StepStats| -> Result<()> {
             let mut point = Point {
@@ -434,9 +438,8 @@ impl Worker {
                 tokens_per_sec: step.tokens as f64 / step.secs.max(1e-9),
                 memory_mib: self.device.memory().live_bytes as f64 / (1 << 20) as f64,
             };
-            let last = step.step == s.steps;
             if let Some(eval) = eval
-                && (last || (s.eval_every > 0 && step.step.is_multiple_of(s.eval_every)))
+                && evaluates(step.step)
             {
                 point.eval_loss = Some(evaluate(&source.lm, eval, s.batch_size, pad)?.loss);
             }
@@ -497,12 +500,11 @@ impl Worker {
             }
             // Each step is read back while the GPU runs the next (`Trainer::step_ahead`), but for the evaluated
             // ones and the last, which are read back at once.
-            let number = trainer.completed_steps() + usize::from(trainer.in_flight()) + 1;
+            let number = trainer.next_step();
             if let Some(step) = trainer.step_ahead(data)? {
                 report(step)?;
             }
-            let evaluated = eval.is_some() && s.eval_every > 0 && number.is_multiple_of(s.eval_every);
-            if number == s.steps || evaluated {
+            if number == s.steps || evaluates(number) {
                 if let Some(step) = trainer.finish()? {
                     report(step)?;
                 }

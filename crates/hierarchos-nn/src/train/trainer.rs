@@ -204,9 +204,9 @@ impl<'m> Trainer<'m> {
     pub fn step(&mut self, data: &TokenData) -> Result<StepStats> {
         self.check_settled()?;
         let begun = self.begin(data)?;
-        self.commit(begun)?;
-        self.finish()?
-            .ok_or_else(|| Error::Invalid("the step just recorded is not in flight".into()))
+        let flight = self.commit(begun)?;
+        let values = flight.read.wait()?;
+        self.conclude(flight.step, &values)
     }
 
     /// [`Trainer::step`] without blocking on the GPU (the web has no blocking readback): the loss and gradient
@@ -214,11 +214,7 @@ impl<'m> Trainer<'m> {
     pub async fn step_async(&mut self, data: &TokenData) -> Result<StepStats> {
         self.check_settled()?;
         let begun = self.begin(data)?;
-        self.commit(begun)?;
-        let flight = self
-            .in_flight
-            .take()
-            .ok_or_else(|| Error::Invalid("the step just recorded is not in flight".into()))?;
+        let flight = self.commit(begun)?;
         let values = flight.read.wait_async().await?;
         self.conclude(flight.step, &values)
     }
@@ -256,7 +252,7 @@ impl<'m> Trainer<'m> {
                 }
             }
         }
-        self.commit(begun)?;
+        self.in_flight = Some(self.commit(begun)?);
         Ok(done)
     }
 
@@ -274,6 +270,11 @@ impl<'m> Trainer<'m> {
     /// Whether a step recorded ahead awaits [`Trainer::finish`].
     pub fn in_flight(&self) -> bool {
         self.in_flight.is_some()
+    }
+
+    /// The number (1-based) of the step the next call records: one past those completed and the one in flight.
+    pub fn next_step(&self) -> usize {
+        self.step + usize::from(self.in_flight()) + 1
     }
 
     fn check_settled(&self) -> Result<()> {
@@ -299,7 +300,7 @@ impl<'m> Trainer<'m> {
         let mut tokens = 0;
         let scale = self.scale();
         // Steps before this one, so that the micro-batches and learning rate are the same however the steps run.
-        let index = self.step + usize::from(self.in_flight.is_some());
+        let index = self.next_step() - 1;
         for micro in 0..accum {
             // Each micro-batch draws its own adapter dropout masks, the same ones when a run is resumed.
             self.lm.seed_lora_dropout(self.config.seed, index * accum + micro);
@@ -333,7 +334,7 @@ impl<'m> Trainer<'m> {
 
     /// The second half: the clipped AdamW update, which the device skips where the loss or norm is not finite,
     /// and the statistics' readback under way.
-    fn commit(&mut self, begun: Begun) -> Result<()> {
+    fn commit(&mut self, begun: Begun) -> Result<InFlight> {
         let lr = self.config.schedule.lr_at(begun.number - 1);
         let gate = ClipGate {
             stats: &begun.stats,
@@ -341,7 +342,7 @@ impl<'m> Trainer<'m> {
         };
         self.optimizer
             .step_clipped(&self.params, lr, 1.0 / begun.scale, Some(&gate))?;
-        self.in_flight = Some(InFlight {
+        Ok(InFlight {
             read: begun.stats.read_later::<f32>()?,
             step: Recorded {
                 number: begun.number,
@@ -350,8 +351,7 @@ impl<'m> Trainer<'m> {
                 tokens: begun.tokens,
                 start: begun.start,
             },
-        });
-        Ok(())
+        })
     }
 
     /// A step's statistics, read back: a non-finite loss or norm stops the run (the device skipped the update,
