@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hierarchos_core::{CmpOp, DType, Tensor, grad_enabled, no_grad};
+use hierarchos_core::{CmpOp, DType, Tensor, autocast_dtype, grad_enabled, no_grad};
 use indexmap::IndexMap;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
@@ -406,8 +406,9 @@ impl Lora {
         !self.merged && !self.disabled
     }
 
-    /// `scaling · (dropout(x) Aᵀ) Bᵀ`, in PEFT's order of operations. Dropout applies only while the adapter
-    /// trains (gradients on, `A` trainable).
+    /// `scaling · (dropout(x) Aᵀ) Bᵀ`, with PEFT's values: in its order of operations, or with the scaling
+    /// moved onto `B` where that changes no bit (a power of two, outside f16). Dropout applies only while the
+    /// adapter trains (gradients on, `A` trainable).
     pub fn forward(&self, x: &Tensor) -> hierarchos_core::Result<Tensor> {
         let x = if self.dropout > 0.0 && grad_enabled() && self.a.requires_grad() {
             let (seed, offset) = self.stream.take(x.numel());
@@ -420,13 +421,30 @@ impl Lora {
         };
         let a = self.a.to_dtype(x.dtype())?;
         let b = self.b.to_dtype(x.dtype())?;
-        x.matmul(&a.t()?)?.matmul(&b.t()?)?.mul_scalar(self.scaling)
+        let xa = x.matmul(&a.t()?)?;
+        if self.scaling == 1.0 {
+            xa.matmul(&b.t()?)
+        } else if scaling_moves_onto_b(self.scaling, x.dtype()) {
+            xa.matmul(&b.mul_scalar(self.scaling)?.t()?)
+        } else {
+            xa.matmul(&b.t()?)?.mul_scalar(self.scaling)
+        }
     }
 
     /// The update as a weight matrix, `scaling · B A` (`[out, in]`, f32).
     pub fn delta(&self) -> hierarchos_core::Result<Tensor> {
         no_grad(|| self.b.matmul(&self.a)?.mul_scalar(self.scaling))
     }
+}
+
+/// Whether scaling `B` (`[out, r]`) instead of the update (`[tokens, out]`) gives PEFT's values bit for bit, and
+/// its gradients too: a power of two scales each rounded product and partial sum exactly, as long as the values
+/// stay in the normal range. That holds in f32 and bf16 (normal down to 1e-38) and not where products round to
+/// f16 (normal only down to 6e-5, which small updates reach). It saves an elementwise pass over the update in
+/// the forward pass and another over its gradient in the backward pass of every adapted layer.
+fn scaling_moves_onto_b(scaling: f64, dtype: DType) -> bool {
+    let power_of_two = scaling.is_normal() && scaling > 0.0 && scaling.to_bits() & ((1 << 52) - 1) == 0;
+    power_of_two && dtype != DType::F16 && autocast_dtype() != Some(DType::F16)
 }
 
 impl CausalLm {
