@@ -1,9 +1,11 @@
-//! The fused AdamW update against an f64 CPU reference of torch.optim.AdamW's formulas.
+//! The fused AdamW update against an f64 CPU reference of torch.optim.AdamW's formulas, its clip gate, and the loss
+//! scale the device keeps for f16 runs.
 
 mod common;
 use common::*;
 
 use hierarchos::core::ops::adamw::{AdamWStep, AdamWUpdate, ClipGate, adamw_update_many};
+use hierarchos::core::ops::loss_scale::loss_scale_update;
 use hierarchos::core::{DType, Error, Tensor};
 
 /// torch.optim.AdamW's single-tensor update in f64, in place.
@@ -207,7 +209,8 @@ fn many_updates_match_one_at_a_time() {
 
 /// Clipping read on the device: each gradient scaled by `clip_grad_norm_`'s factor for the gate's norm (unscaled by
 /// the host factor, which then scales the gradient too), none for a norm within the limit or a limit of 0; no
-/// change at all for a non-finite loss or norm; a malformed gate refused.
+/// change at all for a non-finite loss or norm; a malformed gate refused. An inverse loss scale among the
+/// statistics unscales as the same host factor does, bit for bit.
 #[test]
 fn the_clip_gate_scales_gradients_on_the_device_and_skips_non_finite_steps() {
     let d = dev();
@@ -229,25 +232,33 @@ fn the_clip_gate_scales_gradients_on_the_device_and_skips_non_finite_steps() {
         (2.0, f32::NAN, 1.0, None),
     ];
     for (loss, norm_sq, max_norm, factor) in cases {
-        let t = |v: &[f32]| Tensor::from_slice(v, &[n], &d).unwrap();
-        let (param, grad, m, v) = (t(&x0), t(&g0), t(&m0), t(&v0));
-        // A view of the statistics: the NaN before them must not be read.
-        let held = Tensor::from_slice(&[f32::NAN, loss, norm_sq], &[3], &d).unwrap();
-        let stats = held.narrow(0, 1, 2).unwrap();
-        let gate = ClipGate {
-            stats: &stats,
-            max_norm,
+        let run = |inverse_scale: Option<f32>| {
+            let t = |v: &[f32]| Tensor::from_slice(v, &[n], &d).unwrap();
+            let (param, grad, m, v) = (t(&x0), t(&g0), t(&m0), t(&v0));
+            // A view of the statistics: the NaN before them must not be read.
+            let mut held = vec![f32::NAN, loss, norm_sq];
+            held.extend(inverse_scale);
+            let held = Tensor::from_slice(&held, &[held.len()], &d).unwrap();
+            let stats = held.narrow(0, 1, held.shape()[0] - 1).unwrap();
+            let gate = ClipGate {
+                stats: &stats,
+                max_norm,
+            };
+            let update = AdamWUpdate {
+                param: &param,
+                grad: &grad,
+                m: &m,
+                v: &v,
+                step: inverse_scale.map_or(s, |_| settings(2, 1.0)),
+            };
+            adamw_update_many(&[update], Some(&gate)).unwrap();
+            [&param, &m, &v].map(|t| t.to_vec::<f32>().unwrap())
         };
-        let update = AdamWUpdate {
-            param: &param,
-            grad: &grad,
-            m: &m,
-            v: &v,
-            step: s,
-        };
-        adamw_update_many(&[update], Some(&gate)).unwrap();
         let what = format!("loss {loss}, squared norm {norm_sq}, max norm {max_norm}");
-        let got = [&param, &m, &v].map(|t| t.to_vec::<f32>().unwrap());
+        let got = run(None);
+        let scaled = run(Some(s.grad_scale as f32));
+        let bits = |v: &[Vec<f32>; 3]| v.clone().map(|t| t.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(bits(&scaled), bits(&got), "{what}: the device's inverse loss scale");
         let Some(factor) = factor else {
             assert_eq!(got, [x0.clone(), m0.clone(), v0.clone()], "{what}: skipped");
             continue;
@@ -276,16 +287,74 @@ fn the_clip_gate_scales_gradients_on_the_device_and_skips_non_finite_steps() {
         v: &v,
         step: s,
     };
-    let three = Tensor::zeros(&[3], DType::F32, &d).unwrap();
+    let four = Tensor::zeros(&[4], DType::F32, &d).unwrap();
     let two = Tensor::zeros(&[2], DType::F32, &d).unwrap();
     // Statistics in a buffer the update writes are refused too.
     let in_param = p.narrow(0, 0, 2).unwrap();
-    for (stats, max_norm) in [(&three, 1.0), (&two, f64::NAN), (&two, -1.0), (&in_param, 1.0)] {
+    for (stats, max_norm) in [(&four, 1.0), (&two, f64::NAN), (&two, -1.0), (&in_param, 1.0)] {
         let gate = ClipGate { stats, max_norm };
         assert!(
             matches!(adamw_update_many(&[update], Some(&gate)), Err(Error::Invalid { .. })),
             "{:?} {max_norm}",
             stats.shape()
         );
+    }
+}
+
+/// Dynamic loss scaling's bookkeeping on the device follows `GradScaler`: a finite norm counts a good step and the
+/// growth interval's one in a row doubles the scale; a non-finite norm halves it and restarts the count; a
+/// non-finite loss changes nothing. The inverse beside the scale stays exact; the state and the statistics are
+/// read through views; malformed inputs are refused.
+#[test]
+fn the_loss_scale_halves_on_overflow_and_doubles_after_a_run_of_good_steps() {
+    let d = dev();
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    let held = Tensor::from_slice(&[nan, 1024.0, 1.0 / 1024.0, 0.0], &[4], &d).unwrap();
+    let state = held.narrow(0, 1, 3).unwrap();
+    // (loss, squared norm) of each step, and (scale, good steps) after it, with a growth interval of 3.
+    let steps = [
+        ((2.0, 5.0), (1024.0, 1.0)),
+        ((2.0, 5.0), (1024.0, 2.0)),
+        ((2.0, 5.0), (2048.0, 0.0)),
+        ((2.0, inf), (1024.0, 0.0)),
+        ((2.0, 5.0), (1024.0, 1.0)),
+        ((2.0, nan), (512.0, 0.0)),
+        ((nan, 5.0), (512.0, 0.0)),
+        ((inf, inf), (512.0, 0.0)),
+        ((2.0, 5.0), (512.0, 1.0)),
+    ];
+    for (i, ((loss, norm_sq), (scale, good))) in steps.into_iter().enumerate() {
+        let stats = Tensor::from_slice(&[nan, loss, norm_sq, 0.5], &[4], &d).unwrap();
+        loss_scale_update(&state, &stats.narrow(0, 1, 3).unwrap(), 3).unwrap();
+        let got = held.to_vec::<f32>().unwrap();
+        assert!(got[0].is_nan(), "step {i}: the element before the view");
+        assert_eq!(got[1..], [scale, 1.0 / scale, good], "step {i}");
+    }
+    let stats = Tensor::zeros(&[2], DType::F32, &d).unwrap();
+    let malformed = [
+        (
+            Tensor::zeros(&[2], DType::F32, &d).unwrap(),
+            stats.clone(),
+            3,
+            "short state",
+        ),
+        (
+            Tensor::zeros(&[3], DType::F16, &d).unwrap(),
+            stats.clone(),
+            3,
+            "f16 state",
+        ),
+        (
+            state.clone(),
+            Tensor::zeros(&[1], DType::F32, &d).unwrap(),
+            3,
+            "short statistics",
+        ),
+        (state.clone(), stats.clone(), 0, "no growth interval"),
+        (state.clone(), held.narrow(0, 0, 2).unwrap(), 3, "one buffer"),
+    ];
+    for (state, stats, interval, what) in malformed {
+        let got = loss_scale_update(&state, &stats, interval);
+        assert!(matches!(got, Err(Error::Invalid { .. })), "{what}: {got:?}");
     }
 }

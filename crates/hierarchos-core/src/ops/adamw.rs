@@ -17,6 +17,7 @@ const ADAMW_WGSL: &str = include_str!("../../../../wgsl/adamw.wgsl");
 const UNGATED: &str =
     "fn grad_factor(t: u32) -> f32 {\n    return scalar(t, 12u);\n}\nfn live() -> bool {\n    return true;\n}\n";
 const GATED: &str = include_str!("../../../../wgsl/adamw_gate.wgsl");
+pub(crate) const FINITE: &str = include_str!("../../../../wgsl/finite.wgsl");
 const OP: &str = "adamw";
 
 /// Most tensors one launch updates (four storage buffers each), so that the kernels stay few and small.
@@ -143,24 +144,33 @@ impl Tensor {
 /// Gradient clipping read on the device: the step's `[loss, squared gradient norm]` (f32, as the step computed
 /// them), from which every thread of the update takes `clip_grad_norm_`'s factor, `max_norm / (norm + 1e-6)` at
 /// most 1 (no clipping for a `max_norm` of 0), in f32 as PyTorch computes it. The norm is of the gradients as
-/// they are; each update's `grad_scale` unscales both the norm and the gradient (a loss scale's inverse, or 1).
+/// they are; each update's `grad_scale` unscales both the norm and the gradient (a loss scale's inverse, or 1),
+/// and so does a third statistic, the inverse of the loss scale the step ran at, where the scale lives on the
+/// device ([`loss_scale_update`](crate::ops::loss_scale::loss_scale_update)).
 /// Where the loss or the norm is not finite the update leaves everything as it was. So the host need not read
 /// the norm back before the update, and the GPU need not wait for the host between training steps.
 #[derive(Clone, Copy, Debug)]
 pub struct ClipGate<'a> {
-    /// `[loss, squared gradient norm]`.
+    /// `[loss, squared gradient norm]` or `[loss, squared gradient norm, inverse loss scale]`.
     pub stats: &'a Tensor,
     /// The largest global norm let through (0: no clipping).
     pub max_norm: f64,
 }
 
 impl ClipGate<'_> {
+    /// Whether the statistics carry an inverse loss scale.
+    fn scaled(&self) -> bool {
+        self.stats.shape() == [3]
+    }
+
     fn check(&self) -> Result<()> {
-        if self.stats.dtype() != DType::F32 || self.stats.shape() != [2] || self.stats.layout().strides != [1] {
+        let shape_ok = matches!(self.stats.shape(), [2] | [3]);
+        if self.stats.dtype() != DType::F32 || !shape_ok || self.stats.layout().strides != [1] {
             return Err(Error::Invalid {
                 op: OP,
                 message: format!(
-                    "the clip gate's statistics must be a dense f32 [loss, squared norm], got {} {:?}",
+                    "the clip gate's statistics must be a dense f32 [loss, squared norm] or [loss, squared norm, \
+                     inverse loss scale], got {} {:?}",
                     self.stats.dtype(),
                     self.stats.shape()
                 ),
@@ -318,7 +328,8 @@ fn run(device: &crate::tensor::Device, launch: &[&Ready<'_>], width: usize, gate
     let mut buffers: Vec<&GpuBuffer> = gate.iter().map(|g| g.stats.buffer()).collect();
     buffers.extend(launch.iter().flat_map(|r| r.buffers()));
     let count = launch.len();
-    let gated = gate.is_some();
+    // Ungated, gated, or gated with a loss scale.
+    let gated = gate.map_or(0, |g| 1 + usize::from(g.scaled()));
     device.dispatch(Dispatch {
         op: OP,
         runtime_checks: false,
@@ -332,15 +343,24 @@ fn run(device: &crate::tensor::Device, launch: &[&Ready<'_>], width: usize, gate
     Ok(())
 }
 
-/// The kernel for `count` tensors, `width` elements per thread: bindings, `update` and the gradient factor.
-fn source(width: usize, count: usize, gated: bool) -> String {
+/// The kernel for `count` tensors, `width` elements per thread: bindings, `update` and the gradient factor
+/// (`gated`: 0 without a gate, 1 with one, 2 with one carrying a loss scale).
+fn source(width: usize, count: usize, gated: usize) -> String {
     let v = if width == 4 { "vec4<f32>" } else { "f32" };
     let mut s = format!(
         "alias V = {v};\nconst W: u32 = {width}u;\n\
          @group(0) @binding(0) var<storage, read> p: array<u32>;\n"
     );
-    let first = 1 + usize::from(gated);
-    s.push_str(if gated { GATED } else { UNGATED });
+    let first = 1 + usize::from(gated > 0);
+    if gated > 0 {
+        let _ = writeln!(s, "const SCALED: bool = {};", gated == 2);
+    }
+    if gated > 0 {
+        s.push_str(FINITE);
+        s.push_str(GATED);
+    } else {
+        s.push_str(UNGATED);
+    }
     for t in 0..count {
         for (k, (name, mode)) in [
             ("param", "read_write"),

@@ -11,6 +11,7 @@ pub mod flash_attention;
 mod flash_attention_coop;
 pub mod index;
 pub mod loss;
+pub mod loss_scale;
 pub(crate) mod map;
 pub mod mask;
 pub(crate) mod math;

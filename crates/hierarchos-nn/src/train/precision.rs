@@ -61,7 +61,9 @@ impl fmt::Display for Precision {
 
 /// The dynamic loss scale of an f16 run (`GradScaler`'s defaults): the loss is multiplied by `scale` before the
 /// backward and the gradients divided by it before the update; a step whose gradients overflow is skipped and
-/// halves the scale, and every [`LossScale::GROWTH_INTERVAL`] steps in a row without overflow double it.
+/// halves the scale, and every [`LossScale::GROWTH_INTERVAL`] steps in a row without overflow double it. The
+/// trainer keeps this on the host as of the last step read back, and the same on the device for the steps it
+/// records ahead (`hierarchos_core::ops::loss_scale::loss_scale_update`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LossScale {
     /// The current factor.

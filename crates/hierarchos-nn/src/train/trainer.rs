@@ -3,6 +3,7 @@
 //! non-finite one stops the run, or skips the step of an f16 run).
 
 use hierarchos_core::ops::adamw::ClipGate;
+use hierarchos_core::ops::loss_scale::loss_scale_update;
 use hierarchos_core::{DType, PendingVec, Tensor, autocast, no_grad};
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
@@ -101,7 +102,12 @@ pub struct Trainer<'m> {
     config: TrainConfig,
     step: usize,
     pad_id: u32,
+    /// An f16 run's loss scale as of the last step read back...
     loss_scale: Option<LossScale>,
+    /// ...and on the device, `[scale, 1 / scale, good steps]`, as of the last update recorded: each step's
+    /// backward takes its scale from there, and its update unscales by the inverse and leaves the next scale there
+    /// (see [`loss_scale_update`]), so that the host need not read a step back before recording the next.
+    device_scale: Option<Tensor>,
     /// A step recorded ahead whose statistics are not read yet ([`Trainer::step_ahead`]).
     in_flight: Option<InFlight>,
     /// When the last step's statistics were read.
@@ -135,18 +141,31 @@ impl<'m> Trainer<'m> {
                  and attention on this GPU's tensor cores, several times faster"
             );
         }
-        Ok(Trainer {
+        let mut t = Trainer {
             lm,
             params,
             optimizer: AdamW::new(config.adamw.clone())?,
             batcher: Batcher::new(sequences, config.seed, config.shuffle)?,
-            loss_scale: (config.precision == Precision::F16).then(LossScale::default),
+            loss_scale: None,
+            device_scale: None,
             config,
             step: 0,
             pad_id,
             in_flight: None,
             last_done: None,
-        })
+        };
+        if t.config.precision == Precision::F16 {
+            t.set_loss_scale(LossScale::default())?;
+        }
+        Ok(t)
+    }
+
+    /// Sets an f16 run's loss scale, on the host and the device.
+    fn set_loss_scale(&mut self, s: LossScale) -> Result<()> {
+        let state = [s.scale as f32, (1.0 / s.scale) as f32, s.good_steps as f32];
+        self.device_scale = Some(Tensor::from_slice(&state, &[3], self.lm.device())?);
+        self.loss_scale = Some(s);
+        Ok(())
     }
 
     /// Continues a run from a checkpoint's state and moments (`lm` holds its weights).
@@ -167,7 +186,7 @@ impl<'m> Trainer<'m> {
         )?;
         t.step = state.step;
         if t.loss_scale.is_some() {
-            t.loss_scale = Some(state.loss_scale.clone().unwrap_or_default());
+            t.set_loss_scale(state.loss_scale.clone().unwrap_or_default())?;
         }
         Ok(t)
     }
@@ -225,14 +244,11 @@ impl<'m> Trainer<'m> {
     /// against 99.0 when each step is read back before the next is recorded). The statistics of the last step
     /// come from [`Trainer::finish`], which also settles the parameters before they are read, evaluated or saved.
     /// A non-finite loss or norm still stops the run with its step, the parameters as they were before it: the
-    /// device skips that update itself. Runs with a loss scale (f16) read each step back before the next, whose
-    /// loss it scales.
+    /// device skips that update itself. In an f16 run the device also keeps the loss scale, which an overflow
+    /// halves before the next step's backward.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn step_ahead(&mut self, data: &TokenData) -> Result<Option<StepStats>> {
         let mut done = None;
-        if self.loss_scale.is_some() {
-            done = self.finish()?;
-        }
         let begun = self.begin(data)?;
         if let Some(flight) = self.in_flight.take() {
             // What is recorded goes to the GPU before the host waits for the step before it.
@@ -286,19 +302,23 @@ impl<'m> Trainer<'m> {
         }
     }
 
-    /// The factor the loss is multiplied by before the backward (1 unless f16 scales it).
+    /// The factor the loss of the next step read back was multiplied by (1 unless f16 scales it).
     fn scale(&self) -> f64 {
         self.loss_scale.as_ref().map_or(1.0, |s| s.scale)
     }
 
     /// The first half of a step: forward and backward of its micro-batches, and `[mean loss, squared gradient
-    /// norm]` on the device.
+    /// norm]` on the device, with the inverse of the loss scale in an f16 run.
     fn begin(&mut self, data: &TokenData) -> Result<Begun> {
         let start = Instant::now();
         let accum = self.config.grad_accum;
         let mut losses = Vec::with_capacity(accum);
         let mut tokens = 0;
-        let scale = self.scale();
+        let scale = self
+            .device_scale
+            .as_ref()
+            .map(|s| s.narrow(0, 0, 1)?.reshape(&[]))
+            .transpose()?;
         // Steps before this one, so that the micro-batches and learning rate are the same however the steps run.
         let index = self.next_step() - 1;
         for micro in 0..accum {
@@ -311,8 +331,16 @@ impl<'m> Trainer<'m> {
                 Some(half) => autocast(half, || batch_loss(self.lm, &batch))??,
                 None => batch_loss(self.lm, &batch)?,
             };
-            // The mean over micro-batches, as transformers' Trainer divides each by the accumulation steps.
-            loss.mul_scalar(scale / accum as f64)?.backward()?;
+            // The mean over micro-batches, as transformers' Trainer divides each by the accumulation steps. The
+            // scale is a power of two: scaling first rounds as scaling by scale / accum at once.
+            let scaled = match &scale {
+                Some(s) => loss.mul(s)?,
+                None => loss.clone(),
+            };
+            match accum {
+                1 => scaled.backward()?,
+                _ => scaled.mul_scalar(1.0 / accum as f64)?.backward()?,
+            }
             losses.push(loss.detach().reshape(&[1])?);
         }
         let stats = no_grad(|| -> Result<_> {
@@ -321,14 +349,17 @@ impl<'m> Trainer<'m> {
                 Some(n) => n.reshape(&[1])?,
                 None => Tensor::zeros(&[1], DType::F32, self.lm.device())?,
             };
-            Ok(Tensor::cat(&[loss, norm_sq], 0)?)
+            let mut stats = vec![loss, norm_sq];
+            if let Some(s) = &self.device_scale {
+                stats.push(s.narrow(0, 1, 1)?);
+            }
+            Ok(Tensor::cat(&stats, 0)?)
         })?;
         Ok(Begun {
             stats,
             tokens,
             start,
             number: index + 1,
-            scale,
         })
     }
 
@@ -340,14 +371,15 @@ impl<'m> Trainer<'m> {
             stats: &begun.stats,
             max_norm: self.config.max_grad_norm,
         };
-        self.optimizer
-            .step_clipped(&self.params, lr, 1.0 / begun.scale, Some(&gate))?;
+        self.optimizer.step_clipped(&self.params, lr, 1.0, Some(&gate))?;
+        if let Some(s) = &self.device_scale {
+            loss_scale_update(s, &begun.stats, LossScale::GROWTH_INTERVAL as u32)?;
+        }
         Ok(InFlight {
             read: begun.stats.read_later::<f32>()?,
             step: Recorded {
                 number: begun.number,
                 lr,
-                scale: begun.scale,
                 tokens: begun.tokens,
                 start: begun.start,
             },
@@ -355,9 +387,11 @@ impl<'m> Trainer<'m> {
     }
 
     /// A step's statistics, read back: a non-finite loss or norm stops the run (the device skipped the update,
-    /// whose counts the optimizer takes back), or in an f16 run skips the step and halves the scale.
+    /// whose counts the optimizer takes back), or in an f16 run skips the step and halves the scale, as the
+    /// device did.
     fn conclude(&mut self, flight: Recorded, values: &[f32]) -> Result<StepStats> {
-        let (loss, norm) = (values[0] as f64, (values[1] as f64).sqrt() / flight.scale);
+        let scale = self.scale();
+        let (loss, norm) = (values[0] as f64, (values[1] as f64).sqrt() / scale);
         let overflow = self.loss_scale.is_some() && loss.is_finite() && !norm.is_finite();
         if !loss.is_finite() || !norm.is_finite() {
             self.optimizer.retract_last_step();
@@ -382,7 +416,7 @@ impl<'m> Trainer<'m> {
             loss,
             lr: flight.lr,
             grad_norm: norm,
-            loss_scale: self.loss_scale.is_some().then_some(flight.scale),
+            loss_scale: self.loss_scale.is_some().then_some(scale),
             skipped: overflow,
             tokens: flight.tokens,
             secs: now.duration_since(since).as_secs_f64(),
@@ -392,14 +426,12 @@ impl<'m> Trainer<'m> {
 
 /// A step's forward and backward, recorded (see [`Trainer::step_ahead`]).
 struct Begun {
-    /// `[mean loss, squared gradient norm]`, on the device.
+    /// `[mean loss, squared gradient norm]`, and the inverse loss scale in an f16 run, on the device.
     stats: Tensor,
     tokens: usize,
     start: Instant,
     /// Its number (1-based).
     number: usize,
-    /// Its loss scale.
-    scale: f64,
 }
 
 /// A step whose update is recorded, its statistics on their way back.
@@ -412,7 +444,6 @@ struct InFlight {
 struct Recorded {
     number: usize,
     lr: f64,
-    scale: f64,
     tokens: usize,
     start: Instant,
 }
