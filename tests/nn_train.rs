@@ -281,6 +281,44 @@ fn f16_run_at_scale<'m>(lm: &'m CausalLm, data: &TokenData, scale: f64) -> Train
     Trainer::resume(lm, &state, Default::default(), data.sequences.len(), 1).unwrap()
 }
 
+/// A checkpoint whose loss scale no f16 run reaches (damaged) is refused with what is wrong with it.
+#[test]
+fn a_damaged_loss_scale_is_refused_on_resume() {
+    let dir = fixture("llama");
+    let lm = trainable(&dir);
+    let run = TrainConfig {
+        precision: Precision::F16,
+        ..small_run(3)
+    };
+    let state = Trainer::new(&lm, run, 4, 1).unwrap().state("random").unwrap();
+    let interval = LossScale::GROWTH_INTERVAL;
+    for (scale, good_steps) in [
+        (3.0, 0),
+        (0.0, 0),
+        (-2.0, 0),
+        (f64::NAN, 0),
+        (f64::INFINITY, 0),
+        (2f64.powi(127), 0),
+        (2f64.powi(-127), 0),
+        (2.0, interval),
+    ] {
+        let mut damaged = state.clone();
+        damaged.loss_scale = Some(LossScale { scale, good_steps });
+        let err = Trainer::resume(&lm, &damaged, Default::default(), 4, 1).err();
+        let message = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            message.contains("loss scale"),
+            "{scale} after {good_steps}: {message:?}"
+        );
+    }
+    let mut fine = state.clone();
+    fine.loss_scale = Some(LossScale {
+        scale: 2f64.powi(-126),
+        good_steps: interval - 1,
+    });
+    assert!(Trainer::resume(&lm, &fine, Default::default(), 4, 1).is_ok());
+}
+
 /// Recorded ahead, an f16 run halves its loss scale on the device before the next step's backward: from a scale
 /// far too large, the same steps overflow, then train, at the same scales and with the same weights as a
 /// blocking run.

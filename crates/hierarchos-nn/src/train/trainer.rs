@@ -160,8 +160,21 @@ impl<'m> Trainer<'m> {
         Ok(t)
     }
 
-    /// Sets an f16 run's loss scale, on the host and the device.
+    /// Sets an f16 run's loss scale, on the host and the device; refuses one no f16 run reaches (a damaged
+    /// checkpoint): not a power of two whose inverse is a normal f32 too, or as many good steps as the growth
+    /// interval.
     fn set_loss_scale(&mut self, s: LossScale) -> Result<()> {
+        let exponent = s.scale.log2();
+        let power_of_two = exponent.fract() == 0.0 && (-126.0..=126.0).contains(&exponent);
+        if !(power_of_two && s.good_steps < LossScale::GROWTH_INTERVAL) {
+            return Err(Error::Invalid(format!(
+                "loss scale {} after {} good steps: expected a power of two from 2^-126 to 2^126, after fewer \
+                 than {} good steps",
+                s.scale,
+                s.good_steps,
+                LossScale::GROWTH_INTERVAL
+            )));
+        }
         let state = [s.scale as f32, (1.0 / s.scale) as f32, s.good_steps as f32];
         self.device_scale = Some(Tensor::from_slice(&state, &[3], self.lm.device())?);
         self.loss_scale = Some(s);
