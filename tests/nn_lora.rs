@@ -244,9 +244,9 @@ fn dropout_masks_the_adapter_input_while_training_only() {
 }
 
 /// A power-of-two scaling multiplies `B` instead of the update: the update and the gradients of the input, `A`
-/// and `B` equal PEFT's order of operations (`(x Aᵀ) Bᵀ`, then the scaling) bit for bit, in f32 and bf16. Other
-/// scalings keep that order, and so does f16, where the fold would differ once values round to f16's subnormals
-/// (shown here with a small `B`).
+/// and `B` equal PEFT's order of operations (`(x Aᵀ) Bᵀ`, then the scaling) bit for bit, in f32, bf16 and f32
+/// under bf16 autocast. Other scalings keep that order, and so do products rounded to f16 (f16 tensors or f16
+/// autocast), where the fold would differ once values round to f16's subnormals (shown here with a small `B`).
 #[test]
 fn a_power_of_two_scaling_on_b_keeps_the_update_and_gradients_bit_for_bit() {
     use hierarchos::core::DType::{BF16, F16, F32};
@@ -259,7 +259,20 @@ fn a_power_of_two_scaling_on_b_keeps_the_update_and_gradients_bit_for_bit() {
     let randn = |shape: &[usize], seed: u64| Tensor::randn(shape, seed, 0, F32, &dev()).unwrap();
     let bits = |t: &Tensor| -> Vec<u32> { t.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect() };
     let first_difference = |a: &Tensor, b: &Tensor| bits(a).iter().zip(bits(b)).position(|(x, y)| *x != y);
-    for (dtype, b_size) in [(F32, 1.0), (BF16, 1.0), (F16, 1.0), (F16, 1e-5)] {
+    let cases = [
+        (F32, None, 1.0),
+        (BF16, None, 1.0),
+        (F16, None, 1.0),
+        (F16, None, 1e-5),
+        (F32, Some(BF16), 1.0),
+        (F32, Some(F16), 1e-5),
+    ];
+    for (dtype, half, b_size) in cases {
+        // Runs `f` under autocast to `half`, if any.
+        let within = |f: &dyn Fn() -> Tensor| match half {
+            Some(h) => hierarchos::core::autocast(h, f).unwrap(),
+            None => f(),
+        };
         let (a, b) = (
             randn(&[r, inputs], 1),
             randn(&[outputs, r], 2).mul_scalar(b_size).unwrap(),
@@ -267,19 +280,17 @@ fn a_power_of_two_scaling_on_b_keeps_the_update_and_gradients_bit_for_bit() {
         let (x, w) = (randn(&[7, inputs], 3), randn(&[7, outputs], 4));
         let (x, w) = (x.to_dtype(dtype).unwrap(), w.to_dtype(dtype).unwrap());
         for scaling in [2.0, 0.25, 1.0, 0.75] {
-            let case = format!("{dtype} |B| {b_size} scaling {scaling}");
+            let case = format!("{dtype} autocast {half:?} |B| {b_size} scaling {scaling}");
             let leaves = || [&x, &a, &b].map(|t| t.detach().requires_grad_());
             let [x1, a1, b1] = leaves();
             (lora.a, lora.b, lora.scaling) = (a1.clone(), b1.clone(), scaling);
-            let got = lora.forward(&x1).unwrap();
+            let got = within(&|| lora.forward(&x1).unwrap());
             got.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
             let [x2, a2, b2] = leaves();
             let product = |b: &Tensor| {
                 let a = a2.to_dtype(dtype).unwrap().t().unwrap();
-                x2.matmul(&a)
-                    .unwrap()
-                    .matmul(&b.to_dtype(dtype).unwrap().t().unwrap())
-                    .unwrap()
+                let b = b.to_dtype(dtype).unwrap().t().unwrap();
+                within(&|| x2.matmul(&a).unwrap().matmul(&b).unwrap())
             };
             let want = product(&b2).mul_scalar(scaling).unwrap();
             want.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
@@ -288,7 +299,7 @@ fn a_power_of_two_scaling_on_b_keeps_the_update_and_gradients_bit_for_bit() {
                 let (g1, g2) = (g1.grad().unwrap(), g2.grad().unwrap());
                 assert_eq!(first_difference(&g1, &g2), None, "{case}: gradient of {what}");
             }
-            if dtype == F16 && b_size < 1.0 && scaling == 2.0 {
+            if b_size < 1.0 && scaling == 2.0 {
                 let folded = hierarchos::core::no_grad(|| product(&b2.mul_scalar(scaling).unwrap()));
                 let differs = first_difference(&folded, &want).is_some();
                 assert!(differs, "{case}: f16 subnormals tell the orders apart");

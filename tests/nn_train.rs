@@ -300,6 +300,7 @@ fn a_damaged_loss_scale_is_refused_on_resume() {
         (f64::INFINITY, 0),
         (2f64.powi(127), 0),
         (2f64.powi(-127), 0),
+        (1024.0 * (1.0 + f64::EPSILON), 0),
         (2.0, interval),
     ] {
         let mut damaged = state.clone();

@@ -444,7 +444,9 @@ impl Lora {
 /// the forward pass and another over its gradient in the backward pass of every adapted layer.
 fn scaling_moves_onto_b(scaling: f64, dtype: DType) -> bool {
     let power_of_two = scaling.is_normal() && scaling > 0.0 && scaling.to_bits() & ((1 << 52) - 1) == 0;
-    power_of_two && dtype != DType::F16 && autocast_dtype() != Some(DType::F16)
+    // Kernels take the scaling as f32.
+    let exact_in_f32 = (scaling as f32).is_normal();
+    power_of_two && exact_in_f32 && dtype != DType::F16 && autocast_dtype() != Some(DType::F16)
 }
 
 impl CausalLm {

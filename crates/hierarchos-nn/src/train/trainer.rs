@@ -164,8 +164,8 @@ impl<'m> Trainer<'m> {
     /// checkpoint): not a power of two whose inverse is a normal f32 too, or as many good steps as the growth
     /// interval.
     fn set_loss_scale(&mut self, s: LossScale) -> Result<()> {
-        let exponent = s.scale.log2();
-        let power_of_two = exponent.fract() == 0.0 && (-126.0..=126.0).contains(&exponent);
+        let exponent = s.scale.log2().round();
+        let power_of_two = (-126.0..=126.0).contains(&exponent) && 2f64.powi(exponent as i32) == s.scale;
         if !(power_of_two && s.good_steps < LossScale::GROWTH_INTERVAL) {
             return Err(Error::Invalid(format!(
                 "loss scale {} after {} good steps: expected a power of two from 2^-126 to 2^126, after fewer \
@@ -404,6 +404,9 @@ impl<'m> Trainer<'m> {
     /// device did.
     fn conclude(&mut self, flight: Recorded, values: &[f32]) -> Result<StepStats> {
         let scale = self.scale();
+        if let Some(&inverse) = values.get(2) {
+            debug_assert_eq!(inverse, (1.0 / scale) as f32, "the device's loss scale left the host's");
+        }
         let (loss, norm) = (values[0] as f64, (values[1] as f64).sqrt() / scale);
         let overflow = self.loss_scale.is_some() && loss.is_finite() && !norm.is_finite();
         if !loss.is_finite() || !norm.is_finite() {
