@@ -661,15 +661,23 @@ fn autocast_products_share_an_activation_cast() {
 }
 
 /// Inside `autocast(f16 | bf16)` a product of f32 operands is the 16-bit product of the rounded operands, handed
-/// back as f32, and its gradients reach the f32 leaves as f32; outside, products are f32 again.
+/// back as f32 by the product's own launch, and its gradients reach the f32 leaves as f32; outside, products are
+/// f32 again.
 #[test]
 fn autocast_runs_products_in_16_bits() {
     let mut rng = Rng::new("autocast_runs_products_in_16_bits");
     let (a, va) = random(&mut rng, &[2, 17, 33], DType::F32);
     let (b, vb) = random(&mut rng, &[33, 9], DType::F32);
+    let d = dev();
     for half in [DType::F16, DType::BF16] {
         let (a, b) = (a.detach().requires_grad_(), b.detach().requires_grad_());
+        let launches = d.dispatch_count();
         let got = autocast(half, || a.matmul(&b)).unwrap().unwrap();
+        assert_eq!(
+            d.dispatch_count() - launches,
+            3,
+            "{half}: the operands' casts and the product, which rounds and widens its own output"
+        );
         assert_eq!(got.dtype(), DType::F32);
         assert_eq!(autocast_dtype(), None, "the dtype is restored");
         let want = a

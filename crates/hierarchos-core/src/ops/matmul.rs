@@ -368,9 +368,8 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     if matmul_coop::fits(&device, [a.dtype(), b.dtype()], la, lb) {
         return matmul_coop::launch(a, la, b, lb, widen)?.reshape(&out_shape);
     }
-    if widen && dtype != DType::F32 {
-        return launch(a, la, b, lb, dtype, false)?.to_dtype(DType::F32);
-    }
+    // Under autocast the kernel itself rounds each sum to the 16-bit dtype and stores it as f32.
+    let widened = widen && dtype != DType::F32;
     let native_f16 = device.caps().f16;
     let (a_access, b_access) = (Access::new(a.dtype(), native_f16), Access::new(b.dtype(), native_f16));
     let skinny = m <= SKINNY_MAX_ROWS && lb.strides[r - 2] == 1;
@@ -408,8 +407,8 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     };
     // Packed 16-bit outputs are written in place when every thread owns whole words (N even, tile kernel);
     // otherwise in f32, then cast.
-    let direct = !Access::new(dtype, native_f16).packed || (n % 2 == 0 && !skinny);
-    let out_dtype = if direct { dtype } else { DType::F32 };
+    let direct = widened || !Access::new(dtype, native_f16).packed || (n % 2 == 0 && !skinny);
+    let out_dtype = if direct && !widened { dtype } else { DType::F32 };
     let out_access = Access::new(out_dtype, native_f16);
     let batch_count = numel(batch);
     let tiles_of = |bm: usize, bn: usize| m.div_ceil(bm) * n.div_ceil(bn) * batch_count;
@@ -478,7 +477,7 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     }
     params.extend([slice_len as u32, slices as u32]);
     let key = format!(
-        "matmul:{}:{}:{}:{}:{}:{tm}x{tn}x{tx}:{a_k}:{b_k}:{}:{vec4_a}:{vec4_b}",
+        "matmul:{}:{}:{}:{}:{}:{tm}x{tn}x{tx}:{a_k}:{b_k}:{}:{vec4_a}:{vec4_b}:{widened}",
         a.dtype(),
         a_access.packed,
         b.dtype(),
@@ -511,7 +510,11 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
                 access.load_fn(name) + &load4_fn(name)
             });
         }
-        s.push_str(&out_access.store_fn("out"));
+        s.push_str(&if widened {
+            widened_store_fn(dtype)
+        } else {
+            out_access.store_fn("out")
+        });
         s.push_str(COMMON_WGSL);
         let _ = writeln!(
             s,
@@ -545,6 +548,16 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
         out
     };
     if direct { Ok(out) } else { out.to_dtype(dtype) }
+}
+
+/// `store_out` of an f32 output holding each value rounded to `half` (f16 or bf16, to nearest even): the product
+/// autocast hands back, written by the product kernel itself rather than by a cast after it.
+fn widened_store_fn(half: DType) -> String {
+    let rounded = match half {
+        DType::BF16 => "bitcast<f32>(f32_to_bf16(v0) << 16u)",
+        _ => "unpack2x16float(f32_to_f16(v0)).x",
+    };
+    format!("fn store_out(w: u32, v0: f32, v1: f32) {{ out[w] = {rounded}; }}\n")
 }
 
 /// How a reduction of `k` (> 0) steps over `tiles` output tiles is cut into slices run side by side: about `target`
