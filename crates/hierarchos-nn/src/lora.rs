@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::init::ParamRng;
 use crate::linear::LinearWeight;
 use crate::norm::Norm;
+use crate::train::precision::is_power_of_two;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::weights::{Weights, write_atomic};
 
@@ -443,10 +444,9 @@ impl Lora {
 /// f16 (normal only down to 6e-5, which small updates reach). It saves an elementwise pass over the update in
 /// the forward pass and another over its gradient in the backward pass of every adapted layer.
 fn scaling_moves_onto_b(scaling: f64, dtype: DType) -> bool {
-    let power_of_two = scaling.is_normal() && scaling > 0.0 && scaling.to_bits() & ((1 << 52) - 1) == 0;
     // Kernels take the scaling as f32.
     let exact_in_f32 = (scaling as f32).is_normal();
-    power_of_two && exact_in_f32 && dtype != DType::F16 && autocast_dtype() != Some(DType::F16)
+    is_power_of_two(scaling) && exact_in_f32 && dtype != DType::F16 && autocast_dtype() != Some(DType::F16)
 }
 
 impl CausalLm {

@@ -354,8 +354,6 @@ fn source(width: usize, count: usize, gated: usize) -> String {
     let first = 1 + usize::from(gated > 0);
     if gated > 0 {
         let _ = writeln!(s, "const SCALED: bool = {};", gated == 2);
-    }
-    if gated > 0 {
         s.push_str(FINITE);
         s.push_str(GATED);
     } else {

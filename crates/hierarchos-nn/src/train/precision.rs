@@ -59,6 +59,12 @@ impl fmt::Display for Precision {
     }
 }
 
+/// Whether `x` is a positive power of two (a normal f64 with no fraction bits): multiplying by one is exact
+/// wherever the result stays normal, which both the loss scale and LoRA's folded scaling rely on.
+pub(crate) fn is_power_of_two(x: f64) -> bool {
+    x.is_normal() && x > 0.0 && x.to_bits() & ((1 << 52) - 1) == 0
+}
+
 /// The dynamic loss scale of an f16 run (`GradScaler`'s defaults): the loss is multiplied by `scale` before the
 /// backward and the gradients divided by it before the update; a step whose gradients overflow is skipped and
 /// halves the scale, and every [`LossScale::GROWTH_INTERVAL`] steps in a row without overflow double it. The

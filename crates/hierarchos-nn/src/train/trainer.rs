@@ -12,7 +12,7 @@ use crate::CausalLm;
 use crate::error::{Error, Result};
 use crate::optim::{AdamW, AdamWConfig, Moments, grad_norm_squared};
 use crate::train::data::{Batch, Batcher, TokenData, make_batch};
-use crate::train::precision::{LossScale, Precision};
+use crate::train::precision::{LossScale, Precision, is_power_of_two};
 use crate::train::schedule::Schedule;
 use crate::train::state::{TrainingState, initial_state};
 
@@ -164,9 +164,8 @@ impl<'m> Trainer<'m> {
     /// checkpoint): not a power of two whose inverse is a normal f32 too, or as many good steps as the growth
     /// interval.
     fn set_loss_scale(&mut self, s: LossScale) -> Result<()> {
-        let exponent = s.scale.log2().round();
-        let power_of_two = (-126.0..=126.0).contains(&exponent) && 2f64.powi(exponent as i32) == s.scale;
-        if !(power_of_two && s.good_steps < LossScale::GROWTH_INTERVAL) {
+        let in_range = (2f64.powi(-126)..=2f64.powi(126)).contains(&s.scale);
+        if !(is_power_of_two(s.scale) && in_range && s.good_steps < LossScale::GROWTH_INTERVAL) {
             return Err(Error::Invalid(format!(
                 "loss scale {} after {} good steps: expected a power of two from 2^-126 to 2^126, after fewer \
                  than {} good steps",
