@@ -515,15 +515,20 @@ fn long_reductions_over_many_big_tiles() {
     }
 }
 
-/// f16 products of whole 128 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (16 x 16 f16
-/// into f32, subgroups of 32) they run on tensor cores; elsewhere the tiled kernel. Every pairing of operand
+/// f16 products of whole 128 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (f16 into
+/// f32: fragments of 16 with subgroups of 32, as on NVIDIA, or of 8 with subgroups of 8, as on lavapipe since Mesa
+/// 25.1) they run on tensor cores; elsewhere the tiled kernel. Every pairing of operand
 /// layouts, an offset view, several tiles along M and N, a batch of one (batched products stay on the tiled
 /// kernel), and single tiles over a long reduction (split along K).
 #[test]
 fn f16_products_of_whole_tiles() {
     let mut rng = Rng::new("f16_products_of_whole_tiles");
     let d = dev();
-    eprintln!("cooperative matrices: {}", d.caps().cooperative_matrix);
+    let caps = d.caps();
+    eprintln!(
+        "cooperative matrices: {:?}, subgroups {:?}",
+        caps.cooperative_matrix, caps.subgroup_size
+    );
     check_shapes(&mut rng, &[256, 32], &[32, 128], DType::F16);
     check_shapes(&mut rng, &[128, 64], &[64, 256], DType::F16);
     check_shapes(&mut rng, &[512, 96], &[96, 384], DType::F16);
@@ -546,7 +551,11 @@ fn f16_products_of_whole_tiles() {
     check("g^T @ x f16, split along K", &g.t().unwrap(), &vg, &x, &vx);
     // Where the adapter has them, these products did run on cooperative matrices (the kernel profile names them).
     let inside_passes = hierarchos::runtime::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-    if d.caps().cooperative_matrix && d.wgpu_parts().1.features().contains(inside_passes) {
+    let coop = matches!(
+        (caps.cooperative_matrix, caps.subgroup_size),
+        (Some(16), (32, 32)) | (Some(8), (8, 8))
+    );
+    if coop && d.wgpu_parts().1.features().contains(inside_passes) {
         let options = GpuOptions {
             profile: true,
             ..GpuOptions::from_env()
@@ -554,6 +563,103 @@ fn f16_products_of_whole_tiles() {
         let p = pollster::block_on(Gpu::open(&options)).unwrap();
         let a = Tensor::zeros(&[256, 32], DType::F16, &p).unwrap();
         let b = Tensor::zeros(&[32, 128], DType::F16, &p).unwrap();
+        a.matmul(&b).unwrap().to_f32_vec().unwrap();
+        let kernels: Vec<String> = p.profile().into_iter().map(|k| k.kernel).collect();
+        assert!(kernels.iter().any(|k| k.starts_with("matmul_coop")), "{kernels:?}");
+    }
+}
+
+/// A `[rows, cols]` f16 view of random values at the start of a `[rows + 8, cols + 8]` tensor of NaN, and the
+/// values of that tensor.
+fn nan_padded(rng: &mut Rng, rows: usize, cols: usize) -> (Tensor, Vec<f32>) {
+    let width = cols + 8;
+    let values: Vec<f32> = (0..(rows + 8) * width)
+        .map(|i| {
+            if i / width < rows && i % width < cols {
+                rng.below(2001) as f32 / 1000.0 - 1.0
+            } else {
+                f32::NAN
+            }
+        })
+        .collect();
+    let t = Tensor::from_slice(&values, &[rows + 8, width], &dev()).unwrap();
+    let t = t.to_dtype(DType::F16).unwrap();
+    let values = t.to_f32_vec().unwrap();
+    (t.narrow(0, 0, rows).unwrap().narrow(1, 0, cols).unwrap(), values)
+}
+
+/// f16 products that fill no whole tiles, where the tensor-core kernel checks its loads and the stores of its edge
+/// tiles (any M past the skinny kernel's rows, any N and K whose unit-stride dimensions are multiples of 8): M, N
+/// and K from one row or column past a tile edge to a fraction of one tile, every pairing of operand layouts, a
+/// transposed weight of odd N, a weight gradient over a ragged number of tokens, and long ragged reductions split
+/// along K; with f16 results, under autocast (f32 results) and split. Where the adapter has cooperative matrices,
+/// they ran there.
+#[test]
+fn f16_products_with_partial_tiles() {
+    let mut rng = Rng::new("f16_products_with_partial_tiles");
+    let d = dev();
+    for (m, k, n) in [(9, 8, 8), (37, 40, 24), (129, 72, 136), (200, 264, 120), (257, 16, 392)] {
+        check_shapes(&mut rng, &[m, k], &[k, n], DType::F16);
+        // Read along M, the left operand needs M a multiple of 8.
+        let m8 = m.next_multiple_of(8);
+        let (a, va) = random(&mut rng, &[k, m8], DType::F16);
+        let (b, vb) = random(&mut rng, &[n, k], DType::F16);
+        check(
+            &format!("A^T @ B^T f16 {m8}x{k}x{n}"),
+            &a.t().unwrap(),
+            &va,
+            &b.t().unwrap(),
+            &vb,
+        );
+    }
+    // Operands inside storage full of NaN: nothing past the edge of a view may enter a product (it would add NaN).
+    let (a, va) = nan_padded(&mut rng, 37, 40);
+    let (b, vb) = nan_padded(&mut rng, 40, 24);
+    check("NaN-padded a @ b f16", &a, &va, &b, &vb);
+    let (a, va) = nan_padded(&mut rng, 40, 24);
+    let (b, vb) = nan_padded(&mut rng, 17, 40);
+    check("NaN-padded a^T @ b^T f16", &a.t().unwrap(), &va, &b.t().unwrap(), &vb);
+    // x @ W.t() for a W of 17 rows (N need not be a multiple of 8 when B is read along K), x a view with an offset.
+    let (x, vx) = random(&mut rng, &[103, 48], DType::F16);
+    let (w, vw) = random(&mut rng, &[17, 48], DType::F16);
+    check(
+        "x[8..] @ W^T f16",
+        &x.narrow(0, 8, 95).unwrap(),
+        &vx,
+        &w.t().unwrap(),
+        &vw,
+    );
+    // The weight gradient g.t() @ x over 37 tokens: A read along M, a reduction of 37 steps.
+    let (g, vg) = random(&mut rng, &[37, 24], DType::F16);
+    let (x, vx) = random(&mut rng, &[37, 40], DType::F16);
+    check("g^T @ x f16 over 37 tokens", &g.t().unwrap(), &vg, &x, &vx);
+    // Few tiles over long ragged reductions: split along K, the last slice partial.
+    check_shapes(&mut rng, &[136, 1000], &[1000, 24], DType::F16);
+    let (g, vg) = random(&mut rng, &[1001, 136], DType::F16);
+    let (x, vx) = random(&mut rng, &[1001, 16], DType::F16);
+    check("g^T @ x f16, 1001 tokens, split along K", &g.t().unwrap(), &vg, &x, &vx);
+    // Under autocast: f32 operands, f16 products, f32 results.
+    let (a, va) = random(&mut rng, &[129, 40], DType::F32);
+    let (b, vb) = random(&mut rng, &[40, 136], DType::F32);
+    let got = autocast(DType::F16, || a.matmul(&b)).unwrap().unwrap();
+    assert_eq!(got.dtype(), DType::F32);
+    let half = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| half::f16::from_f32(x).to_f64()).collect() };
+    let (want, _) = reference(&half(&va), &[129, 40], &half(&vb), &[40, 136]);
+    assert_close("autocast 129x40x136", &got.to_f32_vec().unwrap(), &want, 1e-2, 1e-3);
+    let caps = d.caps();
+    let coop = matches!(
+        (caps.cooperative_matrix, caps.subgroup_size),
+        (Some(16), (32, 32)) | (Some(8), (8, 8))
+    );
+    let inside_passes = hierarchos::runtime::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    if coop && d.wgpu_parts().1.features().contains(inside_passes) {
+        let options = GpuOptions {
+            profile: true,
+            ..GpuOptions::from_env()
+        };
+        let p = pollster::block_on(Gpu::open(&options)).unwrap();
+        let a = Tensor::zeros(&[37, 40], DType::F16, &p).unwrap();
+        let b = Tensor::zeros(&[40, 24], DType::F16, &p).unwrap();
         a.matmul(&b).unwrap().to_f32_vec().unwrap();
         let kernels: Vec<String> = p.profile().into_iter().map(|k| k.kernel).collect();
         assert!(kernels.iter().any(|k| k.starts_with("matmul_coop")), "{kernels:?}");
@@ -570,7 +676,14 @@ fn f16_products_of_exact_sums_round_like_torch() {
     let d = dev();
     // Row r of A is scaled by 2^EXPONENTS[r % len]: results from f16 subnormals to past f16's largest value.
     const EXPONENTS: [i32; 10] = [-20, -18, -16, -12, -8, -4, 0, 2, 4, 6];
-    for (m, k, n, bound) in [(128, 32, 128, 512), (256, 64, 128, 256), (128, 1024, 128, 64)] {
+    // The last two fill no whole tiles (the tensor-core kernel's edge tiles) and the last is split along K.
+    for (m, k, n, bound) in [
+        (128, 32, 128, 512),
+        (256, 64, 128, 256),
+        (128, 1024, 128, 64),
+        (130, 40, 136, 512),
+        (136, 1000, 24, 64),
+    ] {
         let mut ints = |count: usize| -> Vec<f64> {
             (0..count)
                 .map(|_| rng.below(2 * bound + 1) as f64 - bound as f64)

@@ -1,22 +1,26 @@
 // f16 matrix product on tensor cores (ops/matmul_coop.rs): out[M, N] = lhs[M, K] @ rhs[K, N], f32 accumulation in
-// cooperative matrices (16 x 16 x 16). GLSL for Vulkan, compiled to SPIR-V at build time (hierarchos-core's
-// build.rs) and passed to the driver as is: WGSL cannot yet load a cooperative matrix from workgroup memory of
-// vectors, and staging the operands one half at a time held the WGSL version of this kernel to 190 TFLOP/s on
-// the H200 (this one: 270; BENCHMARKS.md).
+// cooperative matrices of FRAG x FRAG x FRAG (16 on NVIDIA; 8 on lavapipe, so that CI runs this kernel too). GLSL
+// for Vulkan, compiled to SPIR-V at build time (hierarchos-core's build.rs) and passed to the driver as is: WGSL
+// cannot yet load a cooperative matrix from workgroup memory of vectors, and staging the operands one half at a
+// time held the WGSL version of this kernel to 190 TFLOP/s on the H200 (this one: 270; BENCHMARKS.md).
 //
-// One workgroup of four subgroups of 32 computes a BM x BN = 128 x 128 tile; subgroup w owns the 64 x 64 block at
-// rows 64 * (w / 2), columns 64 * (w % 2): 4 x 4 accumulator fragments, so that each fragment loaded from
-// workgroup memory feeds four products. Slices of BK = 32 steps of the reduction are staged in workgroup memory as
-// the uvec4s (eight halves) they were loaded as, rows padded by 8 halves against bank conflicts; while the subgroups
-// multiply one slice, each thread already holds the next one's loads in registers (eight halves from each operand,
-// LOADS times).
+// One workgroup of 128 threads computes a BM x BN = 128 x 128 tile; each subgroup owns a WARP x WARP block of 4 x 4
+// accumulator fragments (WARP = 4 FRAG), so that each fragment loaded from workgroup memory feeds four products:
+// four subgroups of 32 with fragments of 16, sixteen subgroups of 8 with fragments of 8. Subgroup w's block is at
+// rows WARP * (w / WARPS_N), columns WARP * (w % WARPS_N). Slices of BK = 32 steps of the reduction are staged in
+// workgroup memory as the uvec4s (eight halves) they were loaded as, rows padded by 8 halves against bank
+// conflicts; while the subgroups multiply one slice, each thread already holds the next one's loads in registers
+// (eight halves from each operand, LOADS times).
 //
 // Operands are bound as arrays of uvec4 (eight halves) and read along their unit-stride dimension: lhs along K
 // (staged [m][k], loaded row-major) or along M (A_ALONG_M: a transposed operand such as a gradient in a weight
 // gradient, staged [k][m], column-major); rhs along N (staged [k][n], row-major) or along K (B_ALONG_K: a
-// transposed weight, staged [n][k], column-major). The Rust side launches it only for M a multiple of BM, N of BN,
-// K of BK, offsets and row strides multiples of 8, on adapters with subgroups of 32. The build script writes the
-// `#version` line and defines A_ALONG_M, B_ALONG_K and OUTPUT (below) for each variant.
+// transposed weight, staged [n][k], column-major). The Rust side launches it for offsets and row strides
+// multiples of 8, on adapters whose subgroups are as wide as that split of the workgroup needs (32 for FRAG 16, 8
+// for FRAG 8), and either for M a multiple of BM, N of BN and K of BK, or with EDGES: any M, N and K whose
+// unit-stride dimensions (those read eight halves at a time) are multiples of 8. Then loads past an edge are
+// zeros, and the tiles across the last rows or columns of the output write element by element. The build script
+// writes the `#version` line and defines FRAG, EDGES, A_ALONG_M, B_ALONG_K and OUTPUT (below) for each variant.
 //
 // Products with few tiles and a long reduction are split along K into slices run side by side: slice s covers
 // K_SLICE steps from s * K_SLICE and writes its own f32 partial product (OUTPUT_PARTIAL), which the split-sum
@@ -50,6 +54,10 @@ layout(std430, binding = 3) readonly buffer Rhs { uvec4 rhs[]; };
 const uint BM = 128;
 const uint BN = 128;
 const uint BK = 32;
+const uint WARP = 4 * FRAG;
+const uint WARPS_N = BN / WARP;
+const uint SUBGROUPS = (BM / WARP) * WARPS_N;
+const uint FRAG_HALVES = FRAG * FRAG;
 // Loads of eight halves per thread and operand for one slice of BK steps (BM * BK / 8 / 128).
 const uint LOADS = BK / 8;
 // Row strides (halves) of the staged slices: [m][k] and, along K, [n][k] rows of BK; along N, [k][n] rows of BN;
@@ -60,8 +68,8 @@ const uint BS = 136;
 
 shared uvec4 As[max(BM * AS, BK * AMS) / 8];
 shared uvec4 Bs[max(BN * AS, BK * BS) / 8];
-// One 16 x 16 f16 fragment per subgroup on its way out as f32 (OUTPUT_WIDE).
-shared float16_t Cs[4 * 256];
+// One f16 fragment per subgroup on its way out as f32 (OUTPUT_WIDE).
+shared float16_t Cs[SUBGROUPS * FRAG_HALVES];
 
 
 // The staged row of the `q`-th run of LOADS uvec4s along K. Eight threads store at once (a quarter of a subgroup,
@@ -71,8 +79,9 @@ uint k_row(uint q) {
     return (q & ~7u) | ((q & 7u) >> 1) | ((q & 1u) << 2);
 }
 
-// Staged position (halves) and global uvec4 index of load `e` of thread `lid` for the slice at k0: A as 128 rows
-// of four loads, along M as 32 rows of sixteen; B along K as 128 rows of four, along N as 32 rows of sixteen.
+// Staged position (halves) and value of load `e` of thread `lid` for the slice at k0: A as 128 rows of four loads,
+// along M as 32 rows of sixteen; B along K as 128 rows of four, along N as 32 rows of sixteen. With EDGES, loads
+// past the last row or column of an operand or past K are zeros, which add nothing to the products.
 uint a_at(uint lid, uint e) {
     uint i = lid + 128 * e;
 #if A_ALONG_M
@@ -82,12 +91,24 @@ uint a_at(uint lid, uint e) {
 #endif
 }
 
-uint a_src(uint lid, uint e, uint m0, uint k0) {
+uvec4 load_a(uint lid, uint e, uint m0, uint k0) {
     uint i = lid + 128 * e;
 #if A_ALONG_M
-    return (p[3] + (k0 + i / 16) * p[4] + m0 + (i % 16) * 8) / 8;
+    uint k = k0 + i / 16;
+    uint m = m0 + (i % 16) * 8;
 #else
-    return (p[3] + (m0 + k_row(i / LOADS)) * p[4] + k0 + (i % LOADS) * 8) / 8;
+    uint m = m0 + k_row(i / LOADS);
+    uint k = k0 + (i % LOADS) * 8;
+#endif
+#if EDGES
+    if (m >= p[0] || k >= p[2]) {
+        return uvec4(0);
+    }
+#endif
+#if A_ALONG_M
+    return lhs[(p[3] + k * p[4] + m) / 8];
+#else
+    return lhs[(p[3] + m * p[4] + k) / 8];
 #endif
 }
 
@@ -100,24 +121,36 @@ uint b_at(uint lid, uint e) {
 #endif
 }
 
-uint b_src(uint lid, uint e, uint n0, uint k0) {
+uvec4 load_b(uint lid, uint e, uint n0, uint k0) {
     uint i = lid + 128 * e;
 #if B_ALONG_K
-    return (p[5] + (n0 + k_row(i / LOADS)) * p[6] + k0 + (i % LOADS) * 8) / 8;
+    uint n = n0 + k_row(i / LOADS);
+    uint k = k0 + (i % LOADS) * 8;
 #else
-    return (p[5] + (k0 + i / 16) * p[6] + n0 + (i % 16) * 8) / 8;
+    uint k = k0 + i / 16;
+    uint n = n0 + (i % 16) * 8;
+#endif
+#if EDGES
+    if (n >= p[1] || k >= p[2]) {
+        return uvec4(0);
+    }
+#endif
+#if B_ALONG_K
+    return rhs[(p[5] + n * p[6] + k) / 8];
+#else
+    return rhs[(p[5] + k * p[6] + n) / 8];
 #endif
 }
 
-#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
-#define FRAG_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#define FRAG_H coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FRAG, FRAG, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FRAG, FRAG, gl_MatrixUseB>
+#define FRAG_C coopmat<float, gl_ScopeSubgroup, FRAG, FRAG, gl_MatrixUseAccumulator>
+#define FRAG_H coopmat<float16_t, gl_ScopeSubgroup, FRAG, FRAG, gl_MatrixUseAccumulator>
 
 void main() {
     uint lid = gl_LocalInvocationIndex;
     uint N = p[1];
-    uint tiles = (p[0] / BM) * p[7];
+    uint tiles = ((p[0] + BM - 1) / BM) * p[7];
     uint t = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     if (t >= tiles * p[9]) {
         return;
@@ -128,8 +161,8 @@ void main() {
     uint K = min(p[2], k_begin + p[8]);
     uint m0 = (tile / p[7]) * BM;
     uint n0 = (tile % p[7]) * BN;
-    uint wm = (gl_SubgroupID / 2) * 64;
-    uint wn = (gl_SubgroupID % 2) * 64;
+    uint wm = (gl_SubgroupID / WARPS_N) * WARP;
+    uint wn = (gl_SubgroupID % WARPS_N) * WARP;
     FRAG_C c[4][4];
     [[unroll]] for (uint i = 0; i < 4; i++) {
         [[unroll]] for (uint j = 0; j < 4; j++) {
@@ -139,8 +172,8 @@ void main() {
     uvec4 ra[LOADS];
     uvec4 rb[LOADS];
     [[unroll]] for (uint e = 0; e < LOADS; e++) {
-        ra[e] = lhs[a_src(lid, e, m0, k_begin)];
-        rb[e] = rhs[b_src(lid, e, n0, k_begin)];
+        ra[e] = load_a(lid, e, m0, k_begin);
+        rb[e] = load_b(lid, e, n0, k_begin);
     }
     for (uint k0 = k_begin; k0 < K; k0 += BK) {
         barrier();
@@ -149,27 +182,32 @@ void main() {
             Bs[b_at(lid, e) / 8] = rb[e];
         }
         barrier();
-        // Unconditional (the last slice loads itself again, unused), so that no branch holds these loads back.
+        // Unconditional (the last slice loads itself again, unused; with EDGES, zeros or the next slice's steps),
+        // so that no branch holds these loads back.
+#if EDGES
+        uint kn = k0 + BK;
+#else
         uint kn = min(k0 + BK, K - BK);
+#endif
         [[unroll]] for (uint e = 0; e < LOADS; e++) {
-            ra[e] = lhs[a_src(lid, e, m0, kn)];
-            rb[e] = rhs[b_src(lid, e, n0, kn)];
+            ra[e] = load_a(lid, e, m0, kn);
+            rb[e] = load_b(lid, e, n0, kn);
         }
-        [[unroll]] for (uint kk = 0; kk < BK; kk += 16) {
+        [[unroll]] for (uint kk = 0; kk < BK; kk += FRAG) {
             FRAG_B b[4];
             [[unroll]] for (uint j = 0; j < 4; j++) {
 #if B_ALONG_K
-                coopMatLoad(b[j], Bs, ((wn + 16 * j) * AS + kk) / 8, AS / 8, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(b[j], Bs, ((wn + FRAG * j) * AS + kk) / 8, AS / 8, gl_CooperativeMatrixLayoutColumnMajor);
 #else
-                coopMatLoad(b[j], Bs, (kk * BS + wn + 16 * j) / 8, BS / 8, gl_CooperativeMatrixLayoutRowMajor);
+                coopMatLoad(b[j], Bs, (kk * BS + wn + FRAG * j) / 8, BS / 8, gl_CooperativeMatrixLayoutRowMajor);
 #endif
             }
             [[unroll]] for (uint i = 0; i < 4; i++) {
                 FRAG_A a;
 #if A_ALONG_M
-                coopMatLoad(a, As, (kk * AMS + wm + 16 * i) / 8, AMS / 8, gl_CooperativeMatrixLayoutColumnMajor);
+                coopMatLoad(a, As, (kk * AMS + wm + FRAG * i) / 8, AMS / 8, gl_CooperativeMatrixLayoutColumnMajor);
 #else
-                coopMatLoad(a, As, ((wm + 16 * i) * AS + kk) / 8, AS / 8, gl_CooperativeMatrixLayoutRowMajor);
+                coopMatLoad(a, As, ((wm + FRAG * i) * AS + kk) / 8, AS / 8, gl_CooperativeMatrixLayoutRowMajor);
 #endif
                 [[unroll]] for (uint j = 0; j < 4; j++) {
                     c[i][j] = coopMatMulAdd(a, b[j], c[i][j]);
@@ -178,9 +216,50 @@ void main() {
         }
     }
     uint out_base = slice * p[0] * N;
+#if EDGES
+    // A tile across the last row or column of the output: each fragment goes through workgroup memory (the staged
+    // slices', free once every subgroup is past its last product) as f32 (OUTPUT_PARTIAL) or f16 rows, and each
+    // lane writes its elements that lie inside.
+    if (m0 + BM > p[0] || n0 + BN > N) {
+        barrier();
+        uint base = gl_SubgroupID * FRAG_HALVES / 4;
+        [[unroll]] for (uint i = 0; i < 4; i++) {
+            [[unroll]] for (uint j = 0; j < 4; j++) {
+                uint r0 = m0 + wm + FRAG * i;
+                uint c0 = n0 + wn + FRAG * j;
+                // Every subgroup, fragments outside the output too: lavapipe runs a subgroup barrier only where
+                // all subgroups of the workgroup reach it.
+                subgroupBarrier();
+#if OUTPUT == OUTPUT_PARTIAL
+                const uint ROW = FRAG / 4;
+                coopMatStore(c[i][j], As, base, ROW, gl_CooperativeMatrixLayoutRowMajor);
+#else
+                const uint ROW = FRAG / 8;
+                coopMatStore(FRAG_H(c[i][j]), As, base, ROW, gl_CooperativeMatrixLayoutRowMajor);
+#endif
+                subgroupBarrier();
+                for (uint q = gl_SubgroupInvocationID; q < FRAG * ROW; q += gl_SubgroupSize) {
+                    uvec4 v = As[base + q];
+                    uint row = r0 + q / ROW;
+                    uint col = c0 + (q % ROW) * (FRAG / ROW);
+                    [[unroll]] for (uint x = 0; x < FRAG / ROW; x++) {
+                        if (row < p[0] && col + x < N) {
+#if OUTPUT == OUTPUT_PARTIAL
+                            out_[out_base + row * N + col + x] = uintBitsToFloat(v[x]);
+#else
+                            out_[out_base + row * N + col + x] = OUT_TYPE(unpackHalf2x16(v[x / 2])[x % 2]);
+#endif
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
+#endif
     [[unroll]] for (uint i = 0; i < 4; i++) {
         [[unroll]] for (uint j = 0; j < 4; j++) {
-            uint at = out_base + (m0 + wm + 16 * i) * N + n0 + wn + 16 * j;
+            uint at = out_base + (m0 + wm + FRAG * i) * N + n0 + wn + FRAG * j;
 #if OUTPUT == OUTPUT_PARTIAL
             coopMatStore(c[i][j], out_, at, N, gl_CooperativeMatrixLayoutRowMajor);
 #else
@@ -190,9 +269,9 @@ void main() {
 #else
             // Through workgroup memory: the driver folds a conversion to f16 and straight back into nothing.
             subgroupBarrier();
-            coopMatStore(h, Cs, gl_SubgroupID * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatStore(h, Cs, gl_SubgroupID * FRAG_HALVES, FRAG, gl_CooperativeMatrixLayoutRowMajor);
             subgroupBarrier();
-            coopMatLoad(h, Cs, gl_SubgroupID * 256, 16, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(h, Cs, gl_SubgroupID * FRAG_HALVES, FRAG, gl_CooperativeMatrixLayoutRowMajor);
             coopMatStore(FRAG_C(h), out_, at, N, gl_CooperativeMatrixLayoutRowMajor);
 #endif
 #endif

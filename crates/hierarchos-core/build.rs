@@ -37,33 +37,53 @@ fn words(source: &str, what: &str) -> String {
     for w in words {
         write!(out, "{w:#x},").unwrap();
     }
-    out.push_str("],\n");
+    out.push(']');
     out
 }
 
+/// The defines `wgsl/matmul_coop.glsl` is compiled for, outermost first: `MATMUL_COOP_SPIRV` nests one array level
+/// per define, indexed by the position of its value here.
+const MATMUL_COOP_DEFINES: [(&str, &[u32]); 5] = [
+    ("FRAG", &[16, 8]),
+    ("EDGES", &[0, 1]),
+    ("A_ALONG_M", &[0, 1]),
+    ("B_ALONG_K", &[0, 1]),
+    ("OUTPUT", &[0, 1, 2]),
+];
+
 fn matmul_coop(out: &mut String) {
     let source = read(MATMUL_COOP);
-    out.push_str(
-        "/// SPIR-V of `wgsl/matmul_coop.glsl`, indexed by `[A_ALONG_M][B_ALONG_K][OUTPUT]` (OUTPUT_F16, \
-         OUTPUT_WIDE, OUTPUT_PARTIAL).\npub(crate) static MATMUL_COOP_SPIRV: [[[&[u32]; 3]; 2]; 2] = [\n",
-    );
-    for a_along_m in 0..2 {
-        out.push_str("[\n");
-        for b_along_k in 0..2 {
-            out.push_str("[\n");
-            for output in 0..3 {
-                let header = format!(
-                    "#version 450\n#define A_ALONG_M {a_along_m}\n#define B_ALONG_K {b_along_k}\n\
-                     #define OUTPUT_F16 0\n#define OUTPUT_WIDE 1\n#define OUTPUT_PARTIAL 2\n#define OUTPUT {output}\n"
-                );
-                let what = format!("{MATMUL_COOP} ({a_along_m} {b_along_k} {output})");
-                out.push_str(&words(&(header + source.as_str()), &what));
-            }
-            out.push_str("],\n");
-        }
-        out.push_str("],\n");
+    let mut ty = "&'static [u32]".to_string();
+    for (_, values) in MATMUL_COOP_DEFINES.iter().rev() {
+        ty = format!("[{ty}; {}]", values.len());
     }
-    out.push_str("];\n");
+    writeln!(
+        out,
+        "/// One array level per define of `wgsl/matmul_coop.glsl`.\ntype MatmulCoopVariants = {ty};\n\
+         /// SPIR-V of `wgsl/matmul_coop.glsl`, indexed by FRAG (16, 8), EDGES, A_ALONG_M, B_ALONG_K and OUTPUT \
+         (OUTPUT_F16, OUTPUT_WIDE, OUTPUT_PARTIAL).\npub(crate) static MATMUL_COOP_SPIRV: MatmulCoopVariants ="
+    )
+    .unwrap();
+    let header = "#version 450\n#define OUTPUT_F16 0\n#define OUTPUT_WIDE 1\n#define OUTPUT_PARTIAL 2\n";
+    matmul_coop_level(out, &source, header.to_string(), &MATMUL_COOP_DEFINES);
+    out.push_str(";\n");
+}
+
+/// The nested array of variants over `defines`, each compiled with `header` and one value of each define.
+fn matmul_coop_level(out: &mut String, source: &str, header: String, defines: &[(&str, &[u32])]) {
+    let Some(((name, values), inner)) = defines.split_first() else {
+        out.push_str(&words(
+            &(header.clone() + source),
+            &format!("{MATMUL_COOP} with {header}"),
+        ));
+        return;
+    };
+    out.push_str("[\n");
+    for value in *values {
+        matmul_coop_level(out, source, format!("{header}#define {name} {value}\n"), inner);
+        out.push_str(",\n");
+    }
+    out.push(']');
 }
 
 fn flash_attention_coop(out: &mut String) {
@@ -75,6 +95,7 @@ fn flash_attention_coop(out: &mut String) {
     for kernel in FLASH_KERNELS {
         let source = format!("#version 450\n{common}{}", read(kernel));
         out.push_str(&words(&source, kernel));
+        out.push_str(",\n");
     }
     out.push_str("];\n");
 }

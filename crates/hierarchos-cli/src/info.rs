@@ -121,7 +121,10 @@ fn gpu_info() -> Result<()> {
     );
     println!("  f16: {}", on(caps.f16));
     println!("  timestamps: {}", on(caps.timestamps));
-    println!("  cooperative matrix: {}", on(caps.cooperative_matrix));
+    match caps.cooperative_matrix {
+        Some(e) => println!("  cooperative matrix: on (f16 {e} x {e} x {e} into f32)"),
+        None => println!("  cooperative matrix: off"),
+    }
     match caps.multiprocessors {
         Some(n) => println!("  multiprocessors: {n}"),
         None => println!("  multiprocessors: not reported"),

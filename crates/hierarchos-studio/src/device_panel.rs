@@ -24,7 +24,11 @@ pub(crate) fn device_panel(ui: &mut egui::Ui, device: &Device) {
         ("driver", format!("{} {}", info.driver, info.driver_info)),
         ("subgroups", subgroups),
         ("f16 shaders", yes_no(caps.f16)),
-        ("cooperative matrices", yes_no(caps.cooperative_matrix)),
+        (
+            "cooperative matrices",
+            caps.cooperative_matrix
+                .map_or("no".into(), |e| format!("yes ({e} x {e} f16)")),
+        ),
         ("timestamp queries", yes_no(caps.timestamps)),
         ("memory in tensors", mib(memory.live_bytes)),
         ("peak", mib(memory.peak_bytes)),

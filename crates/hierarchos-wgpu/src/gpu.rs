@@ -36,9 +36,10 @@ pub struct Caps {
     pub f16: bool,
     /// Timestamp queries are available for profiling.
     pub timestamps: bool,
-    /// Cooperative matrices (tensor cores) are used: the adapter multiplies 16 x 16 f16 matrices into f32 ones
-    /// and takes SPIR-V (the kernel that uses them is written in GLSL).
-    pub cooperative_matrix: bool,
+    /// The edge of the square cooperative matrices (tensor cores) the kernels use, where the adapter multiplies
+    /// f16 ones into f32 ones and takes SPIR-V (the kernels are written in GLSL): 16 (NVIDIA's tensor cores) where
+    /// offered, else 8 (lavapipe's, through which CI runs the tensor-core matmul).
+    pub cooperative_matrix: Option<u32>,
     /// The device takes SPIR-V as is (Vulkan, natively), so kernels in [`Language::Spirv`] run.
     pub spirv_passthrough: bool,
     /// Multiprocessors (SMs, compute units), where the adapter tells (NVIDIA under Vulkan): products split along
@@ -338,15 +339,24 @@ impl Gpu {
         let passthrough = !cfg!(target_arch = "wasm32")
             && info.backend == wgpu::Backend::Vulkan
             && available.contains(wgpu::Features::PASSTHROUGH_SHADERS);
-        // The one configuration the kernel uses: f16 operands, f32 accumulators, 16 x 16 x 16; the kernel is SPIR-V.
-        let coop = options.cooperative_matrix
+        // The configurations the kernels are written for: f16 operands, f32 accumulators, square fragments of 16
+        // or 8; the kernels are SPIR-V.
+        let offered = if options.cooperative_matrix
             && passthrough
             && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-            && adapter.cooperative_matrix_properties().iter().any(|c| {
-                (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+        {
+            adapter.cooperative_matrix_properties()
+        } else {
+            Vec::new()
+        };
+        let fragment = [16, 8].into_iter().find(|&edge| {
+            offered.iter().any(|c| {
+                (c.m_size, c.n_size, c.k_size) == (edge, edge, edge)
                     && c.ab_type == wgpu::CooperativeScalarType::F16
                     && c.cr_type == wgpu::CooperativeScalarType::F32
-            });
+            })
+        });
+        let coop = fragment.is_some();
         let cache = options.pipeline_cache.is_some()
             && !cfg!(target_arch = "wasm32")
             && available.contains(wgpu::Features::PIPELINE_CACHE);
@@ -394,7 +404,7 @@ impl Gpu {
             subgroup_size: (info.subgroup_min_size, info.subgroup_max_size),
             f16,
             timestamps,
-            cooperative_matrix: coop,
+            cooperative_matrix: fragment,
             spirv_passthrough: passthrough,
             multiprocessors: options
                 .multiprocessors

@@ -1,12 +1,12 @@
-//! The f16 matrix product on tensor cores through cooperative matrices: 16 x 16 x 16 products of f16 fragments
-//! accumulated in f32, in a GLSL kernel for Vulkan (`wgsl/matmul_coop.glsl`, compiled to SPIR-V at build time and
-//! passed through wgpu as is). It takes the products whose shapes fill its 128 x 128 tiles; everything else runs
-//! the portable tiled kernel.
+//! The f16 matrix product on tensor cores through cooperative matrices: products of square f16 fragments (16 x 16
+//! on NVIDIA, 8 x 8 on lavapipe) accumulated in f32, in a GLSL kernel for Vulkan (`wgsl/matmul_coop.glsl`,
+//! compiled to SPIR-V at build time and passed through wgpu as is). It takes f16 products of any shape past the
+//! skinny kernel's whose operands it reads eight halves at a time; everything else runs the portable kernels.
 
 use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::error::Result;
-use crate::ops::matmul::{SumOutput, split_k, split_sum};
+use crate::ops::matmul::{SKINNY_MAX_ROWS, SumOutput, split_k, split_sum};
 use crate::ops::spirv::MATMUL_COOP_SPIRV;
 use crate::shape::Layout;
 use crate::tensor::Tensor;
@@ -17,6 +17,8 @@ const MATMUL_COOP_GLSL: &str = include_str!("../../../../wgsl/matmul_coop.glsl")
 const TILE_M: usize = 128;
 const TILE_N: usize = 128;
 const STEP: usize = 32;
+/// Threads of one workgroup.
+const THREADS: u32 = 128;
 /// A product of fewer tiles than this is split along K until it has about this many workgroups (two per
 /// multiprocessor of an H200, which holds two of these workgroups at a time). Measured there (with the WGSL
 /// version of the kernel): the 768 x 768 weight gradients of the 110M shape (36 tiles over K = 4096) ran at 96
@@ -26,37 +28,59 @@ const SPLIT_K_TARGET_WORKGROUPS: usize = 264;
 const SPLIT_K_MIN_SLICE: usize = 256;
 
 /// Whether `la` `[batch.., M, K]` @ `lb` `[batch.., K, N]` of f16 operands on `device` runs on cooperative matrices:
-/// the adapter has them (16 x 16 f16 into f32), native f16 storage, subgroups of exactly 32 (the kernel's layout
-/// of four subgroups), one batch entry, dimensions that fill whole tiles, and operands that load eight halves at
-/// a time (unit stride along either dimension; offsets and other strides multiples of 8).
+/// the adapter has them (f16 into f32), native f16 storage, subgroups exactly as wide as the kernel's split of a
+/// workgroup into blocks of 4 x 4 fragments needs ([`subgroup_width`]), one batch entry, more rows than the skinny
+/// kernel takes, and operands that load eight halves at a time ([`loads_eights`]).
 pub(crate) fn fits(device: &Gpu, dtypes: [DType; 2], la: &Layout, lb: &Layout) -> bool {
     let caps = device.caps();
     let r = la.rank();
-    let (m, k, n) = (la.shape[r - 2], la.shape[r - 1], lb.shape[r - 1]);
-    let eights = |l: &Layout, unit: usize, other: usize| {
-        l.strides[unit] == 1 && l.strides[other].is_multiple_of(8) && l.offset.is_multiple_of(8)
-    };
     caps.cooperative_matrix
+        .is_some_and(|edge| caps.subgroup_size == (subgroup_width(edge), subgroup_width(edge)))
         && caps.f16
         && caps.subgroups
-        && caps.subgroup_size == (32, 32)
         && dtypes == [DType::F16, DType::F16]
         && la.shape[..r - 2].iter().all(|&d| d == 1)
-        && m.is_multiple_of(TILE_M)
-        && n.is_multiple_of(TILE_N)
-        && k.is_multiple_of(STEP)
-        && k > 0
-        && (eights(la, r - 1, r - 2) || eights(la, r - 2, r - 1))
-        && (eights(lb, r - 1, r - 2) || eights(lb, r - 2, r - 1))
+        && la.shape[r - 2] > SKINNY_MAX_ROWS
+        && lb.shape[r - 1] > 0
+        && la.shape[r - 1] > 0
+        && loads_eights(la)
+        && loads_eights(lb)
+}
+
+/// Whether the kernel stages `l` (the last two dimensions) transposed: unit stride along its outer dimension, as
+/// in a transposed weight (`x @ W.t()`, read along K) or a transposed left operand (`g.t() @ x`, read along M).
+fn along_outer(l: &Layout) -> bool {
+    let r = l.rank();
+    l.strides[r - 2] == 1 && l.strides[r - 1] != 1
+}
+
+/// Whether the kernel reads `l` eight halves at a time: unit stride along the dimension it reads along
+/// ([`along_outer`]), whose length is a multiple of 8, and an offset and other stride that are too.
+fn loads_eights(l: &Layout) -> bool {
+    let r = l.rank();
+    let (unit, other) = if along_outer(l) { (r - 2, r - 1) } else { (r - 1, r - 2) };
+    l.strides[unit] == 1
+        && l.shape[unit].is_multiple_of(8)
+        && l.strides[other].is_multiple_of(8)
+        && l.offset.is_multiple_of(8)
+}
+
+/// The subgroup size the kernel takes with fragments of `edge`: its 128 threads split into subgroups that own 4 x 4
+/// fragments of the 128 x 128 tile each (32 with fragments of 16, 8 with fragments of 8).
+fn subgroup_width(edge: u32) -> u32 {
+    let subgroups = (TILE_M * TILE_N) as u32 / (4 * edge * 4 * edge);
+    THREADS / subgroups
 }
 
 /// Launches the kernel for `la` `[M, K]` and `lb` `[K, N]` of f16 operands that [`fits`] allowed; returns the
-/// dense f16 `[M, N]` product, or with `widen` the same values as f32.
+/// dense f16 `[M, N]` product, or with `widen` the same values as f32. Shapes that do not fill whole tiles take
+/// the kernel's EDGES variant, which checks every load and the stores of the tiles on the edges.
 pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bool) -> Result<Tensor> {
     let r = la.rank();
     let (m, k, n) = (la.shape[r - 2], la.shape[r - 1], lb.shape[r - 1]);
     let device = a.device();
-    let tiles = (m / TILE_M) * (n / TILE_N);
+    let edges = !(m.is_multiple_of(TILE_M) && n.is_multiple_of(TILE_N) && k.is_multiple_of(STEP));
+    let tiles = m.div_ceil(TILE_M) * n.div_ceil(TILE_N);
     // Few tiles over a long reduction (the weight gradients of small layers) leave most of a large GPU idle:
     // split K into slices whose f32 partial products are added afterwards.
     let (slices, slice_len) = split_k(tiles, k, SPLIT_K_TARGET_WORKGROUPS, SPLIT_K_MIN_SLICE, STEP);
@@ -65,8 +89,7 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bo
     let out = Tensor::from_buffer(out, &[slices, m, n], out_dtype, None);
     // A transposed weight (`x @ W.t()`) has unit stride along K: staged as [n][k] rows; a transposed left
     // operand (`g.t() @ x`) along M: staged as [k][m] rows.
-    let b_along_k = lb.strides[r - 2] == 1 && lb.strides[r - 1] != 1;
-    let a_along_m = la.strides[r - 2] == 1 && la.strides[r - 1] != 1;
+    let (a_along_m, b_along_k) = (along_outer(la), along_outer(lb));
     let params = [
         m as u32,
         n as u32,
@@ -75,12 +98,17 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bo
         la.strides[if a_along_m { r - 1 } else { r - 2 }] as u32,
         lb.offset as u32,
         lb.strides[if b_along_k { r - 1 } else { r - 2 }] as u32,
-        (n / TILE_N) as u32,
+        n.div_ceil(TILE_N) as u32,
         slice_len as u32,
         slices as u32,
     ];
     let partial = slices > 1;
-    // The kernel's OUTPUT, as build.rs orders the compiled variants: OUTPUT_F16, OUTPUT_WIDE, OUTPUT_PARTIAL.
+    // The kernel's defines as build.rs orders the compiled variants: FRAG 16, 8; EDGES; A_ALONG_M; B_ALONG_K;
+    // OUTPUT_F16, OUTPUT_WIDE, OUTPUT_PARTIAL.
+    let frag = match device.caps().cooperative_matrix {
+        Some(16) => 0,
+        _ => 1,
+    };
     let output = match (partial, widen) {
         (true, _) => 2,
         (false, true) => 1,
@@ -89,8 +117,10 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bo
     device.dispatch(Dispatch {
         op: "matmul",
         runtime_checks: false,
-        language: Language::Spirv(MATMUL_COOP_SPIRV[a_along_m as usize][b_along_k as usize][output]),
-        key: &format!("matmul_coop:{a_along_m}:{b_along_k}:{output}"),
+        language: Language::Spirv(
+            MATMUL_COOP_SPIRV[frag][edges as usize][a_along_m as usize][b_along_k as usize][output],
+        ),
+        key: &format!("matmul_coop:{frag}:{edges}:{a_along_m}:{b_along_k}:{output}"),
         source: &|| MATMUL_COOP_GLSL.to_string(),
         buffers: &[out.buffer(), a.buffer(), b.buffer()],
         params: &params,

@@ -134,7 +134,7 @@ impl<'m> Trainer<'m> {
         if config.precision == Precision::Bf16
             && params
                 .first()
-                .is_some_and(|(_, p)| p.device().caps().cooperative_matrix)
+                .is_some_and(|(_, p)| p.device().caps().cooperative_matrix.is_some())
         {
             tracing::warn!(
                 "bf16 products run on the portable kernels (wgpu exposes no bf16 tensor cores); f16 runs products \
