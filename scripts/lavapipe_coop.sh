@@ -8,12 +8,14 @@
 # Usage: scripts/lavapipe_coop.sh cargo test --test ops_matmul
 # The folder is kept for later runs: $HIERARCHOS_TOOLS/lavapipe-coop (default /var/tmp/hierarchos-tools).
 set -euo pipefail
+[ $# -gt 0 ] || { echo "usage: scripts/lavapipe_coop.sh COMMAND [ARGS...]" >&2; exit 2; }
 root="${HIERARCHOS_TOOLS:-/var/tmp/hierarchos-tools}/lavapipe-coop"
 lib="$root/usr/lib/x86_64-linux-gnu"
 [ "$(uname -m)" = x86_64 ] || { echo "lavapipe_coop.sh: x86_64 only" >&2; exit 1; }
 
 if [ ! -f "$root/lvp_icd.json" ]; then
     work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
     mkdir -p "$work/state/lists/partial" "$work/cache/archives/partial" "$work/debs"
     touch "$work/state/status"
     keys=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -51,7 +53,7 @@ EOF
 {"file_format_version": "1.0.0", "ICD": {"library_path": "$lib/libvulkan_lvp.so", "api_version": "1.3.0"}}
 EOF
     echo "lavapipe_coop.sh: Mesa $version unpacked into $root"
-    rm -rf "$root" "$work"
+    rm -rf "$root"
     mv "$root.partial" "$root"
 fi
 

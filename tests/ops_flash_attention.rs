@@ -108,8 +108,7 @@ fn flash_attention_matches_reference() {
 fn flash_attention_under_autocast() {
     let mut rng = Rng::new("flash_attention_under_autocast");
     let halve = |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect() };
-    let caps = dev().caps().clone();
-    let coop = caps.cooperative_matrix == Some(16) && caps.subgroup_size == (32, 32);
+    let coop = dev().caps().cooperative_matrix == Some(16);
     for c in [
         // Partial tiles of queries and keys; grouped heads with a window; queries after a cached prefix, whose
         // keys start later than position 0; fewer rows than a tile, with tiles of keys no query sees.

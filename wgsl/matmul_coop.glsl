@@ -217,10 +217,11 @@ void main() {
     }
     uint out_base = slice * p[0] * N;
 #if EDGES
-    // A tile across the last row or column of the output: each fragment goes through workgroup memory (the staged
-    // slices', free once every subgroup is past its last product) as f32 (OUTPUT_PARTIAL) or f16 rows, and each
-    // lane writes its elements that lie inside.
-    if (m0 + BM > p[0] || n0 + BN > N) {
+    // A tile across the last row or column of the output, or any tile of rows that a fragment store could not
+    // start at (a cooperative matrix is stored at 16-byte aligned rows): each fragment goes through workgroup
+    // memory (the staged slices', free once every subgroup is past its last product) as f32 (OUTPUT_PARTIAL) or
+    // f16 rows, and each lane writes its elements that lie inside.
+    if (N % 8 != 0 || m0 + BM > p[0] || n0 + BN > N) {
         barrier();
         uint base = gl_SubgroupID * FRAG_HALVES / 4;
         [[unroll]] for (uint i = 0; i < 4; i++) {
@@ -247,7 +248,7 @@ void main() {
 #if OUTPUT == OUTPUT_PARTIAL
                             out_[out_base + row * N + col + x] = uintBitsToFloat(v[x]);
 #else
-                            out_[out_base + row * N + col + x] = OUT_TYPE(unpackHalf2x16(v[x / 2])[x % 2]);
+                            out_[out_base + row * N + col + x] = OUT_TYPE(unpackFloat2x16(v[x / 2])[x % 2]);
 #endif
                         }
                     }

@@ -37,8 +37,9 @@ pub struct Caps {
     /// Timestamp queries are available for profiling.
     pub timestamps: bool,
     /// The edge of the square cooperative matrices (tensor cores) the kernels use, where the adapter multiplies
-    /// f16 ones into f32 ones and takes SPIR-V (the kernels are written in GLSL): 16 (NVIDIA's tensor cores) where
-    /// offered, else 8 (lavapipe's, through which CI runs the tensor-core matmul).
+    /// f16 ones into f32 ones, takes SPIR-V (the kernels are written in GLSL), uses f16 and subgroups, and has
+    /// subgroups of the one width the kernels' layout takes for that edge: 16 with subgroups of 32 (NVIDIA's
+    /// tensor cores), 8 with subgroups of 8 (lavapipe's, through which CI runs the tensor-core kernels).
     pub cooperative_matrix: Option<u32>,
     /// The device takes SPIR-V as is (Vulkan, natively), so kernels in [`Language::Spirv`] run.
     pub spirv_passthrough: bool,
@@ -340,21 +341,25 @@ impl Gpu {
             && info.backend == wgpu::Backend::Vulkan
             && available.contains(wgpu::Features::PASSTHROUGH_SHADERS);
         // The configurations the kernels are written for: f16 operands, f32 accumulators, square fragments of 16
-        // or 8; the kernels are SPIR-V.
+        // with subgroups of 32 or of 8 with subgroups of 8; the kernels are SPIR-V.
         let offered = if options.cooperative_matrix
             && passthrough
+            && subgroups
+            && f16
             && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
         {
             adapter.cooperative_matrix_properties()
         } else {
             Vec::new()
         };
-        let fragment = [16, 8].into_iter().find(|&edge| {
-            offered.iter().any(|c| {
+        let width = (info.subgroup_min_size, info.subgroup_max_size);
+        let fragment = [(16, 32), (8, 8)].into_iter().find_map(|(edge, lanes)| {
+            let shape = offered.iter().any(|c| {
                 (c.m_size, c.n_size, c.k_size) == (edge, edge, edge)
                     && c.ab_type == wgpu::CooperativeScalarType::F16
                     && c.cr_type == wgpu::CooperativeScalarType::F32
-            })
+            });
+            (shape && width == (lanes, lanes)).then_some(edge)
         });
         let coop = fragment.is_some();
         let cache = options.pipeline_cache.is_some()

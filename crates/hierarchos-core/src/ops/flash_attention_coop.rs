@@ -29,16 +29,13 @@ const HEAD: usize = 64;
 const WORKGROUP_BYTES: usize = 3 * TILE * 72 * 2 + TILE * 72 * 4 + 2 * TILE * 4;
 
 /// Whether attention of `q` over `k`, `v` (f32, `[B, H, T, D]` and `[B, KVH, S, D]`) runs on tensor cores: inside
-/// `autocast(f16)`, on an adapter with f16 cooperative matrices of 16 and subgroups of exactly 32, for heads of 64 read
-/// as vectors of four (unit stride along d; offsets and other strides multiples of 4).
+/// `autocast(f16)`, on an adapter with f16 cooperative matrices of 16 (which the runtime pairs with subgroups of 32),
+/// for heads of 64 read as vectors of four (unit stride along d; offsets and other strides multiples of 4).
 pub(crate) fn fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     let device: &Device = q.device();
     let caps = device.caps();
     autocast_dtype() == Some(DType::F16)
         && caps.cooperative_matrix == Some(16)
-        && caps.f16
-        && caps.subgroups
-        && caps.subgroup_size == (32, 32)
         && device.limits().max_compute_workgroup_storage_size as usize >= WORKGROUP_BYTES
         && q.shape()[3] == HEAD
         && [q, k, v].iter().all(|t| t.layout().rows_of_vec4s())

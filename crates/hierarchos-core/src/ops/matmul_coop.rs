@@ -17,8 +17,6 @@ const MATMUL_COOP_GLSL: &str = include_str!("../../../../wgsl/matmul_coop.glsl")
 const TILE_M: usize = 128;
 const TILE_N: usize = 128;
 const STEP: usize = 32;
-/// Threads of one workgroup.
-const THREADS: u32 = 128;
 /// A product of fewer tiles than this is split along K until it has about this many workgroups (two per
 /// multiprocessor of an H200, which holds two of these workgroups at a time). Measured there (with the WGSL
 /// version of the kernel): the 768 x 768 weight gradients of the 110M shape (36 tiles over K = 4096) ran at 96
@@ -28,16 +26,13 @@ const SPLIT_K_TARGET_WORKGROUPS: usize = 264;
 const SPLIT_K_MIN_SLICE: usize = 256;
 
 /// Whether `la` `[batch.., M, K]` @ `lb` `[batch.., K, N]` of f16 operands on `device` runs on cooperative matrices:
-/// the adapter has them (f16 into f32), native f16 storage, subgroups exactly as wide as the kernel's split of a
-/// workgroup into blocks of 4 x 4 fragments needs ([`subgroup_width`]), one batch entry, more rows than the skinny
-/// kernel takes, and operands that load eight halves at a time ([`loads_eights`]).
+/// the adapter has them (the runtime pairs fragments of 16 with subgroups of 32 and of 8 with subgroups of 8, as
+/// the kernel's split of a workgroup into blocks of 4 x 4 fragments needs), one batch entry, more rows than the
+/// skinny kernel takes, and operands that load eight halves at a time ([`loads_eights`]).
 pub(crate) fn fits(device: &Gpu, dtypes: [DType; 2], la: &Layout, lb: &Layout) -> bool {
     let caps = device.caps();
     let r = la.rank();
-    caps.cooperative_matrix
-        .is_some_and(|edge| caps.subgroup_size == (subgroup_width(edge), subgroup_width(edge)))
-        && caps.f16
-        && caps.subgroups
+    caps.cooperative_matrix.is_some()
         && dtypes == [DType::F16, DType::F16]
         && la.shape[..r - 2].iter().all(|&d| d == 1)
         && la.shape[r - 2] > SKINNY_MAX_ROWS
@@ -63,13 +58,6 @@ fn loads_eights(l: &Layout) -> bool {
         && l.shape[unit].is_multiple_of(8)
         && l.strides[other].is_multiple_of(8)
         && l.offset.is_multiple_of(8)
-}
-
-/// The subgroup size the kernel takes with fragments of `edge`: its 128 threads split into subgroups that own 4 x 4
-/// fragments of the 128 x 128 tile each (32 with fragments of 16, 8 with fragments of 8).
-fn subgroup_width(edge: u32) -> u32 {
-    let subgroups = (TILE_M * TILE_N) as u32 / (4 * edge * 4 * edge);
-    THREADS / subgroups
 }
 
 /// Launches the kernel for `la` `[M, K]` and `lb` `[K, N]` of f16 operands that [`fits`] allowed; returns the
