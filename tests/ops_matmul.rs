@@ -515,6 +515,29 @@ fn long_reductions_over_many_big_tiles() {
     }
 }
 
+/// Where the adapter has cooperative matrices (and timestamps inside passes), an f16 product of shapes `sa` and
+/// `sb` runs on them: the kernel profile names the tensor-core kernel.
+fn assert_ran_on_tensor_cores(sa: &[usize], sb: &[usize]) {
+    let inside_passes = hierarchos::runtime::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    let d = dev();
+    if d.caps().cooperative_matrix.is_none() || !d.wgpu_parts().1.features().contains(inside_passes) {
+        return;
+    }
+    let options = GpuOptions {
+        profile: true,
+        ..GpuOptions::from_env()
+    };
+    let p = pollster::block_on(Gpu::open(&options)).unwrap();
+    let a = Tensor::zeros(sa, DType::F16, &p).unwrap();
+    let b = Tensor::zeros(sb, DType::F16, &p).unwrap();
+    a.matmul(&b).unwrap().to_f32_vec().unwrap();
+    let kernels: Vec<String> = p.profile().into_iter().map(|k| k.kernel).collect();
+    assert!(
+        kernels.iter().any(|k| k.starts_with("matmul_coop")),
+        "{sa:?} @ {sb:?}: {kernels:?}"
+    );
+}
+
 /// f16 products of whole 128 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (f16 into
 /// f32: fragments of 16 with subgroups of 32, as on NVIDIA, or of 8 with subgroups of 8, as on lavapipe since Mesa
 /// 25.1) they run on tensor cores; elsewhere the tiled kernel. Every pairing of operand
@@ -549,21 +572,8 @@ fn f16_products_of_whole_tiles() {
     let (g, vg) = random(&mut rng, &[1024, 256], DType::F16);
     let (x, vx) = random(&mut rng, &[1024, 128], DType::F16);
     check("g^T @ x f16, split along K", &g.t().unwrap(), &vg, &x, &vx);
-    // Where the adapter has them, these products did run on cooperative matrices (the kernel profile names them).
-    let inside_passes = hierarchos::runtime::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-    let coop = d.caps().cooperative_matrix.is_some();
-    if coop && d.wgpu_parts().1.features().contains(inside_passes) {
-        let options = GpuOptions {
-            profile: true,
-            ..GpuOptions::from_env()
-        };
-        let p = pollster::block_on(Gpu::open(&options)).unwrap();
-        let a = Tensor::zeros(&[256, 32], DType::F16, &p).unwrap();
-        let b = Tensor::zeros(&[32, 128], DType::F16, &p).unwrap();
-        a.matmul(&b).unwrap().to_f32_vec().unwrap();
-        let kernels: Vec<String> = p.profile().into_iter().map(|k| k.kernel).collect();
-        assert!(kernels.iter().any(|k| k.starts_with("matmul_coop")), "{kernels:?}");
-    }
+    // Where the adapter has them, these products did run on cooperative matrices.
+    assert_ran_on_tensor_cores(&[256, 32], &[32, 128]);
 }
 
 /// A `[rows, cols]` f16 view of random values at the start of a `[rows + 8, cols + 8]` tensor of NaN, and the
@@ -594,7 +604,6 @@ fn nan_padded(rng: &mut Rng, rows: usize, cols: usize) -> (Tensor, Vec<f32>) {
 #[test]
 fn f16_products_with_partial_tiles() {
     let mut rng = Rng::new("f16_products_with_partial_tiles");
-    let d = dev();
     for (m, k, n) in [(9, 8, 8), (37, 40, 24), (129, 72, 136), (200, 264, 120), (257, 16, 392)] {
         check_shapes(&mut rng, &[m, k], &[k, n], DType::F16);
         // Read along M, the left operand needs M a multiple of 8.
@@ -642,20 +651,7 @@ fn f16_products_with_partial_tiles() {
     let half = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| half::f16::from_f32(x).to_f64()).collect() };
     let (want, _) = reference(&half(&va), &[129, 40], &half(&vb), &[40, 136]);
     assert_close("autocast 129x40x136", &got.to_f32_vec().unwrap(), &want, 1e-2, 1e-3);
-    let coop = d.caps().cooperative_matrix.is_some();
-    let inside_passes = hierarchos::runtime::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-    if coop && d.wgpu_parts().1.features().contains(inside_passes) {
-        let options = GpuOptions {
-            profile: true,
-            ..GpuOptions::from_env()
-        };
-        let p = pollster::block_on(Gpu::open(&options)).unwrap();
-        let a = Tensor::zeros(&[37, 40], DType::F16, &p).unwrap();
-        let b = Tensor::zeros(&[40, 24], DType::F16, &p).unwrap();
-        a.matmul(&b).unwrap().to_f32_vec().unwrap();
-        let kernels: Vec<String> = p.profile().into_iter().map(|k| k.kernel).collect();
-        assert!(kernels.iter().any(|k| k.starts_with("matmul_coop")), "{kernels:?}");
-    }
+    assert_ran_on_tensor_cores(&[37, 40], &[40, 24]);
 }
 
 /// f16 products whose f32 sums are exact (integers times powers of two), so that every kernel, tensor cores or
