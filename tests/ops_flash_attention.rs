@@ -108,7 +108,8 @@ fn flash_attention_matches_reference() {
 fn flash_attention_under_autocast() {
     let mut rng = Rng::new("flash_attention_under_autocast");
     let halve = |x: &[f32]| -> Vec<f32> { x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect() };
-    let coop = dev().caps().cooperative_matrix == Some(16);
+    // NVIDIA's and lavapipe's cooperative matrices both come with the workgroup memory the kernels take.
+    let coop = dev().caps().cooperative_matrix.is_some();
     for c in [
         // Partial tiles of queries and keys; grouped heads with a window; queries after a cached prefix, whose
         // keys start later than position 0; fewer rows than a tile, with tiles of keys no query sees.

@@ -1,9 +1,9 @@
 // Flash-attention backward to the keys and values on tensor cores (after flash_attention_coop_common.glsl), as
 // flash_attention_dkv.wgsl, after the query kernel stored delta: dv_j = Σ_i p_ij dout_i and dk_j = Σ_i p_ij (dout_i
 // · v_j - delta_i) q_i over the queries of every query head reading this key/value head (GQA without repeats). A
-// workgroup takes 64 keys of one key/value head; each subgroup keeps its 16 rows of k and v in registers as
-// fragments and, for each tile of 64 queries (of each head of the group in turn), computes the transposed scores
-// and output-gradient products on tensor cores; each lane pair turns one key's row of them into f16
+// workgroup takes TILE keys of one key/value head; each subgroup keeps its FRAG rows of k and v in registers as
+// fragments and, for each tile of TILE queries (of each head of the group in turn), computes the transposed
+// scores and output-gradient products on tensor cores; the LANES lanes of a key's row turn it into f16
 // probabilities, then score gradients, which multiply the output gradients and the queries on tensor cores into
 // the subgroup's dv and dk fragments.
 
@@ -26,11 +26,11 @@ shared vec4 Ss[TILE * FS];
 shared vec4 lse_s[TILE / 4];
 shared vec4 delta_s[TILE / 4];
 
-// Stores the subgroup's 16 x 64 gradient fragments `frags` (f16-rounded) to `dst`, rows of keys before S only.
+// Stores the subgroup's FRAG x 64 gradient fragments `frags` (f16-rounded) to `dst`, rows of keys before S only.
 #define STORE_KEYS(dst, frags)                                                                                  \
-    SPILL(frags, sg);                                                                                           \
+    SPILL(frags, D_FRAGS, sg);                                                                                  \
     if (j < S) {                                                                                                \
-        [[unroll]] for (uint i = 0; i < 8; i++) {                                                               \
+        [[unroll]] for (uint i = 0; i < D_QUADS; i++) {                                                         \
             dst[row * (D / 4) + lane_column_quad(i)] = round16(Ss[lane_quad(r, i, FS)]);                        \
         }                                                                                                       \
     }                                                                                                           \
@@ -62,8 +62,8 @@ void main() {
     STAGE(Qs, k, j0, S, view_base(K_AT, b, kh, row));
     STAGE(Gs, v, j0, S, view_base(V_AT, b, kh, row));
     barrier();
-    FRAG_A ka[4];
-    FRAG_A va[4];
+    FRAG_A ka[D_FRAGS];
+    FRAG_A va[D_FRAGS];
     LOAD_ROWS(ka, Qs, sg);
     LOAD_ROWS(va, Gs, sg);
     uint tile_first = queries_seeing(j0).x;
@@ -71,9 +71,9 @@ void main() {
     uint tiles = (tile_end - tile_first + TILE - 1) / TILE;
     // The queries that see the lane's key (none past the keys).
     uvec2 seeing = j < S ? queries_seeing(j) : uvec2(0);
-    FRAG_C dkc[4];
-    FRAG_C dvc[4];
-    [[unroll]] for (uint n = 0; n < 4; n++) {
+    FRAG_C dkc[D_FRAGS];
+    FRAG_C dvc[D_FRAGS];
+    [[unroll]] for (uint n = 0; n < D_FRAGS; n++) {
         dkc[n] = FRAG_C(0.0);
         dvc[n] = FRAG_C(0.0);
     }
@@ -99,11 +99,11 @@ void main() {
         if (round_ + 1 < group * tiles) {
             FETCH_QUERIES(kh * group + (round_ + 1) / tiles, tile_first + ((round_ + 1) % tiles) * TILE);
         }
-        FRAG_C acc[4];
+        FRAG_C acc[T_FRAGS];
         TIMES_ROWS(acc, ka, Qs);
-        SPILL(acc, sg);
-        vec4 pr[8];
-        [[unroll]] for (uint i = 0; i < 8; i++) {
+        SPILL(acc, T_FRAGS, sg);
+        vec4 pr[T_QUADS];
+        [[unroll]] for (uint i = 0; i < T_QUADS; i++) {
             vec4 s = Ss[lane_quad(r, i, FS)];
             vec4 e4 = exp(s - lse_s[lane_column_quad(i)]);
             [[unroll]] for (uint e = 0; e < 4; e++) {
@@ -115,8 +115,8 @@ void main() {
         subgroupBarrier();
         ACCUMULATE(dvc, Ps, sg, Gs);
         TIMES_ROWS(acc, va, Gs);
-        SPILL(acc, sg);
-        [[unroll]] for (uint i = 0; i < 8; i++) {
+        SPILL(acc, T_FRAGS, sg);
+        [[unroll]] for (uint i = 0; i < T_QUADS; i++) {
             vec4 dp = Ss[lane_quad(r, i, FS)];
             Ps[lane_quad(r, i, HS)] = f16vec4(pr[i] * (dp - delta_s[lane_column_quad(i)]));
         }

@@ -1,10 +1,10 @@
 // Flash-attention forward on tensor cores (after flash_attention_coop_common.glsl): out[b, t, h] = Σ_j
-// softmax_j(q · k_j) v_j and the log-sum-exp of each row, as flash_attention_forward.wgsl. A workgroup takes 64
-// query rows of one head; each subgroup keeps its 16 rows of q in registers as fragments and, for each tile of 64
-// keys and values, computes its 16 x 64 scores on tensor cores, then each lane pair updates the online softmax of
-// one row from the spilled scores (lane l: row l / 2) and writes that row's f16 probabilities over the staged
-// queries (no longer needed), which multiply the values on tensor cores; the lanes rescale and add the spilled
-// result to the row's output, which they keep in registers (32 elements each).
+// softmax_j(q · k_j) v_j and the log-sum-exp of each row, as flash_attention_forward.wgsl. A workgroup takes TILE
+// query rows of one head; each subgroup keeps its FRAG rows of q in registers as fragments and, for each tile of
+// TILE keys and values, computes its FRAG x TILE scores on tensor cores, then the LANES lanes of each row update
+// its online softmax from the spilled scores (lane l: row l / LANES) and write that row's f16 probabilities over
+// the staged queries (no longer needed), which multiply the values on tensor cores; the lanes rescale and add the
+// spilled result to the row's output, which they keep in registers (D / LANES elements each).
 
 layout(std430, binding = 1) writeonly buffer Out { vec4 out_[]; };
 layout(std430, binding = 2) writeonly buffer Lse { float lse[]; };
@@ -26,13 +26,13 @@ void main() {
     QueryTile tile = query_tile();
     STAGE(QPs, q, tile.t0, T, view_base(Q_AT, tile.b, tile.head, row));
     barrier();
-    FRAG_A qa[4];
+    FRAG_A qa[D_FRAGS];
     LOAD_ROWS(qa, QPs, sg);
     uvec2 seen = keys_seen(min(tile.t, T - 1));
     float m = NEG_INF;
     float l = 0.0;
-    vec4 o[8];
-    [[unroll]] for (uint i = 0; i < 8; i++) {
+    vec4 o[D_QUADS];
+    [[unroll]] for (uint i = 0; i < D_QUADS; i++) {
         o[i] = vec4(0.0);
     }
     // Key and value tiles, each fetched a round ahead.
@@ -47,12 +47,12 @@ void main() {
         if (j0 + TILE < tile.end) {
             FETCH_KEYS(tile, j0 + TILE);
         }
-        FRAG_C acc[4];
+        FRAG_C acc[T_FRAGS];
         TIMES_ROWS(acc, qa, Ks);
-        SPILL(acc, sg);
-        vec4 s[8];
+        SPILL(acc, T_FRAGS, sg);
+        vec4 s[T_QUADS];
         float mx = m;
-        [[unroll]] for (uint i = 0; i < 8; i++) {
+        [[unroll]] for (uint i = 0; i < T_QUADS; i++) {
             s[i] = Ss[lane_quad(r, i, FS)];
             [[unroll]] for (uint e = 0; e < 4; e++) {
                 uint j = j0 + lane_column(i, e);
@@ -60,35 +60,38 @@ void main() {
             }
             mx = max(mx, max(max(s[i].x, s[i].y), max(s[i].z, s[i].w)));
         }
-        mx = max(mx, subgroupShuffleXor(mx, 1));
+        mx = row_max(mx);
         // A row that has seen no key yet keeps m = -inf and weighs nothing.
         float alpha = mx == NEG_INF ? 1.0 : exp(m - mx);
         float sum = 0.0;
-        [[unroll]] for (uint i = 0; i < 8; i++) {
+        [[unroll]] for (uint i = 0; i < T_QUADS; i++) {
             vec4 pr = mx == NEG_INF ? vec4(0.0) : exp(s[i] - mx);
             sum += (pr.x + pr.y) + (pr.z + pr.w);
             QPs[lane_quad(r, i, HS)] = f16vec4(pr);
+        }
+        [[unroll]] for (uint i = 0; i < D_QUADS; i++) {
             o[i] *= alpha;
         }
-        l = l * alpha + sum + subgroupShuffleXor(sum, 1);
+        l = l * alpha + row_sum(sum);
         m = mx;
         subgroupBarrier();
-        [[unroll]] for (uint n = 0; n < 4; n++) {
-            acc[n] = FRAG_C(0.0);
+        FRAG_C pv[D_FRAGS];
+        [[unroll]] for (uint n = 0; n < D_FRAGS; n++) {
+            pv[n] = FRAG_C(0.0);
         }
-        ACCUMULATE(acc, QPs, sg, Vs);
-        SPILL(acc, sg);
-        [[unroll]] for (uint i = 0; i < 8; i++) {
+        ACCUMULATE(pv, QPs, sg, Vs);
+        SPILL(pv, D_FRAGS, sg);
+        [[unroll]] for (uint i = 0; i < D_QUADS; i++) {
             o[i] += Ss[lane_quad(r, i, FS)];
         }
     }
     if (tile.t < T) {
         float inv = 1.0 / l;
         uint ob = token_base(tile.b, tile.head, tile.t) / 4;
-        [[unroll]] for (uint i = 0; i < 8; i++) {
+        [[unroll]] for (uint i = 0; i < D_QUADS; i++) {
             out_[ob + lane_column_quad(i)] = round16(o[i] * inv);
         }
-        if (gl_SubgroupInvocationID % 2 == 0) {
+        if (gl_SubgroupInvocationID % LANES == 0) {
             lse[(tile.b * H + tile.head) * T + tile.t] = m + log(l);
         }
     }

@@ -89,13 +89,21 @@ fn matmul_coop_level(out: &mut String, source: &str, header: String, defines: &[
 fn flash_attention_coop(out: &mut String) {
     let common = read(FLASH_COMMON);
     out.push_str(
-        "/// SPIR-V of the tensor-core flash-attention kernels: forward, query gradients, key/value gradients.\n\
-         pub(crate) static FLASH_ATTENTION_COOP_SPIRV: [&[u32]; 3] = [\n",
+        "/// SPIR-V of the tensor-core flash-attention kernels, for fragments of 16 (subgroups of 32), then of 8 \
+         (subgroups of 8): forward, query gradients, key/value gradients.\n\
+         pub(crate) static FLASH_ATTENTION_COOP_SPIRV: [[&[u32]; 3]; 2] = [\n",
     );
-    for kernel in FLASH_KERNELS {
-        let source = format!("#version 450\n{common}{}", read(kernel));
-        out.push_str(&words(&source, kernel));
-        out.push_str(",\n");
+    for (frag, lanes) in [(16, 2), (8, 1)] {
+        out.push_str("[\n");
+        for kernel in FLASH_KERNELS {
+            let source = format!(
+                "#version 450\n#define FRAG {frag}\n#define LANES {lanes}\n{common}{}",
+                read(kernel)
+            );
+            out.push_str(&words(&source, &format!("{kernel} (FRAG {frag})")));
+            out.push_str(",\n");
+        }
+        out.push_str("],\n");
     }
     out.push_str("];\n");
 }

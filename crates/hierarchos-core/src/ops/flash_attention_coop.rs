@@ -14,29 +14,40 @@ use crate::ops::spirv::FLASH_ATTENTION_COOP_SPIRV;
 use crate::tensor::{Device, Tensor};
 
 const COMMON: &str = include_str!("../../../../wgsl/flash_attention_coop_common.glsl");
-/// The GLSL of each kernel (for its bindings), in the order of `FLASH_ATTENTION_COOP_SPIRV`.
+/// The GLSL of each kernel (for its bindings), in the order of each variant of `FLASH_ATTENTION_COOP_SPIRV`.
 const KERNELS: [&str; 3] = [
     include_str!("../../../../wgsl/flash_attention_coop_forward.glsl"),
     include_str!("../../../../wgsl/flash_attention_coop_dq.glsl"),
     include_str!("../../../../wgsl/flash_attention_coop_dkv.glsl"),
 ];
-/// Rows each workgroup owns (queries, or keys for the key/value gradients).
-const TILE: usize = 64;
 /// The one head size the kernels are written for (the 110M Llama shape's, and most small models').
 const HEAD: usize = 64;
-/// Workgroup memory the largest of the kernels declares (the key/value kernel: three f16 tiles, one f32 score
-/// tile and two rows of statistics).
-const WORKGROUP_BYTES: usize = 3 * TILE * 72 * 2 + TILE * 72 * 4 + 2 * TILE * 4;
+
+/// Rows each workgroup owns (queries, or keys for the key/value gradients) with fragments of `edge`: four
+/// subgroups of `edge` rows.
+fn tile(edge: u32) -> usize {
+    4 * edge as usize
+}
+
+/// Workgroup memory the largest of the kernels declares with fragments of `edge` (the key/value kernel: three f16
+/// tiles, one f32 score tile and two rows of statistics): 46 KiB with fragments of 16, 23 with fragments of 8.
+fn workgroup_bytes(edge: u32) -> usize {
+    let tile = tile(edge);
+    3 * tile * 72 * 2 + tile * 72 * 4 + 2 * tile * 4
+}
 
 /// Whether attention of `q` over `k`, `v` (f32, `[B, H, T, D]` and `[B, KVH, S, D]`) runs on tensor cores: inside
-/// `autocast(f16)`, on an adapter with f16 cooperative matrices of 16 (which the runtime pairs with subgroups of 32),
-/// for heads of 64 read as vectors of four (unit stride along d; offsets and other strides multiples of 4).
+/// `autocast(f16)`, on an adapter with f16 cooperative matrices (of 16 or 8, which the runtime pairs with
+/// subgroups of 32 or 8) and the workgroup memory the kernels take, for heads of 64 read as vectors of four (unit
+/// stride along d; offsets and other strides multiples of 4).
 pub(crate) fn fits(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     let device: &Device = q.device();
-    let caps = device.caps();
+    let memory = device.limits().max_compute_workgroup_storage_size as usize;
     autocast_dtype() == Some(DType::F16)
-        && caps.cooperative_matrix == Some(16)
-        && device.limits().max_compute_workgroup_storage_size as usize >= WORKGROUP_BYTES
+        && device
+            .caps()
+            .cooperative_matrix
+            .is_some_and(|edge| memory >= workgroup_bytes(edge))
         && q.shape()[3] == HEAD
         && [q, k, v].iter().all(|t| t.layout().rows_of_vec4s())
 }
@@ -52,15 +63,18 @@ pub(crate) fn launch(
 ) -> Result<()> {
     let device: &Device = buffers[0].device();
     let raw: Vec<_> = buffers.iter().map(|t| t.buffer()).collect();
+    let edge = device.caps().cooperative_matrix.expect("checked by fits");
+    // The variants as build.rs orders them: fragments of 16, then of 8.
+    let variant = (edge != 16) as usize;
     device.dispatch(Dispatch {
         op,
         runtime_checks: false,
-        language: Language::Spirv(FLASH_ATTENTION_COOP_SPIRV[index]),
-        key: &format!("flash_attention_coop:{index}"),
+        language: Language::Spirv(FLASH_ATTENTION_COOP_SPIRV[variant][index]),
+        key: &format!("flash_attention_coop:{variant}:{index}"),
         source: &|| format!("{COMMON}{}", KERNELS[index]),
         buffers: &raw,
         params: words,
-        workgroups: [rows.div_ceil(TILE) as u32, heads as u32, 1],
+        workgroups: [rows.div_ceil(tile(edge)) as u32, heads as u32, 1],
     })?;
     Ok(())
 }
