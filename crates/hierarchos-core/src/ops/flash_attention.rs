@@ -779,9 +779,10 @@ impl Params {
     }
 
     /// Records `kernel` with `buffers` bound in the order of [`Kernel::parts`] over `rows` (query or key rows)
-    /// of each of `heads` sequence heads. Heads run along x and blocks of rows along y: workgroups start in that
-    /// order, and the kernels number the blocks so that those with the most causal work (late queries, early
-    /// keys) start first, leaving light ones, not a heavy straggler, for the end of the launch.
+    /// of each of `heads` sequence heads. In the portable kernels heads run along x and blocks of rows along y:
+    /// workgroups start in that order, and the kernels number the blocks so that those with the most causal work
+    /// (late queries, early keys) start first, leaving light ones, not a heavy straggler, for the end of the
+    /// launch. The tensor-core kernels take blocks of rows along x and heads along y, in plain order.
     fn launch(&self, op: &str, kernel: Kernel, buffers: &[&Tensor], [rows, heads]: [usize; 2]) -> Result<()> {
         if self.coop {
             return flash_attention_coop::launch(op, kernel as usize, &self.words, buffers, [rows, heads]);
