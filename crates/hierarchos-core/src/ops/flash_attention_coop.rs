@@ -10,7 +10,7 @@ use hierarchos_wgpu::{DType, Dispatch, Language};
 
 use crate::autocast::autocast_dtype;
 use crate::error::Result;
-use crate::ops::spirv::FLASH_ATTENTION_COOP_SPIRV;
+use crate::ops::spirv::{FLASH_ATTENTION_COOP_SPIRV, coop_variant};
 use crate::tensor::{Device, Tensor};
 
 const COMMON: &str = include_str!("../../../../wgsl/flash_attention_coop_common.glsl");
@@ -64,8 +64,7 @@ pub(crate) fn launch(
     let device: &Device = buffers[0].device();
     let raw: Vec<_> = buffers.iter().map(|t| t.buffer()).collect();
     let edge = device.caps().cooperative_matrix.expect("checked by fits");
-    // The variants as build.rs orders them: fragments of 16, then of 8.
-    let variant = (edge != 16) as usize;
+    let variant = coop_variant(edge);
     device.dispatch(Dispatch {
         op,
         runtime_checks: false,

@@ -7,7 +7,7 @@ use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::error::Result;
 use crate::ops::matmul::{SKINNY_MAX_ROWS, SumOutput, split_k, split_sum};
-use crate::ops::spirv::MATMUL_COOP_SPIRV;
+use crate::ops::spirv::{MATMUL_COOP_SPIRV, coop_variant};
 use crate::shape::Layout;
 use crate::tensor::Tensor;
 
@@ -93,10 +93,7 @@ pub(crate) fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, widen: bo
     let partial = slices > 1;
     // The kernel's defines as build.rs orders the compiled variants: FRAG 16, 8; EDGES; A_ALONG_M; B_ALONG_K;
     // OUTPUT_F16, OUTPUT_WIDE, OUTPUT_PARTIAL.
-    let frag = match device.caps().cooperative_matrix {
-        Some(16) => 0,
-        _ => 1,
-    };
+    let frag = coop_variant(device.caps().cooperative_matrix.expect("checked by fits"));
     let output = match (partial, widen) {
         (true, _) => 2,
         (false, true) => 1,
