@@ -15,12 +15,13 @@ for d in .gl .bench; do
 done
 rm -rf .bench
 mkdir -p .gl .bench
-if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+# The NVIDIA ICD (libGLX_nvidia) cannot create an instance without glvnd's libGLdispatch: bring it with the loader.
+if ! ls .gl/libvulkan1_*.deb .gl/libglvnd0_*.deb >/dev/null 2>&1; then
     lists="$(mktemp -d)"
     mkdir -p "$lists/partial"
     apt="-oAPT::Architecture=amd64 -oDir::State::Lists=$lists"
     # shellcheck disable=SC2086
-    apt-get $apt update -qq && (cd .gl && apt-get $apt download -qq libvulkan1)
+    apt-get $apt update -qq && (cd .gl && apt-get $apt download -qq libvulkan1 libglvnd0 libglx0 libegl1)
 fi
 cargo build -q --release -p hierarchos-cli
 for test in ops_matmul ops_flash_attention; do

@@ -767,9 +767,11 @@ fn autocast_products_share_an_activation_cast() {
 #[test]
 fn autocast_runs_products_in_16_bits() {
     let mut rng = Rng::new("autocast_runs_products_in_16_bits");
-    let (a, va) = random(&mut rng, &[2, 17, 33], DType::F32);
-    let (b, vb) = random(&mut rng, &[33, 9], DType::F32);
-    let d = dev();
+    // Launches are counted on a device of the test's own: the shared one also runs the other tests' launches.
+    let d = own_dev();
+    let (va, vb) = (rng.vec(2 * 17 * 33, -1.0, 1.0), rng.vec(33 * 9, -1.0, 1.0));
+    let a = Tensor::from_slice(&va, &[2, 17, 33], &d).unwrap();
+    let b = Tensor::from_slice(&vb, &[33, 9], &d).unwrap();
     for half in [DType::F16, DType::BF16] {
         let (a, b) = (a.detach().requires_grad_(), b.detach().requires_grad_());
         let launches = d.dispatch_count();
