@@ -25,7 +25,7 @@ def bench(fn, iters):
 
 def torch_cases(sizes, linear, rows, cols, attention, iters):
     out = {}
-    dt = {"f32": torch.float32, "f16": torch.float16}
+    dt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
     torch.backends.cuda.matmul.allow_tf32 = False
     for name, dtype in dt.items():
         for n in sizes:

@@ -515,12 +515,14 @@ fn long_reductions_over_many_big_tiles() {
     }
 }
 
-/// Where the adapter has cooperative matrices (and timestamps inside passes), an f16 product of shapes `sa` and
-/// `sb` runs on them: the kernel profile names the tensor-core kernel.
-fn assert_ran_on_tensor_cores(sa: &[usize], sb: &[usize]) {
+/// Where the adapter has cooperative matrices for `dtype` (and timestamps inside passes), a product of shapes `sa`
+/// and `sb` runs on them: the kernel profile names the tensor-core kernel.
+fn assert_ran_on_tensor_cores(sa: &[usize], sb: &[usize], dtype: DType) {
     let inside_passes = hierarchos::runtime::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
     let d = dev();
-    if d.caps().cooperative_matrix.is_none() || !d.wgpu_parts().1.features().contains(inside_passes) {
+    let caps = d.caps();
+    let coop = caps.cooperative_matrix.is_some() && (dtype == DType::F16 || caps.bf16_cooperative_matrix);
+    if !coop || !d.wgpu_parts().1.features().contains(inside_passes) {
         return;
     }
     let options = GpuOptions {
@@ -528,57 +530,77 @@ fn assert_ran_on_tensor_cores(sa: &[usize], sb: &[usize]) {
         ..GpuOptions::from_env()
     };
     let p = pollster::block_on(Gpu::open(&options)).unwrap();
-    let a = Tensor::zeros(sa, DType::F16, &p).unwrap();
-    let b = Tensor::zeros(sb, DType::F16, &p).unwrap();
+    let a = Tensor::zeros(sa, dtype, &p).unwrap();
+    let b = Tensor::zeros(sb, dtype, &p).unwrap();
     a.matmul(&b).unwrap().to_f32_vec().unwrap();
     let kernels: Vec<String> = p.profile().into_iter().map(|k| k.kernel).collect();
     assert!(
         kernels.iter().any(|k| k.starts_with("matmul_coop")),
-        "{sa:?} @ {sb:?}: {kernels:?}"
+        "{sa:?} @ {sb:?} {dtype}: {kernels:?}"
     );
 }
 
-/// f16 products of whole 128 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices (f16 into
-/// f32: fragments of 16 with subgroups of 32, as on NVIDIA, or of 8 with subgroups of 8, as on lavapipe since Mesa
-/// 25.1) they run on tensor cores; elsewhere the tiled kernel. Every pairing of operand
+/// The 16-bit types the tensor-core kernel multiplies where the adapter has cooperative matrices for them (f16;
+/// bf16 where the driver has `VK_KHR_shader_bfloat16`); elsewhere their products run the tiled kernel.
+const HALVES: [DType; 2] = [DType::F16, DType::BF16];
+
+/// f16 and bf16 products of whole 128 x 128 tiles and K a multiple of 32: on adapters with cooperative matrices
+/// (16-bit into f32: fragments of 16 with subgroups of 32, as on NVIDIA, or of 8 with subgroups of 8, as on
+/// lavapipe since Mesa 25.1) they run on tensor cores; elsewhere the tiled kernel. Every pairing of operand
 /// layouts, an offset view, several tiles along M and N, a batch of one (batched products stay on the tiled
 /// kernel), and single tiles over a long reduction (split along K).
 #[test]
-fn f16_products_of_whole_tiles() {
-    let mut rng = Rng::new("f16_products_of_whole_tiles");
+fn half_products_of_whole_tiles() {
+    let mut rng = Rng::new("half_products_of_whole_tiles");
     let d = dev();
     let caps = d.caps();
     eprintln!(
-        "cooperative matrices: {:?}, subgroups {:?}",
-        caps.cooperative_matrix, caps.subgroup_size
+        "cooperative matrices: {:?} ({}), subgroups {:?}",
+        caps.cooperative_matrix,
+        caps.cooperative_matrix_types(),
+        caps.subgroup_size
     );
-    check_shapes(&mut rng, &[256, 32], &[32, 128], DType::F16);
-    check_shapes(&mut rng, &[128, 64], &[64, 256], DType::F16);
-    check_shapes(&mut rng, &[512, 96], &[96, 384], DType::F16);
-    check_shapes(&mut rng, &[1, 256, 64], &[64, 256], DType::F16);
-    // x @ W.t() with W [N, K], x a view starting past the start of its storage.
-    let (x, vx) = random(&mut rng, &[258, 64], DType::F16);
-    let (w, vw) = random(&mut rng, &[256, 64], DType::F16);
-    let x = x.narrow(0, 2, 256).unwrap();
-    check("x[2..] @ W^T f16", &x, &vx, &w.t().unwrap(), &vw);
-    // A weight gradient g.t() @ x: the left operand has unit stride along M; and both operands transposed.
-    let (g, vg) = random(&mut rng, &[64, 256], DType::F16);
-    let (x, vx) = random(&mut rng, &[64, 128], DType::F16);
-    check("g^T @ x f16", &g.t().unwrap(), &vg, &x, &vx);
-    let (w, vw) = random(&mut rng, &[128, 64], DType::F16);
-    check("g^T @ W^T f16", &g.t().unwrap(), &vg, &w.t().unwrap(), &vw);
-    // One tile over a long reduction: split along K into slices whose f32 partial products are added.
-    check_shapes(&mut rng, &[256, 1024], &[1024, 128], DType::F16);
-    let (g, vg) = random(&mut rng, &[1024, 256], DType::F16);
-    let (x, vx) = random(&mut rng, &[1024, 128], DType::F16);
-    check("g^T @ x f16, split along K", &g.t().unwrap(), &vg, &x, &vx);
-    // Where the adapter has them, these products did run on cooperative matrices.
-    assert_ran_on_tensor_cores(&[256, 32], &[32, 128]);
+    for dtype in HALVES {
+        check_shapes(&mut rng, &[256, 32], &[32, 128], dtype);
+        check_shapes(&mut rng, &[128, 64], &[64, 256], dtype);
+        check_shapes(&mut rng, &[512, 96], &[96, 384], dtype);
+        check_shapes(&mut rng, &[1, 256, 64], &[64, 256], dtype);
+        // x @ W.t() with W [N, K], x a view starting past the start of its storage.
+        let (x, vx) = random(&mut rng, &[258, 64], dtype);
+        let (w, vw) = random(&mut rng, &[256, 64], dtype);
+        let x = x.narrow(0, 2, 256).unwrap();
+        check(&format!("x[2..] @ W^T {dtype}"), &x, &vx, &w.t().unwrap(), &vw);
+        // A weight gradient g.t() @ x: the left operand has unit stride along M; and both operands transposed.
+        let (g, vg) = random(&mut rng, &[64, 256], dtype);
+        let (x, vx) = random(&mut rng, &[64, 128], dtype);
+        check(&format!("g^T @ x {dtype}"), &g.t().unwrap(), &vg, &x, &vx);
+        let (w, vw) = random(&mut rng, &[128, 64], dtype);
+        check(
+            &format!("g^T @ W^T {dtype}"),
+            &g.t().unwrap(),
+            &vg,
+            &w.t().unwrap(),
+            &vw,
+        );
+        // One tile over a long reduction: split along K into slices whose f32 partial products are added.
+        check_shapes(&mut rng, &[256, 1024], &[1024, 128], dtype);
+        let (g, vg) = random(&mut rng, &[1024, 256], dtype);
+        let (x, vx) = random(&mut rng, &[1024, 128], dtype);
+        check(
+            &format!("g^T @ x {dtype}, split along K"),
+            &g.t().unwrap(),
+            &vg,
+            &x,
+            &vx,
+        );
+        // Where the adapter has them, these products did run on cooperative matrices.
+        assert_ran_on_tensor_cores(&[256, 32], &[32, 128], dtype);
+    }
 }
 
-/// A `[rows, cols]` f16 view of random values at the start of a `[rows + 8, cols + 8]` tensor of NaN, and the
+/// A `[rows, cols]` view of random `dtype` values at the start of a `[rows + 8, cols + 8]` tensor of NaN, and the
 /// values of that tensor.
-fn nan_padded(rng: &mut Rng, rows: usize, cols: usize) -> (Tensor, Vec<f32>) {
+fn nan_padded(rng: &mut Rng, rows: usize, cols: usize, dtype: DType) -> (Tensor, Vec<f32>) {
     let width = cols + 8;
     let values: Vec<f32> = (0..(rows + 8) * width)
         .map(|i| {
@@ -590,114 +612,165 @@ fn nan_padded(rng: &mut Rng, rows: usize, cols: usize) -> (Tensor, Vec<f32>) {
         })
         .collect();
     let t = Tensor::from_slice(&values, &[rows + 8, width], &dev()).unwrap();
-    let t = t.to_dtype(DType::F16).unwrap();
+    let t = t.to_dtype(dtype).unwrap();
     let values = t.to_f32_vec().unwrap();
     (t.narrow(0, 0, rows).unwrap().narrow(1, 0, cols).unwrap(), values)
 }
 
-/// f16 products that fill no whole tiles, where the tensor-core kernel checks its loads and the stores of its edge
-/// tiles (any M past the skinny kernel's rows, any N and K whose unit-stride dimensions are multiples of 8): M, N
-/// and K from one row or column past a tile edge to a fraction of one tile, every pairing of operand layouts, a
-/// transposed weight of odd N, a weight gradient over a ragged number of tokens, and long ragged reductions split
-/// along K; with f16 results, under autocast (f32 results) and split. Where the adapter has cooperative matrices,
-/// they ran there.
+/// `v` rounded to `half` (to nearest even), as f64.
+fn rounded_to(half: DType, v: &[f32]) -> Vec<f64> {
+    v.iter()
+        .map(|&x| match half {
+            DType::BF16 => half::bf16::from_f32(x).to_f64(),
+            _ => half::f16::from_f32(x).to_f64(),
+        })
+        .collect()
+}
+
+/// f16 and bf16 products that fill no whole tiles, where the tensor-core kernel checks its loads and the stores of
+/// its edge tiles (any M past the skinny kernel's rows, any N and K whose unit-stride dimensions are multiples of
+/// 8): M, N and K from one row or column past a tile edge to a fraction of one tile, every pairing of operand
+/// layouts, a transposed weight of odd N, a weight gradient over a ragged number of tokens, and long ragged
+/// reductions split along K; with 16-bit results, under autocast (f32 results) and split. Where the adapter has
+/// cooperative matrices for the type, they ran there.
 #[test]
-fn f16_products_with_partial_tiles() {
-    let mut rng = Rng::new("f16_products_with_partial_tiles");
-    for (m, k, n) in [(9, 8, 8), (37, 40, 24), (129, 72, 136), (200, 264, 120), (257, 16, 392)] {
-        check_shapes(&mut rng, &[m, k], &[k, n], DType::F16);
-        // Read along M, the left operand needs M a multiple of 8.
-        let m8 = m.next_multiple_of(8);
-        let (a, va) = random(&mut rng, &[k, m8], DType::F16);
-        let (b, vb) = random(&mut rng, &[n, k], DType::F16);
+fn half_products_with_partial_tiles() {
+    let mut rng = Rng::new("half_products_with_partial_tiles");
+    for dtype in HALVES {
+        for (m, k, n) in [(9, 8, 8), (37, 40, 24), (129, 72, 136), (200, 264, 120), (257, 16, 392)] {
+            check_shapes(&mut rng, &[m, k], &[k, n], dtype);
+            // Read along M, the left operand needs M a multiple of 8.
+            let m8 = m.next_multiple_of(8);
+            let (a, va) = random(&mut rng, &[k, m8], dtype);
+            let (b, vb) = random(&mut rng, &[n, k], dtype);
+            check(
+                &format!("A^T @ B^T {dtype} {m8}x{k}x{n}"),
+                &a.t().unwrap(),
+                &va,
+                &b.t().unwrap(),
+                &vb,
+            );
+        }
+        // Operands inside storage full of NaN: nothing past the edge of a view may enter a product (it would add
+        // NaN).
+        let (a, va) = nan_padded(&mut rng, 37, 40, dtype);
+        let (b, vb) = nan_padded(&mut rng, 40, 24, dtype);
+        check(&format!("NaN-padded a @ b {dtype}"), &a, &va, &b, &vb);
+        let (a, va) = nan_padded(&mut rng, 40, 24, dtype);
+        let (b, vb) = nan_padded(&mut rng, 17, 40, dtype);
         check(
-            &format!("A^T @ B^T f16 {m8}x{k}x{n}"),
+            &format!("NaN-padded a^T @ b^T {dtype}"),
             &a.t().unwrap(),
             &va,
             &b.t().unwrap(),
             &vb,
         );
+        // x @ W.t() for a W of 17 rows (N need not be a multiple of 8 when B is read along K), x a view with an
+        // offset; and of 130 rows, where even whole tiles write element by element (rows of N = 130 halves cannot
+        // all start at the 16-byte boundaries a fragment store needs).
+        let (x, vx) = random(&mut rng, &[203, 48], dtype);
+        for rows in [17, 130] {
+            let (w, vw) = random(&mut rng, &[rows, 48], dtype);
+            let what = format!("x[8..] @ W^T {dtype}, {rows} rows of W");
+            check(&what, &x.narrow(0, 8, 195).unwrap(), &vx, &w.t().unwrap(), &vw);
+        }
+        // The weight gradient g.t() @ x over 37 tokens: A read along M, a reduction of 37 steps.
+        let (g, vg) = random(&mut rng, &[37, 24], dtype);
+        let (x, vx) = random(&mut rng, &[37, 40], dtype);
+        check(
+            &format!("g^T @ x {dtype} over 37 tokens"),
+            &g.t().unwrap(),
+            &vg,
+            &x,
+            &vx,
+        );
+        // Few tiles over long ragged reductions: split along K, the last slice partial.
+        check_shapes(&mut rng, &[136, 1000], &[1000, 24], dtype);
+        let (g, vg) = random(&mut rng, &[1001, 136], dtype);
+        let (x, vx) = random(&mut rng, &[1001, 16], dtype);
+        let what = format!("g^T @ x {dtype}, 1001 tokens, split along K");
+        check(&what, &g.t().unwrap(), &vg, &x, &vx);
+        // Under autocast: f32 operands, 16-bit products, f32 results.
+        let (a, va) = random(&mut rng, &[129, 40], DType::F32);
+        let (b, vb) = random(&mut rng, &[40, 136], DType::F32);
+        let got = autocast(dtype, || a.matmul(&b)).unwrap().unwrap();
+        assert_eq!(got.dtype(), DType::F32);
+        let (want, _) = reference(&rounded_to(dtype, &va), &[129, 40], &rounded_to(dtype, &vb), &[40, 136]);
+        let what = format!("autocast {dtype} 129x40x136");
+        assert_close(&what, &got.to_f32_vec().unwrap(), &want, 1e-2, 1e-3);
+        assert_ran_on_tensor_cores(&[37, 40], &[40, 24], dtype);
     }
-    // Operands inside storage full of NaN: nothing past the edge of a view may enter a product (it would add NaN).
-    let (a, va) = nan_padded(&mut rng, 37, 40);
-    let (b, vb) = nan_padded(&mut rng, 40, 24);
-    check("NaN-padded a @ b f16", &a, &va, &b, &vb);
-    let (a, va) = nan_padded(&mut rng, 40, 24);
-    let (b, vb) = nan_padded(&mut rng, 17, 40);
-    check("NaN-padded a^T @ b^T f16", &a.t().unwrap(), &va, &b.t().unwrap(), &vb);
-    // x @ W.t() for a W of 17 rows (N need not be a multiple of 8 when B is read along K), x a view with an offset;
-    // and of 130 rows, where even whole tiles write element by element (rows of N = 130 halves cannot all start
-    // at the 16-byte boundaries a fragment store needs).
-    let (x, vx) = random(&mut rng, &[203, 48], DType::F16);
-    for rows in [17, 130] {
-        let (w, vw) = random(&mut rng, &[rows, 48], DType::F16);
-        let what = format!("x[8..] @ W^T f16, {rows} rows of W");
-        check(&what, &x.narrow(0, 8, 195).unwrap(), &vx, &w.t().unwrap(), &vw);
-    }
-    // The weight gradient g.t() @ x over 37 tokens: A read along M, a reduction of 37 steps.
-    let (g, vg) = random(&mut rng, &[37, 24], DType::F16);
-    let (x, vx) = random(&mut rng, &[37, 40], DType::F16);
-    check("g^T @ x f16 over 37 tokens", &g.t().unwrap(), &vg, &x, &vx);
-    // Few tiles over long ragged reductions: split along K, the last slice partial.
-    check_shapes(&mut rng, &[136, 1000], &[1000, 24], DType::F16);
-    let (g, vg) = random(&mut rng, &[1001, 136], DType::F16);
-    let (x, vx) = random(&mut rng, &[1001, 16], DType::F16);
-    check("g^T @ x f16, 1001 tokens, split along K", &g.t().unwrap(), &vg, &x, &vx);
-    // Under autocast: f32 operands, f16 products, f32 results.
-    let (a, va) = random(&mut rng, &[129, 40], DType::F32);
-    let (b, vb) = random(&mut rng, &[40, 136], DType::F32);
-    let got = autocast(DType::F16, || a.matmul(&b)).unwrap().unwrap();
-    assert_eq!(got.dtype(), DType::F32);
-    let half = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| half::f16::from_f32(x).to_f64()).collect() };
-    let (want, _) = reference(&half(&va), &[129, 40], &half(&vb), &[40, 136]);
-    assert_close("autocast 129x40x136", &got.to_f32_vec().unwrap(), &want, 1e-2, 1e-3);
-    assert_ran_on_tensor_cores(&[37, 40], &[40, 24]);
 }
 
-/// f16 products whose f32 sums are exact (integers times powers of two), so that every kernel, tensor cores or
-/// not, must give the f64 sum rounded to f16 bit for bit: rounded to nearest even in the subnormal and normal
-/// ranges, ties included, and overflowing to infinity. Unsplit with f16 output, under autocast with f32 output,
-/// and split along K.
+/// f16 and bf16 products whose f32 sums are exact (integers times powers of two), so that every kernel, tensor
+/// cores or not, must give the f64 sum rounded to the 16-bit type bit for bit: rounded to nearest even, ties
+/// included, and for f16 in its subnormal range and overflowing to infinity. Unsplit with 16-bit output, under
+/// autocast with f32 output, and split along K.
 #[test]
-fn f16_products_of_exact_sums_round_like_torch() {
-    let mut rng = Rng::new("f16_products_of_exact_sums_round_like_torch");
+fn half_products_of_exact_sums_round_like_torch() {
+    let mut rng = Rng::new("half_products_of_exact_sums_round_like_torch");
     let d = dev();
     // Row r of A is scaled by 2^EXPONENTS[r % len]: results from f16 subnormals to past f16's largest value.
     const EXPONENTS: [i32; 10] = [-20, -18, -16, -12, -8, -4, 0, 2, 4, 6];
-    // The last two fill no whole tiles (the tensor-core kernel's edge tiles) and the last is split along K.
-    for (m, k, n, bound) in [
-        (128, 32, 128, 512),
-        (256, 64, 128, 256),
-        (128, 1024, 128, 64),
-        (130, 40, 136, 512),
-        (136, 1000, 24, 64),
-    ] {
-        let mut ints = |count: usize| -> Vec<f64> {
-            (0..count)
-                .map(|_| rng.below(2 * bound + 1) as f64 - bound as f64)
-                .collect()
+    for dtype in HALVES {
+        let round = |v: f64| match dtype {
+            DType::BF16 => half::bf16::from_f64(v).to_f32(),
+            _ => half::f16::from_f64(v).to_f32(),
         };
-        let a: Vec<f64> = ints(m * k)
-            .iter()
-            .enumerate()
-            .map(|(i, v)| v * 2f64.powi(EXPONENTS[(i / k) % EXPONENTS.len()]))
-            .collect();
-        let b: Vec<f64> = ints(k * n).iter().map(|v| v / bound as f64).collect();
-        let (want, _) = reference(&a, &[m, k], &b, &[k, n]);
-        let want: Vec<f32> = want.iter().map(|&v| half::f16::from_f64(v).to_f32()).collect();
-        assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|v| *v != 0.0 && v.abs() < 6.2e-5));
-        let f32s = |v: &[f64], shape: &[usize]| {
-            let v: Vec<f32> = v.iter().map(|&x| x as f32).collect();
-            Tensor::from_slice(&v, shape, &d).unwrap()
-        };
-        let (a32, b32) = (f32s(&a, &[m, k]), f32s(&b, &[k, n]));
-        let (a16, b16) = (a32.to_dtype(DType::F16).unwrap(), b32.to_dtype(DType::F16).unwrap());
-        let plain = a16.matmul(&b16).unwrap().to_f32_vec().unwrap();
-        let wide = autocast(DType::F16, || a32.matmul(&b32)).unwrap().unwrap();
-        assert_eq!(wide.dtype(), DType::F32);
-        for (what, got) in [("f16", plain), ("autocast", wide.to_f32_vec().unwrap())] {
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(g.to_bits() == w.to_bits(), "{what} {m}x{k}x{n} [{i}]: {g:e} vs {w:e}");
+        // The last two fill no whole tiles (the tensor-core kernel's edge tiles) and the last is split along K.
+        for (m, k, n, bound) in [
+            (128, 32, 128, 512),
+            (256, 64, 128, 256),
+            (128, 1024, 128, 64),
+            (130, 40, 136, 512),
+            (136, 1000, 24, 64),
+        ] {
+            // bf16 holds integers up to 256 exactly: its operands stay within that.
+            let bound = if dtype == DType::BF16 { bound.min(128) } else { bound };
+            let mut ints = |count: usize| -> Vec<f64> {
+                (0..count)
+                    .map(|_| rng.below(2 * bound + 1) as f64 - bound as f64)
+                    .collect()
+            };
+            let a: Vec<f64> = ints(m * k)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * 2f64.powi(EXPONENTS[(i / k) % EXPONENTS.len()]))
+                .collect();
+            let b: Vec<f64> = ints(k * n).iter().map(|v| v / bound as f64).collect();
+            let (exact, _) = reference(&a, &[m, k], &b, &[k, n]);
+            let want: Vec<f32> = exact.iter().map(|&v| round(v)).collect();
+            // Sums that round in both types; f16's range is crossed at both ends.
+            assert!(exact.iter().zip(&want).any(|(e, w)| *e != *w as f64));
+            if dtype == DType::F16 {
+                assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|v| *v != 0.0 && v.abs() < 6.2e-5));
+            }
+            let f32s = |v: &[f64], shape: &[usize]| {
+                let v: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+                Tensor::from_slice(&v, shape, &d).unwrap()
+            };
+            let (a32, b32) = (f32s(&a, &[m, k]), f32s(&b, &[k, n]));
+            let (a16, b16) = (a32.to_dtype(dtype).unwrap(), b32.to_dtype(dtype).unwrap());
+            assert_eq!(
+                a16.to_f32_vec().unwrap(),
+                a32.to_f32_vec().unwrap(),
+                "{dtype} holds the operands exactly"
+            );
+            assert_eq!(
+                b16.to_f32_vec().unwrap(),
+                b32.to_f32_vec().unwrap(),
+                "{dtype} holds the operands exactly"
+            );
+            let plain = a16.matmul(&b16).unwrap().to_f32_vec().unwrap();
+            let wide = autocast(dtype, || a32.matmul(&b32)).unwrap().unwrap();
+            assert_eq!(wide.dtype(), DType::F32);
+            for (what, got) in [(dtype.name(), plain), ("autocast", wide.to_f32_vec().unwrap())] {
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g.to_bits() == w.to_bits(),
+                        "{what} {dtype} {m}x{k}x{n} [{i}]: {g:e} vs {w:e}"
+                    );
+                }
             }
         }
     }

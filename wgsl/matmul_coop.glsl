@@ -20,7 +20,13 @@
 // for FRAG 8), and either for M a multiple of BM, N of BN and K of BK, or with EDGES: any M, N and K whose
 // unit-stride dimensions (those read eight halves at a time) are multiples of 8. Then loads past an edge are
 // zeros, and the tiles across the last rows or columns of the output write element by element. The build script
-// writes the `#version` line and defines FRAG, EDGES, A_ALONG_M, B_ALONG_K and OUTPUT (below) for each variant.
+// writes the `#version` line and defines FRAG, EDGES, A_ALONG_M, B_ALONG_K, OUTPUT (below) and BF16 for each
+// variant.
+//
+// bf16 operands (BF16): build.rs makes the module's one 16-bit float type bf16 after compiling (glslang 15 has no
+// bfloat16_t), so float16_t below stands for bf16 there. The driver rounds f32 to bf16 toward zero (the H200's),
+// where PyTorch rounds to nearest even: with BF16 the f16 and f32 outputs round in the kernel's own arithmetic,
+// every tile staged through workgroup memory as f32 like an edge tile.
 //
 // Products with few tiles and a long reduction are split along K into slices run side by side: slice s covers
 // K_SLICE steps from s * K_SLICE and writes its own f32 partial product (OUTPUT_PARTIAL), which the split-sum
@@ -142,6 +148,14 @@ uvec4 load_b(uint lid, uint e, uint n0, uint k0) {
 #endif
 }
 
+// The bf16 bits of the f32 with bits `b`, rounded to nearest even; NaN stays a quiet NaN.
+uint bf16_bits(uint b) {
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return (b >> 16) | 0x40u;
+    }
+    return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+}
+
 #define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, FRAG, FRAG, gl_MatrixUseA>
 #define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, FRAG, FRAG, gl_MatrixUseB>
 #define FRAG_C coopmat<float, gl_ScopeSubgroup, FRAG, FRAG, gl_MatrixUseAccumulator>
@@ -216,12 +230,12 @@ void main() {
         }
     }
     uint out_base = slice * p[0] * N;
-#if EDGES
+#if EDGES || (BF16 && OUTPUT != OUTPUT_PARTIAL)
     // A tile across the last row or column of the output, or any tile of rows that a fragment store could not
-    // start at (a cooperative matrix is stored at 16-byte aligned rows): each fragment goes through workgroup
-    // memory (the staged slices', free once every subgroup is past its last product) as f32 (OUTPUT_PARTIAL) or
-    // f16 rows, and each lane writes its elements that lie inside.
-    if (N % 8 != 0 || m0 + BM > p[0] || n0 + BN > N) {
+    // start at (a cooperative matrix is stored at 16-byte aligned rows), or any bf16 output: each fragment goes
+    // through workgroup memory (the staged slices', free once every subgroup is past its last product) as f32
+    // (OUTPUT_PARTIAL, BF16) or f16 rows, and each lane writes its elements that lie inside.
+    if (BF16 != 0 || N % 8 != 0 || m0 + BM > p[0] || n0 + BN > N) {
         barrier();
         uint base = gl_SubgroupID * FRAG_HALVES / 4;
         [[unroll]] for (uint i = 0; i < 4; i++) {
@@ -231,7 +245,7 @@ void main() {
                 // Every subgroup, fragments outside the output too: lavapipe runs a subgroup barrier only where
                 // all subgroups of the workgroup reach it.
                 subgroupBarrier();
-#if OUTPUT == OUTPUT_PARTIAL
+#if OUTPUT == OUTPUT_PARTIAL || BF16
                 const uint ROW = FRAG / 4;
                 coopMatStore(c[i][j], As, base, ROW, gl_CooperativeMatrixLayoutRowMajor);
 #else
@@ -247,6 +261,10 @@ void main() {
                         if (row < p[0] && col + x < N) {
 #if OUTPUT == OUTPUT_PARTIAL
                             out_[out_base + row * N + col + x] = uintBitsToFloat(v[x]);
+#elif BF16 && OUTPUT == OUTPUT_WIDE
+                            out_[out_base + row * N + col + x] = uintBitsToFloat(bf16_bits(v[x]) << 16);
+#elif BF16
+                            out_[out_base + row * N + col + x] = unpackFloat2x16(bf16_bits(v[x])).x;
 #else
                             out_[out_base + row * N + col + x] = OUT_TYPE(unpackFloat2x16(v[x / 2])[x % 2]);
 #endif

@@ -82,7 +82,7 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
             device.adapter_info().backend
         );
     }
-    for dtype in [DType::F32, DType::F16] {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
         for &n in &args.sizes {
             let a = Tensor::randn(&[n, n], 1, 0, dtype, &device)?;
             let b = Tensor::randn(&[n, n], 2, 0, dtype, &device)?;
@@ -102,7 +102,7 @@ pub fn ops(args: &OpsArgs) -> Result<()> {
     for case in &args.linear {
         let [tokens, inputs, outputs] = dims("--linear", case, "TOKENSxINxOUT")?;
         let flops = 2.0 * (tokens * inputs * outputs) as f64;
-        for dtype in [DType::F32, DType::F16] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
             let x = Tensor::randn(&[tokens, inputs], 11, 0, dtype, &device)?;
             let w = Tensor::randn(&[outputs, inputs], 12, 0, dtype, &device)?;
             let g = Tensor::randn(&[tokens, outputs], 13, 0, dtype, &device)?;

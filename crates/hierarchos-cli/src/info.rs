@@ -122,7 +122,10 @@ fn gpu_info() -> Result<()> {
     println!("  f16: {}", on(caps.f16));
     println!("  timestamps: {}", on(caps.timestamps));
     match caps.cooperative_matrix {
-        Some(e) => println!("  cooperative matrix: on (f16 {e} x {e} x {e} into f32)"),
+        Some(e) => println!(
+            "  cooperative matrix: on ({} {e} x {e} x {e} into f32)",
+            caps.cooperative_matrix_types()
+        ),
         None => println!("  cooperative matrix: off"),
     }
     match caps.multiprocessors {

@@ -26,8 +26,9 @@ pub(crate) fn device_panel(ui: &mut egui::Ui, device: &Device) {
         ("f16 shaders", yes_no(caps.f16)),
         (
             "cooperative matrices",
-            caps.cooperative_matrix
-                .map_or("no".into(), |e| format!("yes ({e} x {e} f16)")),
+            caps.cooperative_matrix.map_or("no".into(), |e| {
+                format!("yes ({e} x {e} {})", caps.cooperative_matrix_types())
+            }),
         ),
         ("timestamp queries", yes_no(caps.timestamps)),
         ("memory in tensors", mib(memory.live_bytes)),

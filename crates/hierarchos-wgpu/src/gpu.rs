@@ -41,11 +41,25 @@ pub struct Caps {
     /// subgroups of the one width the kernels' layout takes for that edge: 16 with subgroups of 32 (NVIDIA's
     /// tensor cores), 8 with subgroups of 8 (lavapipe's, through which CI runs the tensor-core kernels).
     pub cooperative_matrix: Option<u32>,
+    /// The same cooperative matrices also multiply bf16 ones into f32 (`VK_KHR_shader_bfloat16`, enabled on the
+    /// device), so bf16 products run the tensor-core kernels too.
+    pub bf16_cooperative_matrix: bool,
     /// The device takes SPIR-V as is (Vulkan, natively), so kernels in [`Language::Spirv`] run.
     pub spirv_passthrough: bool,
     /// Multiprocessors (SMs, compute units), where the adapter tells (NVIDIA under Vulkan): products split along
     /// K to launch whole waves of workgroups.
     pub multiprocessors: Option<u32>,
+}
+
+impl Caps {
+    /// The operand types the tensor-core kernels multiply here, as `hierarchos info` and the Studio show them.
+    pub fn cooperative_matrix_types(&self) -> &'static str {
+        if self.bf16_cooperative_matrix {
+            "f16, bf16"
+        } else {
+            "f16"
+        }
+    }
 }
 
 /// Bytes the pool hands out and keeps.
@@ -392,13 +406,18 @@ impl Gpu {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
-        let (device, queue) = adapter
-            .request_device(&desc)
-            .await
-            .map_err(|e| GpuError::RequestDevice {
-                adapter: info.name.clone(),
-                message: e.to_string(),
-            })?;
+        let mut bf16_coop = options.bf16_cooperative_matrix
+            && fragment.is_some_and(|edge| crate::hardware::bf16_cooperative_matrix(&adapter, edge));
+        let mut opened = crate::hardware::request_device(&adapter, &desc, bf16_coop).await;
+        if let (true, Err(message)) = (bf16_coop, &opened) {
+            tracing::warn!("opening the device with bf16 cooperative matrices failed ({message}); opening it without");
+            bf16_coop = false;
+            opened = crate::hardware::request_device(&adapter, &desc, false).await;
+        }
+        let (device, queue) = opened.map_err(|message| GpuError::RequestDevice {
+            adapter: info.name.clone(),
+            message,
+        })?;
         let errors = Arc::new(Mutex::new(Vec::new()));
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e| {
@@ -410,6 +429,7 @@ impl Gpu {
             f16,
             timestamps,
             cooperative_matrix: fragment,
+            bf16_cooperative_matrix: bf16_coop,
             spirv_passthrough: passthrough,
             multiprocessors: options
                 .multiprocessors

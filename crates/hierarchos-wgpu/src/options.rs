@@ -15,6 +15,8 @@ pub struct GpuOptions {
     pub f16: bool,
     /// Use cooperative-matrix (tensor core) kernels where the adapter has them.
     pub cooperative_matrix: bool,
+    /// Also use them for bf16 products where the driver multiplies bf16 cooperative matrices.
+    pub bf16_cooperative_matrix: bool,
     /// Time every kernel on the GPU with timestamp queries ([`crate::Gpu::profile`]); each batch then waits
     /// for its timings, so wall-clock throughput drops while the per-kernel times stay right.
     pub profile: bool,
@@ -51,6 +53,7 @@ impl Default for GpuOptions {
             subgroups: true,
             f16: true,
             cooperative_matrix: true,
+            bf16_cooperative_matrix: true,
             profile: false,
             memory_limit: None,
             pipeline_cache: default_pipeline_cache(),
@@ -63,9 +66,9 @@ impl Default for GpuOptions {
 impl GpuOptions {
     /// Options from `HIERARCHOS_ADAPTER` (name part or index), `HIERARCHOS_PROFILE=1`,
     /// `HIERARCHOS_MEMORY_LIMIT_MIB`, `HIERARCHOS_PIPELINE_CACHE` (a folder), `HIERARCHOS_SHADER_CHECKS=1` and
-    /// `HIERARCHOS_DISABLE`, a
-    /// comma-separated list of `subgroup`, `f16`, `coopmat`, `multiprocessors` (so the portable fallback kernels
-    /// and launch sizes can be exercised) and `pipeline_cache` to turn off.
+    /// `HIERARCHOS_DISABLE`, a comma-separated list of `subgroup`, `f16`, `coopmat`, `coopmat_bf16`,
+    /// `multiprocessors` (so the portable fallback kernels and launch sizes can be exercised) and `pipeline_cache`
+    /// to turn off.
     pub fn from_env() -> Self {
         let memory_limit = std::env::var("HIERARCHOS_MEMORY_LIMIT_MIB").ok().and_then(|v| {
             let mib = v.trim().parse::<u64>().ok();
@@ -90,6 +93,7 @@ impl GpuOptions {
                     "subgroup" | "subgroups" => o.subgroups = false,
                     "f16" => o.f16 = false,
                     "coopmat" | "cooperative_matrix" => o.cooperative_matrix = false,
+                    "coopmat_bf16" => o.bf16_cooperative_matrix = false,
                     "multiprocessors" => o.multiprocessors = false,
                     "pipeline_cache" => o.pipeline_cache = None,
                     "" => {}

@@ -591,23 +591,27 @@ pub(crate) fn full_wave_split(
     })
 }
 
-/// What [`split_sum`] writes: the f32 sum, or it rounded to f16 (round to nearest even), as f16 or widened back
-/// to f32 (the products of autocast), so that no cast follows in launches of their own.
+/// What [`split_sum`] writes: the f32 sum, or it rounded to f16 or bf16 (to nearest even), in that type or widened
+/// back to f32 (the products of autocast), so that no cast follows in launches of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SumOutput {
     F32,
-    F16,
-    F16AsF32,
+    /// In that type: f16 as such; bf16, stored two to a word, through the widened sum and a cast.
+    Half(DType),
+    HalfAsF32(DType),
 }
 
 /// The sum over the leading dimension of the partial products `partial` `[slices, ..shape]` (f32), in slice order.
 pub(crate) fn split_sum(partial: &Tensor, shape: &[usize], output: SumOutput) -> Result<Tensor> {
+    if output == SumOutput::Half(DType::BF16) {
+        // Exact: the widened values are bf16 values already.
+        return split_sum(partial, shape, SumOutput::HalfAsF32(DType::BF16))?.to_dtype(DType::BF16);
+    }
     let device = partial.device();
     let n = numel(shape);
-    let dtype = if output == SumOutput::F16 {
-        DType::F16
-    } else {
-        DType::F32
+    let dtype = match output {
+        SumOutput::Half(half) => half,
+        _ => DType::F32,
     };
     let out = device.alloc("matmul_split_sum", Tensor::bytes_for(n, dtype))?;
     // A thread sums four outputs as one vec4 where they tile the rows: a quarter of the threads and loads.
@@ -626,19 +630,29 @@ pub(crate) fn split_sum(partial: &Tensor, shape: &[usize], output: SumOutput) ->
                 ),
                 _ => ("f32", "fn rounded(x: f32) -> f32 { return round16(x); }\n"),
             };
-            let out = match output {
-                SumOutput::F32 => "alias OutType = Part;\nfn to_out(x: Part) -> OutType { return x; }\n".to_string(),
-                SumOutput::F16 => format!(
-                    "enable f16;\nalias OutType = {};\nfn to_out(x: Part) -> OutType {{ return OutType(rounded(x)); }}\n",
-                    part.replace("f32", "f16")
+            let (out, half) = match output {
+                SumOutput::F32 => (
+                    "alias OutType = Part;\nfn to_out(x: Part) -> OutType { return x; }\n".to_string(),
+                    DType::F16,
                 ),
-                SumOutput::F16AsF32 => {
-                    "alias OutType = Part;\nfn to_out(x: Part) -> OutType { return rounded(x); }\n".to_string()
-                }
+                SumOutput::Half(half) => (
+                    format!(
+                        "enable f16;\nalias OutType = {};\nfn to_out(x: Part) -> OutType {{ return OutType(rounded(x)); }}\n",
+                        part.replace("f32", "f16")
+                    ),
+                    half,
+                ),
+                SumOutput::HalfAsF32(half) => (
+                    "alias OutType = Part;\nfn to_out(x: Part) -> OutType { return rounded(x); }\n".to_string(),
+                    half,
+                ),
+            };
+            let round16 = match half {
+                DType::BF16 => "bitcast<f32>(f32_to_bf16(x) << 16u)",
+                _ => "unpack2x16float(f32_to_f16(x)).x",
             };
             format!(
-                "{out}alias Part = {part};\n\
-                 fn round16(x: f32) -> f32 {{ return unpack2x16float(f32_to_f16(x)).x; }}\n{rounded}\
+                "{out}alias Part = {part};\nfn round16(x: f32) -> f32 {{ return {round16}; }}\n{rounded}\
                  {MATMUL_SPLIT_SUM_WGSL}{COMMON_WGSL}"
             )
         },
@@ -765,10 +779,13 @@ mod tests {
                 .map(|i| (1..slices).fold(values[i], |acc, s| acc + values[s * n + i]))
                 .collect();
             let rounded: Vec<f32> = want.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+            let rounded_bf16: Vec<f32> = want.iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
             let outputs = [
                 (SumOutput::F32, &want, DType::F32),
-                (SumOutput::F16AsF32, &rounded, DType::F32),
-                (SumOutput::F16, &rounded, DType::F16),
+                (SumOutput::HalfAsF32(DType::F16), &rounded, DType::F32),
+                (SumOutput::Half(DType::F16), &rounded, DType::F16),
+                (SumOutput::HalfAsF32(DType::BF16), &rounded_bf16, DType::F32),
+                (SumOutput::Half(DType::BF16), &rounded_bf16, DType::BF16),
             ];
             // f16 storage needs the adapter's f16 support (`HIERARCHOS_DISABLE=f16` takes it away).
             for (output, expected, dtype) in outputs.into_iter().filter(|o| d.caps().f16 || o.2 != DType::F16) {

@@ -132,13 +132,14 @@ impl<'m> Trainer<'m> {
             return Err(Error::Invalid("the training data holds no sequence".into()));
         }
         if config.precision == Precision::Bf16
-            && params
-                .first()
-                .is_some_and(|(_, p)| p.device().caps().cooperative_matrix.is_some())
+            && params.first().is_some_and(|(_, p)| {
+                let caps = p.device().caps();
+                caps.cooperative_matrix.is_some() && !caps.bf16_cooperative_matrix
+            })
         {
             tracing::warn!(
-                "bf16 products run on the portable kernels (wgpu exposes no bf16 tensor cores); f16 runs products \
-                 and attention on this GPU's tensor cores, several times faster"
+                "bf16 products run on the portable kernels (this driver multiplies no bf16 cooperative matrices); \
+                 f16 runs products and attention on this GPU's tensor cores, several times faster"
             );
         }
         let mut t = Trainer {
