@@ -327,12 +327,13 @@ fn a_damaged_loss_scale_is_refused_on_resume() {
 fn f16_overflows_recorded_ahead_are_the_blocking_ones() {
     let dir = fixture("llama");
     let data = random_data(&mut Rng::new("overflow data"), 6, 12);
-    // 2^16 trains this model (`mixed_precision_follows_f32_training`): the tenth step runs at 2^16 at most.
+    // 2^16 trains this model (`mixed_precision_follows_f32_training`): by the ninth step the scale is 2^16 at most,
+    // so some step trains. (A later step may overflow again at 2^17 or 2^18, depending on the random data.)
     let start = 2f64.powi(24);
     let blocking = trainable(&dir);
     let mut t = f16_run_at_scale(&blocking, &data, start);
     let want: Vec<_> = (0..10).map(|_| reported(&t.step(&data).unwrap())).collect();
-    assert!(want[0].5 && !want[9].5, "{want:?}");
+    assert!(want[0].5 && want.iter().any(|w| !w.5), "{want:?}");
     let ahead = trainable(&dir);
     let mut a = f16_run_at_scale(&ahead, &data, start);
     let mut got = Vec::new();
