@@ -147,6 +147,6 @@ fn gpu_info() -> Result<()> {
         l.max_storage_buffers_per_shader_stage
     );
     println!("Select another adapter with HIERARCHOS_ADAPTER=<index or name>; turn features off with");
-    println!("HIERARCHOS_DISABLE=subgroup,f16,coopmat,multiprocessors.");
+    println!("HIERARCHOS_DISABLE=subgroup,f16,coopmat,coopmat_bf16,multiprocessors.");
     Ok(())
 }
