@@ -617,14 +617,12 @@ fn nan_padded(rng: &mut Rng, rows: usize, cols: usize, dtype: DType) -> (Tensor,
     (t.narrow(0, 0, rows).unwrap().narrow(1, 0, cols).unwrap(), values)
 }
 
-/// `v` rounded to `half` (to nearest even), as f64.
-fn rounded_to(half: DType, v: &[f32]) -> Vec<f64> {
-    v.iter()
-        .map(|&x| match half {
-            DType::BF16 => half::bf16::from_f32(x).to_f64(),
-            _ => half::f16::from_f32(x).to_f64(),
-        })
-        .collect()
+/// `v` rounded to `half` (f16 or bf16, to nearest even).
+fn round_to(half: DType, v: f64) -> f64 {
+    match half {
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        _ => half::f16::from_f64(v).to_f64(),
+    }
 }
 
 /// f16 and bf16 products that fill no whole tiles, where the tensor-core kernel checks its loads and the stores of
@@ -695,7 +693,8 @@ fn half_products_with_partial_tiles() {
         let (b, vb) = random(&mut rng, &[40, 136], DType::F32);
         let got = autocast(dtype, || a.matmul(&b)).unwrap().unwrap();
         assert_eq!(got.dtype(), DType::F32);
-        let (want, _) = reference(&rounded_to(dtype, &va), &[129, 40], &rounded_to(dtype, &vb), &[40, 136]);
+        let rounded = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| round_to(dtype, x as f64)).collect() };
+        let (want, _) = reference(&rounded(&va), &[129, 40], &rounded(&vb), &[40, 136]);
         let what = format!("autocast {dtype} 129x40x136");
         assert_close(&what, &got.to_f32_vec().unwrap(), &want, 1e-2, 1e-3);
         assert_ran_on_tensor_cores(&[37, 40], &[40, 24], dtype);
@@ -713,10 +712,6 @@ fn half_products_of_exact_sums_round_like_torch() {
     // Row r of A is scaled by 2^EXPONENTS[r % len]: results from f16 subnormals to past f16's largest value.
     const EXPONENTS: [i32; 10] = [-20, -18, -16, -12, -8, -4, 0, 2, 4, 6];
     for dtype in HALVES {
-        let round = |v: f64| match dtype {
-            DType::BF16 => half::bf16::from_f64(v).to_f32(),
-            _ => half::f16::from_f64(v).to_f32(),
-        };
         // The last two fill no whole tiles (the tensor-core kernel's edge tiles) and the last is split along K.
         for (m, k, n, bound) in [
             (128, 32, 128, 512),
@@ -739,7 +734,7 @@ fn half_products_of_exact_sums_round_like_torch() {
                 .collect();
             let b: Vec<f64> = ints(k * n).iter().map(|v| v / bound as f64).collect();
             let (exact, _) = reference(&a, &[m, k], &b, &[k, n]);
-            let want: Vec<f32> = exact.iter().map(|&v| round(v)).collect();
+            let want: Vec<f32> = exact.iter().map(|&v| round_to(dtype, v) as f32).collect();
             // Sums that round in both types; f16's range is crossed at both ends.
             assert!(exact.iter().zip(&want).any(|(e, w)| *e != *w as f64));
             if dtype == DType::F16 {
