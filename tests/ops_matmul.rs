@@ -617,11 +617,15 @@ fn nan_padded(rng: &mut Rng, rows: usize, cols: usize, dtype: DType) -> (Tensor,
     (t.narrow(0, 0, rows).unwrap().narrow(1, 0, cols).unwrap(), values)
 }
 
-/// `v` rounded to `half` (f16 or bf16, to nearest even).
+/// `v`, an f32 value, rounded to `half` (f16 or bf16, to nearest even). Through f32: the `half` crate's
+/// conversions from f64 drop the low 32 bits of the mantissa before rounding, so they can miss that a value lies
+/// just past a tie and round it the wrong way.
 fn round_to(half: DType, v: f64) -> f64 {
+    let x = v as f32;
+    assert_eq!(x as f64, v, "an f32 value");
     match half {
-        DType::BF16 => half::bf16::from_f64(v).to_f64(),
-        _ => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f32(x).to_f64(),
+        _ => half::f16::from_f32(x).to_f64(),
     }
 }
 
