@@ -6,6 +6,8 @@
 #   bash .bench/run.sh tests   the tensor-core kernels against the CPU reference on the GPU (ops_matmul,
 #                              ops_flash_attention), then `bench_ops.py` with and without cooperative matrices
 #   bash .bench/run.sh train   `bench_train.py --mixed`, then `--lora 16`
+#   bash .bench/run.sh sass    the driver's shader cache after the f16 and bf16 products of `bench ops`, as
+#                              $OUT/nvidia-cache.tgz: read it here with scripts/nv_sass.py
 # Each part stays under the 10 minutes a call may take. About 10-15 minutes of building on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +32,7 @@ for test in ops_matmul ops_flash_attention; do
 done
 xz -T2 -6 -c "$CARGO_TARGET_DIR/release/hierarchos" >.bench/hierarchos.xz
 cat >.bench/run.sh <<'RUN'
-# Made by scripts/device_prepare.sh: bash .bench/run.sh tests|train
+# Made by scripts/device_prepare.sh: bash .bench/run.sh tests|train|sass
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
@@ -56,8 +58,14 @@ train)
     echo "== bench_train.py --lora 16"
     timeout 280 python3 scripts/bench_train.py /tmp/hierarchos --lora 16 2>&1 | tail -12
     ;;
+sass)
+    rm -rf ~/.cache/nvidia
+    HIERARCHOS_DISABLE=pipeline_cache timeout 200 /tmp/hierarchos bench ops --sizes 4096 --linear 4096x768x3072 \
+        --rows-cols 64,64 --attention 1x1x64x64 --iters 5 2>&1 | grep -E "matmul|x@W|g@W|g.t@x"
+    tar -C ~/.cache -czf "$OUT/nvidia-cache.tgz" nvidia && ls -l "$OUT"
+    ;;
 *)
-    echo "usage: bash .bench/run.sh tests|train" >&2
+    echo "usage: bash .bench/run.sh tests|train|sass" >&2
     exit 2
     ;;
 esac
