@@ -62,6 +62,9 @@ fn check(rng: &mut Rng, c: Case, backward: bool) {
     }
 }
 
+/// The kernels' last position (exclusive): positions are u32.
+const TOP: usize = u32::MAX as usize;
+
 #[test]
 fn flash_attention_matches_reference() {
     let mut rng = Rng::new("flash_attention_matches_reference");
@@ -80,6 +83,11 @@ fn flash_attention_matches_reference() {
         case((1, 2, 1), (9, 9, 4), (0, 0, Some(100))),
         // A window past the kernels' 32-bit positions: no window.
         case((1, 2, 1), (9, 12, 4), (3, 0, Some(u32::MAX as usize))),
+        // The last 32-bit positions, where a key's position plus the window passes 2^32: the key and value
+        // gradients' tiles bound their queries through that sum.
+        case((1, 2, 1), (3, 7, 8), (TOP - 3, TOP - 7, Some(3))),
+        case((1, 2, 1), (1, 7, 8), (TOP - 1, TOP - 7, Some(6))),
+        case((1, 1, 1), (2, 2, 4), (TOP - 2, TOP - 2, Some(1 << 20))),
         // Queries after a cached prefix, whose keys start later than position 0.
         case((2, 9, 3), (3, 17, 3), (14, 0, None)),
         case((1, 3, 3), (5, 17, 8), (6, 2, Some(3))),
@@ -117,6 +125,7 @@ fn flash_attention_under_autocast() {
         case((1, 4, 2), (100, 100, 64), (0, 0, Some(37))),
         case((1, 2, 2), (70, 150, 64), (83, 3, None)),
         case((1, 3, 3), (5, 200, 64), (195, 0, Some(4))),
+        case((1, 2, 1), (3, 7, 64), (TOP - 3, TOP - 7, Some(3))),
     ] {
         let x = inputs(&mut rng, c);
         // What the kernels compute from: the inputs rounded to f16 on tensor cores, as they are otherwise.
@@ -433,6 +442,14 @@ fn flash_attention_empty_and_bad_input() {
     assert!(err(&[1, 2, 4, 8], &[1, 1, 4, 16], 0).contains("flash_attention"));
     assert!(err(&[1, 2, 4, 300], &[1, 1, 4, 300], 0).contains("head size"));
     assert!(err(&[1, 2, 4, 8], &[1, 1, 4, 8], 3).contains("do not all see a key"));
+    // Keys past the last 32-bit position, after the queries: refused, not wrapped around to position 0.
+    let q = z(&[1, 2, 3, 8]);
+    let kv = z(&[1, 1, 9, 8]);
+    let err = q
+        .flash_attention(&kv, &kv, TOP - 3, TOP - 7, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("32-bit"), "{err}");
 }
 
 /// `x` (`[B, heads, rows, D]` row-major values) with each row r's pairs (j, j + D/2) rotated by `cos`, `sin`

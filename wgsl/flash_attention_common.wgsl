@@ -57,7 +57,8 @@ fn queries_seeing(j: u32) -> vec2<u32> {
     }
     var end = p[2];
     if (p[7] > 0u) {
-        end = min(p[2], max(kpos + p[7], p[5]) - p[5]);
+        // The window's end saturates at the last position: no query lies there (checked on the Rust side).
+        end = min(p[2], max(kpos + min(p[7], 0xffffffffu - kpos), p[5]) - p[5]);
     }
     return vec2<u32>(first, max(first, end));
 }
@@ -71,5 +72,5 @@ fn within(x: u32, range: vec2<u32>) -> bool {
 fn visible(i: u32, j: u32) -> bool {
     let qpos = p[5] + i;
     let kpos = p[6] + j;
-    return i < p[2] && j < p[3] && kpos <= qpos && (p[7] == 0u || kpos + p[7] > qpos);
+    return i < p[2] && j < p[3] && kpos <= qpos && (p[7] == 0u || qpos - kpos < p[7]);
 }

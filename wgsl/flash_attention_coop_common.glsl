@@ -88,7 +88,8 @@ uvec2 queries_seeing(uint j) {
     }
     uint end = p[2];
     if (p[7] > 0) {
-        end = min(p[2], max(kpos + p[7], p[5]) - p[5]);
+        // The window's end saturates at the last position: no query lies there (checked on the Rust side).
+        end = min(p[2], max(kpos + min(p[7], 0xffffffffu - kpos), p[5]) - p[5]);
     }
     return uvec2(first, max(first, end));
 }

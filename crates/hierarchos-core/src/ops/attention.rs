@@ -156,10 +156,13 @@ pub(crate) fn check_shapes(
                 ),
             });
         }
-        if q_end > u32::MAX as usize {
+        if q_end.max(k_end) > u32::MAX as usize {
             return Err(Error::Invalid {
                 op,
-                message: format!("position {q_end} exceeds the kernel's 32-bit positions"),
+                message: format!(
+                    "positions {q_start}..{q_end} (queries) or {k_start}..{k_end} (keys) exceed the kernels' 32-bit \
+                     positions"
+                ),
             });
         }
     }
