@@ -85,8 +85,8 @@ impl Tensor {
         let (has_ignore, ignore_bits) = (ignore.is_some() as u32, ignore.unwrap_or(0));
         let device = self.device().clone();
         let per_row_out = Tensor::from_buffer(
-            device.alloc(op, Tensor::bytes_for(rows * 3, DType::F32))?,
-            &[rows, 3],
+            device.alloc(op, Tensor::bytes_for(rows * 5, DType::F32))?,
+            &[rows, 5],
             DType::F32,
             None,
         );
