@@ -190,6 +190,12 @@ fn reductions_of_empty_and_special_values() {
     );
     let inf = Tensor::from_slice(&[f32::NEG_INFINITY; 3], &[3], &d).unwrap();
     assert_eq!(inf.logsumexp(&[0], false).unwrap().item().unwrap(), f32::NEG_INFINITY);
+    // A +inf element makes the sum +inf, as in torch, not NaN from exp(inf - inf).
+    let pos = Tensor::from_slice(&[f32::INFINITY, 1.0, 2.0, f32::INFINITY], &[2, 2], &d).unwrap();
+    assert_eq!(
+        pos.logsumexp(&[1], false).unwrap().to_vec::<f32>().unwrap(),
+        vec![f32::INFINITY; 2]
+    );
     let big = Tensor::from_slice(&[1000.0f32, 1000.0], &[2], &d).unwrap();
     assert!((big.logsumexp(&[0], false).unwrap().item().unwrap() - (1000.0 + 2f32.ln())).abs() < 1e-3);
     assert!(t.sum(&[1], false).is_err(), "dimension out of range");

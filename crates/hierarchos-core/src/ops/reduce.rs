@@ -103,10 +103,11 @@ impl ReduceOp {
              \x20   if (a.v == b.v) { return a.i < b.i; }\n\
              \x20   return select((a.v < b.v), (a.v > b.v), want_max);\n}\n",
         );
-        // LogSumExp first finds the row maximum (treating an all -inf row as max 0 so the result stays -inf).
+        // LogSumExp first finds the row maximum, then sums exp(x - max). An infinite maximum shifts by 0 instead,
+        // as torch's does: exp(inf - inf) would make NaN of a row whose sum is +inf, or of an all -inf row's -inf.
         if self == ReduceOp::LogSumExp {
             s.push_str(
-                "fn first_pass(a: Acc) -> f32 { if (a.v == neg_inf()) { return 0.0; } return a.v; }\n\
+                "fn first_pass(a: Acc) -> f32 { if (abs(a.v) == pos_inf()) { return 0.0; } return a.v; }\n\
                  const TWO_PASS: bool = true;\n",
             );
         } else {
