@@ -245,7 +245,8 @@ fn rotary_tables(
             op,
             message: format!(
                 "no rotary kernels for queries {:?} ({}) over keys {:?} on this device: as many keys as queries, \
-                 heads a multiple of 8 long, rows starting on a vec4, f32 kernels outside autocast(f16)",
+                 heads a multiple of 8 long whose two rotary halves split evenly among the threads that share a \
+                 row (64 or 128 do, 40 does not), rows starting on a vec4, f32 kernels outside autocast(f16)",
                 q.shape(),
                 q.dtype(),
                 k.shape()
