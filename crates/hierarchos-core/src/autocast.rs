@@ -77,7 +77,8 @@ pub(crate) fn forget_recent_casts() {
 
 /// Runs `f` with matrix products of f32 operands computed in `dtype` (f16 or bf16): operands are rounded to it,
 /// the product accumulates in f32 and comes back as f32. Nested calls take the innermost dtype; the previous
-/// one returns when `f` does. Backward may run outside: the recorded products are already 16-bit ones.
+/// one returns when `f` does. Backward may run outside or inside: the recorded products are already 16-bit ones,
+/// and products of the backward itself run as their forward did.
 pub fn autocast<T>(dtype: DType, f: impl FnOnce() -> T) -> Result<T> {
     if !matches!(dtype, DType::F16 | DType::BF16) {
         return Err(Error::Invalid {
@@ -85,7 +86,18 @@ pub fn autocast<T>(dtype: DType, f: impl FnOnce() -> T) -> Result<T> {
             message: format!("products run in f16 or bf16, not {dtype}"),
         });
     }
-    // Leaving the scope (or entering a nested one) forgets its casts: they belong to one pass over the model.
+    Ok(with_autocast(Some(dtype), f))
+}
+
+/// Runs `f` with autocast off: the backward pass, whose rules run in the precision their forward recorded (as
+/// torch's do), also when `backward()` is called inside an [`autocast`] scope.
+pub(crate) fn without_autocast<T>(f: impl FnOnce() -> T) -> T {
+    with_autocast(None, f)
+}
+
+/// Runs `f` with the products' dtype set to `dtype`, the previous one back afterwards. Entering and leaving
+/// forget the kept casts: they belong to one pass over the model.
+fn with_autocast<T>(dtype: Option<DType>, f: impl FnOnce() -> T) -> T {
     struct Restore(Option<DType>);
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -94,6 +106,6 @@ pub fn autocast<T>(dtype: DType, f: impl FnOnce() -> T) -> Result<T> {
         }
     }
     forget_recent_casts();
-    let _restore = Restore(AUTOCAST.with(|a| a.replace(Some(dtype))));
-    Ok(f())
+    let _restore = Restore(AUTOCAST.with(|a| a.replace(dtype)));
+    f()
 }
