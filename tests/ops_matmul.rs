@@ -218,6 +218,25 @@ fn empty_shapes() {
         assert_eq!(c.dtype(), dtype);
         assert_eq!(c.to_f32_vec().unwrap(), vec![0.0; 30]);
     }
+    // Empty results keep the operands' dtype, also where a product would go through an f32 buffer (odd N, few
+    // rows against a transposed weight).
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (sa, sb, want) in [
+            (vec![0, 4], vec![4, 3], vec![0, 3]),
+            (vec![2, 0, 3], vec![3, 5], vec![2, 0, 5]),
+            (vec![0, 4], vec![4], vec![0]),
+        ] {
+            let a = Tensor::zeros(&sa, dtype, &d).unwrap();
+            let c = a.matmul(&Tensor::zeros(&sb, dtype, &d).unwrap()).unwrap();
+            assert_eq!((c.shape(), c.dtype()), (&want[..], dtype), "{sa:?} @ {sb:?}");
+        }
+        let w = Tensor::zeros(&[0, 4], dtype, &d).unwrap();
+        let c = Tensor::zeros(&[3, 4], dtype, &d)
+            .unwrap()
+            .matmul(&w.t().unwrap())
+            .unwrap();
+        assert_eq!((c.shape(), c.dtype()), (&[3, 0][..], dtype), "x @ W.t() with W [0, 4]");
+    }
 }
 
 #[test]
@@ -375,6 +394,49 @@ fn refused_inputs() {
         t(&[2, 4, 3], f).matmul(&t(&[3, 3, 5], f)).is_err(),
         "batch dims do not broadcast"
     );
+    // A mismatch names the shapes as given, vectors included.
+    let message = t(&[5, 3], f).matmul(&t(&[4], f)).unwrap_err().to_string();
+    assert!(
+        message.contains("[5, 3]") && message.contains("[4]") && !message.contains("[4, 1]"),
+        "{message}"
+    );
+    // A reduction longer than the kernels' 32-bit sizes (operands broadcast from one element, so no memory
+    // behind them) is refused, not truncated into a wrong sum or a loop that never ends.
+    for dtype in [f, DType::F16, DType::BF16] {
+        let one = t(&[1, 1], dtype);
+        for k in [1usize << 32, (1 << 32) + 8] {
+            let (a, b) = (one.broadcast_to(&[1, k]).unwrap(), one.broadcast_to(&[k, 1]).unwrap());
+            let message = a.matmul(&b).unwrap_err().to_string();
+            assert!(message.contains("32 bits"), "{dtype} K = {k}: {message}");
+        }
+    }
+}
+
+/// A product recorded outside autocast keeps its precision when `backward()` runs inside an autocast scope: the
+/// backward runs as its forward did, as in torch.
+#[test]
+fn backward_inside_autocast_runs_as_recorded() {
+    let mut rng = Rng::new("backward_inside_autocast_runs_as_recorded");
+    let d = dev();
+    let (va, vb) = (rng.vec(24 * 300, -1.0, 1.0), rng.vec(300 * 16, -1.0, 1.0));
+    let grads = |inside: Option<DType>| {
+        let a = Tensor::from_slice(&va, &[24, 300], &d).unwrap().requires_grad_();
+        let b = Tensor::from_slice(&vb, &[300, 16], &d).unwrap().requires_grad_();
+        let y = a.matmul(&b).unwrap();
+        let loss = y.mul(&y).unwrap().sum_all().unwrap();
+        match inside {
+            Some(half) => autocast(half, || loss.backward()).unwrap().unwrap(),
+            None => loss.backward().unwrap(),
+        }
+        (
+            a.grad().unwrap().to_f32_vec().unwrap(),
+            b.grad().unwrap().to_f32_vec().unwrap(),
+        )
+    };
+    let outside = grads(None);
+    for half in [DType::F16, DType::BF16] {
+        assert_eq!(grads(Some(half)), outside, "backward inside autocast({half})");
+    }
 }
 
 /// f32 activations against a 16-bit weight (a frozen base held in f16 or bf16) and the other way round multiply

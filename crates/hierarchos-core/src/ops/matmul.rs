@@ -120,10 +120,23 @@ impl Tensor {
                 },
             });
         }
+        // A mismatch names the shapes as given, not the matrices a vector became.
+        let as_given = |e| match e {
+            Error::ShapeMismatch { op, .. } => Error::ShapeMismatch {
+                op,
+                lhs: self.shape().to_vec(),
+                rhs: rhs.shape().to_vec(),
+            },
+            e => e,
+        };
         match (self.rank(), rhs.rank()) {
-            (1, 1) => self.unsqueeze(0)?.matmul(&rhs.unsqueeze(1)?)?.reshape(&[]),
-            (1, _) => self.unsqueeze(0)?.matmul(rhs)?.squeeze(-2),
-            (_, 1) => self.matmul(&rhs.unsqueeze(1)?)?.squeeze(-1),
+            (1, 1) => self
+                .unsqueeze(0)?
+                .matmul(&rhs.unsqueeze(1)?)
+                .map_err(as_given)?
+                .reshape(&[]),
+            (1, _) => self.unsqueeze(0)?.matmul(rhs).map_err(as_given)?.squeeze(-2),
+            (_, 1) => self.matmul(&rhs.unsqueeze(1)?).map_err(as_given)?.squeeze(-1),
             _ => matmul_nd(self, rhs),
         }
     }
@@ -346,6 +359,30 @@ fn product(a: &Tensor, b: &Tensor, widen: bool) -> Result<Tensor> {
     launch(a, &la, b, &lb, dtype, widen)
 }
 
+/// Refuses a product that the kernels' 32-bit parameters and indices cannot describe: a size, stride or offset,
+/// an operand's last element or the output's element count past `u32::MAX`. A reduction over broadcast operands
+/// can be that long with no memory behind it; truncated, its sum would come out wrong or its loop never end.
+fn check_32_bit(la: &Layout, lb: &Layout, out_elements: usize) -> Result<()> {
+    let limit = u32::MAX as usize;
+    let last_element = |l: &Layout| {
+        l.shape.iter().zip(&l.strides).fold(l.offset, |at, (&size, &stride)| {
+            at.saturating_add(size.saturating_sub(1).saturating_mul(stride))
+        })
+    };
+    let fits = |l: &Layout| last_element(l) <= limit && l.shape.iter().chain(&l.strides).all(|&v| v <= limit);
+    if fits(la) && fits(lb) && out_elements <= limit {
+        return Ok(());
+    }
+    Err(Error::Invalid {
+        op: "matmul",
+        message: format!(
+            "operands {:?} @ {:?} need indices past the kernels' 32 bits (sizes, strides and element indices up to \
+             {limit})",
+            la.shape, lb.shape
+        ),
+    })
+}
+
 /// Which dimension consecutive threads walk when fetching an operand slice: the reduced one when it has the
 /// smaller stride (so that a unit-stride dimension is read coalesced).
 pub(crate) fn along_k(k: usize, stride_k: usize, other: usize, stride_other: usize) -> bool {
@@ -365,6 +402,11 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     let mut out_shape = batch.to_vec();
     out_shape.extend([m, n]);
     let device = a.device().clone();
+    if numel(&out_shape) == 0 {
+        let out_dtype = if widen { DType::F32 } else { dtype };
+        return Tensor::zeros(&out_shape, out_dtype, &device);
+    }
+    check_32_bit(la, lb, numel(&out_shape))?;
     if matmul_coop::fits(&device, [a.dtype(), b.dtype()], la, lb) {
         return matmul_coop::launch(a, la, b, lb, widen)?.reshape(&out_shape);
     }
@@ -456,9 +498,6 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
     }
     let buf = device.alloc("matmul", Tensor::bytes_for(numel(&partial_shape), out_dtype))?;
     let out = Tensor::from_buffer(buf, &partial_shape, out_dtype, None);
-    if out.numel() == 0 {
-        return Ok(out);
-    }
     let mut params = vec![
         m as u32,
         n as u32,
