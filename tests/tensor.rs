@@ -82,6 +82,16 @@ fn views_share_storage_and_read_correctly() {
         "a broadcast view is not dense"
     );
     assert_eq!(b.sum_all().unwrap().item().unwrap(), 3.0 * 4.0 * 3.0);
+    // A broadcast view past the kernels' 32-bit element indices is refused (a sum over 2^32 + 8 ones came out 8).
+    let one = Tensor::ones(&[1, 1], DType::F32, &d).unwrap();
+    for shape in [[1, 1 << 31], [1 << 16, 1 << 16], [2, usize::MAX]] {
+        let message = one.broadcast_to(&shape).unwrap_err().to_string();
+        assert!(message.contains("32-bit"), "{shape:?}: {message}");
+    }
+    assert_eq!(
+        one.broadcast_to(&[1, i32::MAX as usize]).unwrap().numel(),
+        i32::MAX as usize
+    );
     let e = t.narrow(1, 3, 0).unwrap();
     assert_eq!((e.shape(), e.numel()), (&[2usize, 0, 4][..], 0));
     assert!(e.to_vec::<f32>().unwrap().is_empty());

@@ -201,6 +201,16 @@ impl Tensor {
                 got: shape.to_vec(),
             });
         }
+        // Kernels index elements with 32-bit words, and their loops step past the last index without wrapping
+        // only below 2^31. A buffer never holds more elements than that (Vulkan binds at most 4 GiB), but a
+        // broadcast view can: summed or multiplied over, it would come out wrong or loop forever.
+        let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        if elements.is_none_or(|n| n > i32::MAX as usize) {
+            return Err(Error::Invalid {
+                op,
+                message: format!("shape {shape:?} has more elements than the kernels' 32-bit indices reach"),
+            });
+        }
         Ok(())
     }
 

@@ -359,30 +359,6 @@ fn product(a: &Tensor, b: &Tensor, widen: bool) -> Result<Tensor> {
     launch(a, &la, b, &lb, dtype, widen)
 }
 
-/// Refuses a product that the kernels' 32-bit parameters and indices cannot describe: a size, stride or offset,
-/// an operand's last element or the output's element count past `u32::MAX`. A reduction over broadcast operands
-/// can be that long with no memory behind it; truncated, its sum would come out wrong or its loop never end.
-fn check_32_bit(la: &Layout, lb: &Layout, out_elements: usize) -> Result<()> {
-    let limit = u32::MAX as usize;
-    let last_element = |l: &Layout| {
-        l.shape.iter().zip(&l.strides).fold(l.offset, |at, (&size, &stride)| {
-            at.saturating_add(size.saturating_sub(1).saturating_mul(stride))
-        })
-    };
-    let fits = |l: &Layout| last_element(l) <= limit && l.shape.iter().chain(&l.strides).all(|&v| v <= limit);
-    if fits(la) && fits(lb) && out_elements <= limit {
-        return Ok(());
-    }
-    Err(Error::Invalid {
-        op: "matmul",
-        message: format!(
-            "operands {:?} @ {:?} need indices past the kernels' 32 bits (sizes, strides and element indices up to \
-             {limit})",
-            la.shape, lb.shape
-        ),
-    })
-}
-
 /// Which dimension consecutive threads walk when fetching an operand slice: the reduced one when it has the
 /// smaller stride (so that a unit-stride dimension is read coalesced).
 pub(crate) fn along_k(k: usize, stride_k: usize, other: usize, stride_other: usize) -> bool {
@@ -406,7 +382,6 @@ fn launch(a: &Tensor, la: &Layout, b: &Tensor, lb: &Layout, dtype: DType, widen:
         let out_dtype = if widen { DType::F32 } else { dtype };
         return Tensor::zeros(&out_shape, out_dtype, &device);
     }
-    check_32_bit(la, lb, numel(&out_shape))?;
     if matmul_coop::fits(&device, [a.dtype(), b.dtype()], la, lb) {
         return matmul_coop::launch(a, la, b, lb, widen)?.reshape(&out_shape);
     }
