@@ -86,26 +86,27 @@ pub fn autocast<T>(dtype: DType, f: impl FnOnce() -> T) -> Result<T> {
             message: format!("products run in f16 or bf16, not {dtype}"),
         });
     }
-    Ok(with_autocast(Some(dtype), f))
+    let _scope = AutocastScope::enter(Some(dtype));
+    Ok(f())
 }
 
-/// Runs `f` with autocast off: the backward pass, whose rules run in the precision their forward recorded (as
-/// torch's do), also when `backward()` is called inside an [`autocast`] scope.
-pub(crate) fn without_autocast<T>(f: impl FnOnce() -> T) -> T {
-    with_autocast(None, f)
-}
+/// The products' dtype on this thread (`None`: autocast off) until dropped, then the previous one again. Entering
+/// and leaving forget the kept casts: they belong to one pass over the model. The backward pass runs with
+/// autocast off, so that its rules run in the precision their forward recorded (as torch's do), also when
+/// `backward()` is called inside an [`autocast`] scope.
+pub(crate) struct AutocastScope(Option<DType>);
 
-/// Runs `f` with the products' dtype set to `dtype`, the previous one back afterwards. Entering and leaving
-/// forget the kept casts: they belong to one pass over the model.
-fn with_autocast<T>(dtype: Option<DType>, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<DType>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            AUTOCAST.with(|a| a.set(self.0));
-            forget_recent_casts();
-        }
+impl AutocastScope {
+    /// Sets the dtype, keeping the previous one to restore.
+    pub(crate) fn enter(dtype: Option<DType>) -> AutocastScope {
+        forget_recent_casts();
+        AutocastScope(AUTOCAST.with(|a| a.replace(dtype)))
     }
-    forget_recent_casts();
-    let _restore = Restore(AUTOCAST.with(|a| a.replace(dtype)));
-    f()
+}
+
+impl Drop for AutocastScope {
+    fn drop(&mut self) {
+        AUTOCAST.with(|a| a.set(self.0));
+        forget_recent_casts();
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::autocast::without_autocast;
+use crate::autocast::AutocastScope;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -240,58 +240,57 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
             None => order.push(node),
         }
     }
-    without_autocast(|| {
-        no_grad(|| {
-            let mut grads: HashMap<usize, Pending> = HashMap::new();
-            grads.insert(
-                root.id,
-                Pending {
-                    whole: Some(seed),
-                    ..Pending::default()
-                },
-            );
-            for node in order.iter().rev() {
-                let Some(g) = grads.remove(&node.id).map(Pending::into_tensor).transpose()?.flatten() else {
-                    continue;
-                };
-                let f = node
-                    .backward
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                    .ok_or_else(|| {
-                        Error::Autograd(format!(
-                            "backward through '{}' a second time: its saved tensors were freed by the first backward",
-                            node.name
-                        ))
-                    })?;
-                if let (Some(narrow), [Some(Edge::Node(n))]) = (node.narrow, node.edges.as_slice()) {
-                    grads.entry(n.id).or_default().slices.push((narrow, g));
-                    continue;
-                }
-                let input_grads = match f {
-                    Backward::Plain(f) => f(&g)?,
-                    // A leaf's gradient may hold earlier backward passes' sums: only a node's is handed over.
-                    Backward::Adding(f) => {
-                        let gathered = match node.edges.first() {
-                            Some(Some(Edge::Node(n))) => grads.get_mut(&n.id).and_then(|p| p.whole.take()),
-                            _ => None,
-                        };
-                        f(&g, gathered)?
-                    }
-                };
-                drop(g);
-                for (edge, ig) in node.edges.iter().zip(input_grads) {
-                    let (Some(edge), Some(ig)) = (edge, ig) else {
-                        continue;
+    let _autocast_off = AutocastScope::enter(None);
+    no_grad(|| {
+        let mut grads: HashMap<usize, Pending> = HashMap::new();
+        grads.insert(
+            root.id,
+            Pending {
+                whole: Some(seed),
+                ..Pending::default()
+            },
+        );
+        for node in order.iter().rev() {
+            let Some(g) = grads.remove(&node.id).map(Pending::into_tensor).transpose()?.flatten() else {
+                continue;
+            };
+            let f = node
+                .backward
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+                .ok_or_else(|| {
+                    Error::Autograd(format!(
+                        "backward through '{}' a second time: its saved tensors were freed by the first backward",
+                        node.name
+                    ))
+                })?;
+            if let (Some(narrow), [Some(Edge::Node(n))]) = (node.narrow, node.edges.as_slice()) {
+                grads.entry(n.id).or_default().slices.push((narrow, g));
+                continue;
+            }
+            let input_grads = match f {
+                Backward::Plain(f) => f(&g)?,
+                // A leaf's gradient may hold earlier backward passes' sums: only a node's is handed over.
+                Backward::Adding(f) => {
+                    let gathered = match node.edges.first() {
+                        Some(Some(Edge::Node(n))) => grads.get_mut(&n.id).and_then(|p| p.whole.take()),
+                        _ => None,
                     };
-                    match edge {
-                        Edge::Leaf(cell) => accumulate(&mut cell.grad.lock().unwrap_or_else(|p| p.into_inner()), ig)?,
-                        Edge::Node(n) => accumulate(&mut grads.entry(n.id).or_default().whole, ig)?,
-                    }
+                    f(&g, gathered)?
+                }
+            };
+            drop(g);
+            for (edge, ig) in node.edges.iter().zip(input_grads) {
+                let (Some(edge), Some(ig)) = (edge, ig) else {
+                    continue;
+                };
+                match edge {
+                    Edge::Leaf(cell) => accumulate(&mut cell.grad.lock().unwrap_or_else(|p| p.into_inner()), ig)?,
+                    Edge::Node(n) => accumulate(&mut grads.entry(n.id).or_default().whole, ig)?,
                 }
             }
-            Ok(())
-        })
+        }
+        Ok(())
     })
 }
