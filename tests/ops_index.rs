@@ -365,6 +365,22 @@ fn large_index_tensors_are_clamped_not_checked() {
             .unwrap(),
         vec![10.0]
     );
+    // The row-lookup gradient goes to the rows the clamped ids read. The bulk of the ids name a row in another
+    // workgroup's rows (8 rows each) than the row checked, whose count is then exact.
+    let n = CHECKED_INDEX_LIMIT + 5;
+    let grad_rows = |ids: Tensor| {
+        let table = Tensor::zeros(&[9, 2], DType::F32, &d).unwrap().requires_grad_();
+        table.index_select(0, &ids).unwrap().sum_all().unwrap().backward().unwrap();
+        table.grad().unwrap().to_vec::<f32>().unwrap()
+    };
+    let mut signed = vec![8i32; n];
+    signed[9] = -3;
+    let g = grad_rows(Tensor::from_slice(&signed, &[n], &d).unwrap());
+    assert_eq!(&g[..16], &[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    let mut ids = vec![0u32; n];
+    ids[7] = 1000;
+    let g = grad_rows(Tensor::from_slice(&ids, &[n], &d).unwrap());
+    assert_eq!(&g[16..], &[1.0, 1.0], "id 1000 clamped to the last row");
 }
 
 #[test]

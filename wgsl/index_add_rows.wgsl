@@ -7,7 +7,10 @@
 // times the ids; this costs the table's rows over ROWS times the ids. Most rows of a large vocabulary see no id
 // in a batch: walking their empty bitmasks took two thirds of the kernel's time before the counts cut the walk.
 //
-// Parameters (u32 words): [rows of out, ids K, row width W, ids offset, ids stride, g offset].
+// Ids outside the table clamp into it as the forward's lookups do (index tensors too large to check on the host
+// are only clamped): to the last row, and negative i32 ids to row 0.
+//
+// Parameters (u32 words): [rows of out, ids K, row width W, ids offset, ids stride, g offset, ids are i32].
 
 @group(0) @binding(0) var<storage, read> p: array<u32>;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
@@ -49,7 +52,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
         workgroupBarrier();
         for (var j = lid; j < BLOCK && block + j < k_len; j = j + 256u) {
-            let r = ids[p[3] + (block + j) * p[4]] - t0;
+            let id = ids[p[3] + (block + j) * p[4]];
+            let r = select(min(id, p[0] - 1u), 0u, p[6] == 1u && i32(id) < 0) - t0;
             if (r < rows) {
                 atomicOr(&hits[r * WORDS + j / 32u], 1u << (j % 32u));
                 atomicAdd(&counts[r], 1u);

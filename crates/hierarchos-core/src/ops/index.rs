@@ -249,6 +249,7 @@ fn index_add_rows(shape: &[usize], ids: &Tensor, g: &Tensor) -> Result<Tensor> {
         ids.layout().offset as u32,
         ids.layout().strides.first().copied().unwrap_or(1) as u32,
         g.layout().offset as u32,
+        (ids.dtype() == DType::I32) as u32,
     ];
     device.dispatch(Dispatch {
         op: "index_select backward",
