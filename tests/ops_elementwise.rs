@@ -173,6 +173,19 @@ fn exp_is_accurate_to_a_few_ulp_across_its_range() {
     assert_eq!(&special[3..], &[1.0, f32::INFINITY, 0.0]);
 }
 
+/// NaN in, NaN out, in every dtype, as in torch (Sign aside: torch's sign of NaN is 0 on some paths).
+#[test]
+fn unary_ops_propagate_nan() {
+    let d = dev();
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        let x = Tensor::from_slice(&[f32::NAN, 1.0], &[2], &d).unwrap().to_dtype(dtype).unwrap();
+        for op in UNARY.into_iter().filter(|&op| op != UnaryOp::Sign) {
+            let y = x.unary(op).unwrap().to_f32_vec().unwrap();
+            assert!(y[0].is_nan(), "{op:?}({dtype} NaN) = {}", y[0]);
+        }
+    }
+}
+
 #[test]
 fn unary_ops_in_half_precision() {
     let d = dev();
@@ -437,6 +450,41 @@ fn pow_handles_negative_bases_like_torch() {
     assert_eq!(&got[..2], &[4.0, -8.0]);
     assert!(got[2].is_nan());
     assert_eq!(&got[3..], &[0.0, f32::INFINITY, 1.0]);
+    // C's (and torch's) special values: 1 to any power, -1 to an infinite one, infinite bases to fractional
+    // powers, the sign of -0 to odd powers.
+    let inf = f32::INFINITY;
+    let pairs = [
+        (1.0f32, f32::NAN),
+        (1.0, inf),
+        (-1.0, inf),
+        (-1.0, -inf),
+        (-inf, 2.5),
+        (-inf, 3.0),
+        (-inf, -2.5),
+        (-inf, -3.0),
+        (-2.0, inf),
+        (-0.5, inf),
+        (-2.0, -inf),
+        (-0.0, 3.0),
+        (-0.0, -1.0),
+        (0.0, -2.0),
+        (f32::NAN, 0.0),
+        (-2.0, 0.5),
+        (f32::NAN, 3.0),
+        (2.0, f32::NAN),
+    ];
+    let (a, b): (Vec<f32>, Vec<f32>) = pairs.into_iter().unzip();
+    let got = Tensor::from_slice(&a, &[a.len()], &d)
+        .unwrap()
+        .pow(&Tensor::from_slice(&b, &[b.len()], &d).unwrap())
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    for ((x, y), g) in pairs.iter().zip(got) {
+        let want = x.powf(*y);
+        let same = if want.is_nan() { g.is_nan() } else { g.to_bits() == want.to_bits() };
+        assert!(same, "pow({x}, {y}) = {g}, want {want}");
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ fn tanh_acc(x: f32) -> f32 {
         return x * (1.0 + x2 * (-0.33333333333 + x2 * (0.13333333333 + x2 * (-0.05396825397
             + x2 * (0.02186948854 + x2 * (-0.00886323552 + x2 * 0.00359212803))))));
     }
-    let r = 1.0 - 2.0 / (exp_acc(min(2.0 * a, 88.0)) + 1.0);
+    let r = 1.0 - 2.0 / (exp_acc(min_nan(2.0 * a, 88.0)) + 1.0);
     return select(r, -r, x < 0.0);
 }
 
@@ -61,10 +61,16 @@ fn min_nan(a: f32, b: f32) -> f32 {
     return select(min(a, b), a + b, is_nan(a) || is_nan(b));
 }
 
-// a^b for any sign of a, as torch.pow: negative bases with integer exponents keep their sign.
+// a^b for any sign of a, as torch.pow (C's pow): negative bases with integer exponents keep their sign (-0 too), 1
+// to any power and anything to the power 0 are 1, -1 to an infinite power is 1, and a negative base to a fractional
+// power is NaN unless one of them is infinite.
 fn pow_acc(a: f32, b: f32) -> f32 {
-    if (b == 0.0) {
+    if (b == 0.0 || a == 1.0) {
         return 1.0;
+    }
+    // Explicitly: drivers' log2 and exp2 of NaN need not be NaN (lavapipe's pow(NaN, 3) came out 0).
+    if (is_nan(a) || is_nan(b)) {
+        return a + b;
     }
     if (b == 1.0) {
         return a;
@@ -72,17 +78,22 @@ fn pow_acc(a: f32, b: f32) -> f32 {
     if (b == 2.0) {
         return a * a;
     }
+    let finite_b = abs(b) != pos_inf();
+    let integer = finite_b && floor(b) == b;
+    let odd = integer && fract(b * 0.5) != 0.0;
     if (a == 0.0) {
-        return select(0.0, pos_inf(), (b < 0.0));
+        let r = select(0.0, pos_inf(), (b < 0.0));
+        return select(r, -r, odd && (bitcast<u32>(a) >> 31u) == 1u);
+    }
+    if (a == -1.0 && !finite_b) {
+        return 1.0;
     }
     let r = exp2(b * log2(abs(a)));
     if (a < 0.0) {
-        if (floor(b) != b) {
+        if (!integer && finite_b && a != neg_inf()) {
             return quiet_nan();
         }
-        if (fract(b * 0.5) != 0.0) {
-            return -r;
-        }
+        return select(r, -r, odd);
     }
     return r;
 }
