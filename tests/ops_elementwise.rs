@@ -178,7 +178,10 @@ fn exp_is_accurate_to_a_few_ulp_across_its_range() {
 fn unary_ops_propagate_nan() {
     let d = dev();
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        let x = Tensor::from_slice(&[f32::NAN, 1.0], &[2], &d).unwrap().to_dtype(dtype).unwrap();
+        let x = Tensor::from_slice(&[f32::NAN, 1.0], &[2], &d)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
         for op in UNARY.into_iter().filter(|&op| op != UnaryOp::Sign) {
             let y = x.unary(op).unwrap().to_f32_vec().unwrap();
             assert!(y[0].is_nan(), "{op:?}({dtype} NaN) = {}", y[0]);
@@ -482,7 +485,11 @@ fn pow_handles_negative_bases_like_torch() {
         .unwrap();
     for ((x, y), g) in pairs.iter().zip(got) {
         let want = x.powf(*y);
-        let same = if want.is_nan() { g.is_nan() } else { g.to_bits() == want.to_bits() };
+        let same = if want.is_nan() {
+            g.is_nan()
+        } else {
+            g.to_bits() == want.to_bits()
+        };
         assert!(same, "pow({x}, {y}) = {g}, want {want}");
     }
 }

@@ -370,13 +370,24 @@ fn large_index_tensors_are_clamped_not_checked() {
     let n = CHECKED_INDEX_LIMIT + 5;
     let grad_rows = |ids: Tensor| {
         let table = Tensor::zeros(&[9, 2], DType::F32, &d).unwrap().requires_grad_();
-        table.index_select(0, &ids).unwrap().sum_all().unwrap().backward().unwrap();
+        table
+            .index_select(0, &ids)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
         table.grad().unwrap().to_vec::<f32>().unwrap()
     };
     let mut signed = vec![8i32; n];
     signed[9] = -3;
     let g = grad_rows(Tensor::from_slice(&signed, &[n], &d).unwrap());
-    assert_eq!(&g[..16], &[1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+    assert_eq!(
+        &g[..16],
+        &[
+            1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        ]
+    );
     let mut ids = vec![0u32; n];
     ids[7] = 1000;
     let g = grad_rows(Tensor::from_slice(&ids, &[n], &d).unwrap());

@@ -154,4 +154,11 @@ fn random_edge_cases() {
         Tensor::rand(&[1; 9], 1, 0, DType::F32, &d),
         Err(Error::RankMismatch { .. })
     ));
+    // An element count past the kernels' indices, even one past usize, is an error rather than a panic.
+    for shape in [[1 << 16, 1 << 16], [1 << 40, 1 << 40]] {
+        assert!(matches!(
+            Tensor::randn(&shape, 1, 0, DType::F32, &d),
+            Err(Error::Invalid { .. })
+        ));
+    }
 }

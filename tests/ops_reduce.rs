@@ -292,6 +292,11 @@ fn sum_squares_of_many_tensors() {
     assert!(Tensor::sum_squares_of(&[]).is_err());
     let ids = Tensor::from_slice(&[1u32, 2], &[2], &d).unwrap();
     assert!(Tensor::sum_squares_of(&[&tensors[0], &ids]).is_err());
+    let no_ids = Tensor::zeros(&[0], DType::U32, &d).unwrap();
+    assert!(
+        Tensor::sum_squares_of(&[&tensors[0], &no_ids]).is_err(),
+        "empty, but of ids"
+    );
 }
 
 /// Sums over the leading dimensions of contiguous f32 tensors whose kept extent is a multiple of 4 (the weight

@@ -384,6 +384,7 @@ fn stacked_rows_and_row_views() {
             start += n;
         }
         assert!(stacked.narrow_rows(7, 3).is_err());
+        assert!(stacked.narrow_rows(usize::MAX, 2).is_err(), "an end past usize");
     }
     let a = QTensor::from_ggml(GgmlType::Q8_0, &[0; 34], [1, 32], &d).unwrap();
     let b = QTensor::from_ggml(GgmlType::Q4_0, &[0; 18], [1, 32], &d).unwrap();
@@ -492,6 +493,13 @@ fn fused_norm_and_residual_match_the_separate_ops() {
                 ..Fusion::default()
             };
             let got = host(&x.matmul_q_fused(&w, residual).unwrap());
+            let half_res = res2.to_dtype(DType::F16).unwrap();
+            let wrong = Fusion {
+                residual: Some(&half_res),
+                ..Fusion::default()
+            };
+            let message = x.matmul_q_fused(&w, wrong).unwrap_err().to_string();
+            assert!(message.contains("f32 residual"), "an f16 residual: {message}");
             assert_bits(
                 &format!("{ty} residual m={m}"),
                 &got,

@@ -193,7 +193,8 @@ impl Tensor {
         self.inner.grad_fn.as_ref().is_none_or(|n| n.views_a_leaf())
     }
 
-    fn check_shape(op: &'static str, shape: &[usize]) -> Result<()> {
+    /// Refuses shapes the kernels cannot take: more dimensions than they index, or more elements.
+    pub(crate) fn check_shape(op: &'static str, shape: &[usize]) -> Result<()> {
         if shape.len() > MAX_DIMS {
             return Err(Error::RankMismatch {
                 op,

@@ -15,7 +15,7 @@ use hierarchos_wgpu::{DType, Dispatch, Gpu, Language};
 
 use crate::autograd::no_grad;
 use crate::error::{Error, Result};
-use crate::shape::{MAX_DIMS, numel};
+use crate::shape::numel;
 use crate::tensor::{Device, Tensor};
 
 const RANDOM_WGSL: &str = include_str!("../../../../wgsl/random.wgsl");
@@ -54,20 +54,8 @@ impl Tensor {
                 });
             }
         };
+        Tensor::check_shape(op, shape)?;
         let n = numel(shape);
-        if n > u32::MAX as usize {
-            return Err(Error::Invalid {
-                op,
-                message: format!("{n} elements exceed the 2^32 a kernel can index"),
-            });
-        }
-        if shape.len() > MAX_DIMS {
-            return Err(Error::RankMismatch {
-                op,
-                expected: format!("<= {MAX_DIMS}"),
-                got: shape.to_vec(),
-            });
-        }
         let buf = device.alloc(op, Tensor::bytes_for(n, DType::F32))?;
         let out = Tensor::from_buffer(buf, shape, DType::F32, None);
         if n > 0 {

@@ -35,17 +35,19 @@ impl Tensor {
             });
         }
         no_grad(|| {
+            if let Some(t) = tensors.iter().find(|t| !t.dtype().is_float()) {
+                return Err(Error::DTypeMismatch {
+                    op: OP,
+                    expected: "f32, f16 or bf16 tensors".into(),
+                    got: t.dtype(),
+                });
+            }
             let dense = tensors
                 .iter()
                 .filter(|t| t.numel() > 0)
                 .map(|t| match t.dtype() {
                     DType::F32 => t.contiguous(),
-                    DType::F16 | DType::BF16 => t.to_dtype(DType::F32),
-                    other => Err(Error::DTypeMismatch {
-                        op: OP,
-                        expected: "f32, f16 or bf16 tensors".into(),
-                        got: other,
-                    }),
+                    _ => t.to_dtype(DType::F32),
                 })
                 .collect::<Result<Vec<_>>>()?;
             let workgroups: Vec<usize> = dense.iter().map(|t| t.numel().div_ceil(CHUNK)).collect();

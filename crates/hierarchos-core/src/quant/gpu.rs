@@ -198,10 +198,10 @@ impl QTensor {
 
     /// Rows `start..start + len` as a view sharing the blocks.
     pub fn narrow_rows(&self, start: usize, len: usize) -> Result<QTensor> {
-        if start + len > self.rows {
+        if start.checked_add(len).is_none_or(|end| end > self.rows) {
             return Err(Error::Invalid {
                 op: "QTensor::narrow_rows",
-                message: format!("rows {start}..{} of {} rows", start + len, self.rows),
+                message: format!("{len} rows from row {start} of {} rows", self.rows),
             });
         }
         Ok(QTensor {
@@ -391,8 +391,20 @@ impl Tensor {
         if let Some(last) = out_shape.last_mut() {
             *last = n;
         }
+        for (what, t) in [
+            ("residual", fusion.residual),
+            ("norm weight", fusion.norm.map(|(g, _)| g)),
+        ] {
+            if let Some(t) = t.filter(|t| t.dtype() != DType::F32) {
+                return Err(Error::DTypeMismatch {
+                    op: OP,
+                    expected: format!("an f32 {what}"),
+                    got: t.dtype(),
+                });
+            }
+        }
         if let Some(r) = fusion.residual
-            && (r.shape() != out_shape.as_slice() || r.dtype() != DType::F32)
+            && r.shape() != out_shape.as_slice()
         {
             return Err(Error::ShapeMismatch {
                 op: OP,
@@ -401,7 +413,7 @@ impl Tensor {
             });
         }
         if let Some((g, _)) = fusion.norm
-            && (g.shape() != [k] || g.dtype() != DType::F32)
+            && g.shape() != [k]
         {
             return Err(Error::ShapeMismatch {
                 op: OP,
