@@ -330,11 +330,17 @@ fn the_loss_scale_halves_on_overflow_and_doubles_after_a_run_of_good_steps() {
         assert!(got[0].is_nan(), "step {i}: the element before the view");
         assert_eq!(got[1..], [scale, 1.0 / scale, good], "step {i}");
     }
-    // The largest power of two stays: doubled, it would be infinite (torch keeps it too); the count restarts.
-    let top = 2f32.powi(127);
-    let at_top = Tensor::from_slice(&[top, 1.0 / top, 2.0], &[3], &d).unwrap();
-    loss_scale_update(&at_top, &Tensor::from_slice(&[1.0f32, 4.0], &[2], &d).unwrap(), 3).unwrap();
-    assert_eq!(at_top.to_vec::<f32>().unwrap(), [top, 1.0 / top, 0.0]);
+    // The scale stays within 2^-126..2^126, where its inverse is a normal f32 too (doubled, 2^127 would have a
+    // subnormal inverse, which a GPU may flush to 0; 2^128 is infinite): the count restarts all the same.
+    for (scale, norm_sq, good) in [(2f32.powi(126), 4.0, 2.0), (2f32.powi(-126), inf, 1.0)] {
+        let at_edge = Tensor::from_slice(&[scale, 1.0 / scale, good], &[3], &d).unwrap();
+        loss_scale_update(&at_edge, &Tensor::from_slice(&[1.0f32, norm_sq], &[2], &d).unwrap(), 3).unwrap();
+        assert_eq!(
+            at_edge.to_vec::<f32>().unwrap(),
+            [scale, 1.0 / scale, 0.0],
+            "scale {scale}"
+        );
+    }
     let stats = Tensor::zeros(&[2], DType::F32, &d).unwrap();
     let malformed = [
         (

@@ -18,8 +18,8 @@ const OP: &str = "loss_scale_update";
 /// `stats`, `[loss, squared gradient norm, ..]` (f32, unit stride), as `GradScaler.update` with a backoff of 0.5,
 /// a growth factor of 2 and `growth_interval`: where the loss is finite, a non-finite norm halves the scale and
 /// restarts the count of good steps, and a finite one counts a good step; the `growth_interval`-th in a row
-/// doubles the scale and restarts the count. The inverse beside the scale (what the AdamW gate unscales the
-/// gradients by) stays exact. Not recorded by autograd.
+/// doubles the scale and restarts the count. The scale stays within 2^-126..2^126, so that the inverse beside it
+/// (what the AdamW gate unscales the gradients by) stays an exact normal f32. Not recorded by autograd.
 pub fn loss_scale_update(state: &Tensor, stats: &Tensor, growth_interval: u32) -> Result<()> {
     let invalid = |message: String| Error::Invalid { op: OP, message };
     if state.dtype() != DType::F32 || state.shape() != [3] || state.layout().strides != [1] {

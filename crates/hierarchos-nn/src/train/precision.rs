@@ -92,18 +92,25 @@ impl LossScale {
     pub const INITIAL: f64 = 65536.0;
     /// Steps without overflow before the scale doubles.
     pub const GROWTH_INTERVAL: usize = 2000;
+    /// The smallest and largest scales: their inverses, which unscale the gradients, are normal f32 values too
+    /// (the device kernel, `wgsl/loss_scale.wgsl`, keeps the same bounds).
+    pub const RANGE: std::ops::RangeInclusive<f64> = 1.0 / (1u128 << 126) as f64..=(1u128 << 126) as f64;
 
     /// Records a step whose scaled gradients were `finite` (or overflowed) and returns whether the optimizer
     /// should take it.
     pub fn update(&mut self, finite: bool) -> bool {
         if !finite {
-            self.scale *= 0.5;
+            if self.scale > *Self::RANGE.start() {
+                self.scale *= 0.5;
+            }
             self.good_steps = 0;
             return false;
         }
         self.good_steps += 1;
         if self.good_steps == Self::GROWTH_INTERVAL {
-            self.scale *= 2.0;
+            if self.scale < *Self::RANGE.end() {
+                self.scale *= 2.0;
+            }
             self.good_steps = 0;
         }
         true
@@ -125,6 +132,22 @@ mod tests {
         assert_eq!(s.scale, 32768.0);
         assert!(s.update(true));
         assert_eq!((s.scale, s.good_steps), (65536.0, 0));
+    }
+
+    #[test]
+    fn the_scale_stays_where_its_inverse_is_normal() {
+        let (low, high) = (*LossScale::RANGE.start(), *LossScale::RANGE.end());
+        let mut s = LossScale {
+            scale: low,
+            good_steps: 5,
+        };
+        assert!(!s.update(false));
+        assert_eq!((s.scale, s.good_steps), (low, 0));
+        s.scale = high;
+        for _ in 0..LossScale::GROWTH_INTERVAL {
+            assert!(s.update(true));
+        }
+        assert_eq!((s.scale, s.good_steps), (high, 0));
     }
 
     #[test]

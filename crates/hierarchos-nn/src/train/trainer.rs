@@ -165,7 +165,7 @@ impl<'m> Trainer<'m> {
     /// checkpoint): not a power of two whose inverse is a normal f32 too, or as many good steps as the growth
     /// interval.
     fn set_loss_scale(&mut self, s: LossScale) -> Result<()> {
-        let in_range = (2f64.powi(-126)..=2f64.powi(126)).contains(&s.scale);
+        let in_range = LossScale::RANGE.contains(&s.scale);
         if !(is_power_of_two(s.scale) && in_range && s.good_steps < LossScale::GROWTH_INTERVAL) {
             return Err(Error::Invalid(format!(
                 "loss scale {} after {} good steps: expected a power of two from 2^-126 to 2^126, after fewer \
