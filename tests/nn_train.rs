@@ -167,6 +167,82 @@ fn values(lm: &CausalLm) -> Vec<(String, Vec<f32>)> {
         .collect()
 }
 
+/// Micro-batches that predict different numbers of tokens weigh by them, as transformers' `num_items_in_batch`
+/// does: rows of 12, 12, 3 and 3 tokens (22 and 4 predicted in two micro-batches of two) train as one batch of
+/// four, in the loss reported and the parameters after the step (averaging the micro-batches' means gave 6.58
+/// for 7.30). With beta1 = beta2 = 0 and eps = 1, AdamW's update stays nearly linear in the gradient.
+#[test]
+fn accumulated_micro_batches_weigh_by_their_predicted_tokens() {
+    let mut rng = Rng::new("accumulated_micro_batches_weigh_by_their_predicted_tokens");
+    let data = TokenData {
+        sequences: [12, 12, 3, 3]
+            .iter()
+            .map(|&len| (0..len).map(|_| rng.below(300) as u32).collect())
+            .collect(),
+        packed: false,
+        files: Vec::new(),
+    };
+    let run = |batch_size, grad_accum| {
+        let lm = trainable(&fixture("llama"));
+        let config = TrainConfig {
+            batch_size,
+            grad_accum,
+            shuffle: false,
+            max_grad_norm: 0.0,
+            adamw: AdamWConfig {
+                beta1: 0.0,
+                beta2: 0.0,
+                eps: 1.0,
+                weight_decay: 0.0,
+                no_decay_1d: false,
+            },
+            ..small_run(1)
+        };
+        let loss = Trainer::new(&lm, config, 4, 0).unwrap().step(&data).unwrap().loss;
+        (loss, values(&lm))
+    };
+    let (start, (one_loss, one), (acc_loss, acc)) = (values(&trainable(&fixture("llama"))), run(4, 1), run(2, 2));
+    assert!(
+        (acc_loss - one_loss).abs() <= 1e-6 * one_loss,
+        "loss {acc_loss} accumulated, {one_loss} at once"
+    );
+    let (mut gap, mut moved) = (0.0f32, 0.0f32);
+    for (((_, a), (_, o)), (_, s)) in acc.iter().zip(&one).zip(&start) {
+        for ((a, o), s) in a.iter().zip(o).zip(s) {
+            gap = gap.max((a - o).abs());
+            moved = moved.max((o - s).abs());
+        }
+    }
+    assert!(gap <= 1e-3 * moved, "parameters {gap} apart after an update of {moved}");
+}
+
+/// A step that fails in its second micro-batch (a token past the vocabulary) leaves no gradient behind: the next
+/// step does not add the first micro-batch's.
+#[test]
+fn a_step_that_fails_part_way_leaves_no_gradient() {
+    let mut rng = Rng::new("a_step_that_fails_part_way_leaves_no_gradient");
+    let mut data = random_data(&mut rng, 4, 12);
+    data.sequences[1][3] = 1000;
+    let lm = trainable(&fixture("llama"));
+    let config = TrainConfig {
+        batch_size: 1,
+        shuffle: false,
+        ..small_run(2)
+    };
+    let mut t = Trainer::new(&lm, config, 4, 0).unwrap();
+    assert!(t.step(&data).is_err(), "id 1000 of a vocabulary of 300");
+    let left: Vec<String> = lm
+        .parameters()
+        .into_iter()
+        .filter(|(_, p)| {
+            p.grad()
+                .is_some_and(|g| g.to_vec::<f32>().unwrap().iter().any(|&x| x != 0.0))
+        })
+        .map(|(n, _)| n)
+        .collect();
+    assert!(left.is_empty(), "gradients left after the failed step: {left:?}");
+}
+
 #[test]
 fn resuming_from_a_checkpoint_continues_bit_for_bit() {
     // In mixed precision too: an f16 run's loss scale is part of the checkpoint.

@@ -147,6 +147,16 @@ pub struct Batch {
     pub len: usize,
 }
 
+impl Batch {
+    /// Tokens whose next-token loss counts: every label but the first of each row, unless skipped.
+    pub fn predicted(&self) -> usize {
+        self.labels
+            .chunks(self.len.max(1))
+            .map(|row| row.iter().skip(1).filter(|&&l| l != IGNORE_INDEX).count())
+            .sum()
+    }
+}
+
 /// The batch of `data`'s sequences at `indices`, padded on the right to the longest of them: with causal attention
 /// no real token sees the padding after it, and the loss skips its labels, so no attention mask is needed.
 /// Panics if an index is out of range.

@@ -25,7 +25,8 @@ pub struct TrainConfig {
     pub batch_size: usize,
     /// Tokens per packed sequence.
     pub seq_len: usize,
-    /// Micro-batches whose gradients add up to one step.
+    /// Micro-batches whose gradients add up to one step: the loss is the mean over all their predicted tokens
+    /// (transformers' `num_items_in_batch`), so padding spread unevenly over them changes nothing.
     pub grad_accum: usize,
     /// Learning rate and its schedule (`total_steps` is `steps`).
     pub schedule: Schedule,
@@ -274,9 +275,7 @@ impl<'m> Trainer<'m> {
             match waited.and_then(|values| self.conclude(flight.step, &values)) {
                 Ok(stats) => done = Some(stats),
                 Err(e) => {
-                    for (_, p) in &self.params {
-                        p.zero_grad();
-                    }
+                    self.zero_grads();
                     return Err(e);
                 }
             }
@@ -321,8 +320,23 @@ impl<'m> Trainer<'m> {
     }
 
     /// The first half of a step: forward and backward of its micro-batches, and `[mean loss, squared gradient
-    /// norm]` on the device, with the inverse of the loss scale in an f16 run.
+    /// norm]` on the device, with the inverse of the loss scale in an f16 run. A step that fails part way (a
+    /// token past the vocabulary in its second micro-batch) leaves no gradient behind for the next one.
     fn begin(&mut self, data: &TokenData) -> Result<Begun> {
+        let begun = self.record_micro_batches(data);
+        if begun.is_err() {
+            self.zero_grads();
+        }
+        begun
+    }
+
+    fn zero_grads(&self) {
+        for (_, p) in &self.params {
+            p.zero_grad();
+        }
+    }
+
+    fn record_micro_batches(&mut self, data: &TokenData) -> Result<Begun> {
         let start = Instant::now();
         let accum = self.config.grad_accum;
         let mut losses = Vec::with_capacity(accum);
@@ -334,30 +348,47 @@ impl<'m> Trainer<'m> {
             .transpose()?;
         // Steps before this one, so that the micro-batches and learning rate are the same however the steps run.
         let index = self.next_step() - 1;
-        for micro in 0..accum {
+        let batches: Vec<Batch> = (0..accum)
+            .map(|_| make_batch(data, &self.batcher.next_indices(self.config.batch_size), self.pad_id))
+            .collect();
+        let predicted: usize = batches.iter().map(Batch::predicted).sum();
+        if predicted == 0 {
+            return Err(Error::Invalid(format!(
+                "step {}: its batches hold no token to predict (every label skipped)",
+                index + 1
+            )));
+        }
+        for (micro, batch) in batches.iter().enumerate() {
+            tokens += batch.labels.iter().filter(|&&l| l != -100).count();
+            // The step's loss is the mean over all its predicted tokens, as transformers' Trainer takes it
+            // (`num_items_in_batch`): each micro-batch's mean weighs by its share of them, so padding spread
+            // unevenly over the micro-batches gives the gradient of one batch of them all.
+            let share = batch.predicted();
+            if share == 0 {
+                continue;
+            }
             // Each micro-batch draws its own adapter dropout masks, the same ones when a run is resumed.
             self.lm.seed_lora_dropout(self.config.seed, index * accum + micro);
-            let indices = self.batcher.next_indices(self.config.batch_size);
-            let batch = make_batch(data, &indices, self.pad_id);
-            tokens += batch.labels.iter().filter(|&&l| l != -100).count();
             let loss = match self.config.precision.autocast() {
-                Some(half) => autocast(half, || batch_loss(self.lm, &batch))??,
-                None => batch_loss(self.lm, &batch)?,
+                Some(half) => autocast(half, || batch_loss(self.lm, batch))??,
+                None => batch_loss(self.lm, batch)?,
             };
-            // The mean over micro-batches, as transformers' Trainer divides each by the accumulation steps. The
-            // scale is a power of two: scaling first rounds as scaling by scale / accum at once.
             let scaled = match &scale {
                 Some(s) => loss.mul(s)?,
                 None => loss.clone(),
             };
-            match accum {
-                1 => scaled.backward()?,
-                _ => scaled.mul_scalar(1.0 / accum as f64)?.backward()?,
-            }
-            losses.push(loss.detach().reshape(&[1])?);
+            let (scaled, reported) = match accum {
+                1 => (scaled, loss.detach()),
+                _ => {
+                    let weight = share as f64 / predicted as f64;
+                    (scaled.mul_scalar(weight)?, loss.detach().mul_scalar(weight)?)
+                }
+            };
+            scaled.backward()?;
+            losses.push(reported.reshape(&[1])?);
         }
         let stats = no_grad(|| -> Result<_> {
-            let loss = Tensor::cat(&losses, 0)?.mean(&[], false)?.reshape(&[1])?;
+            let loss = Tensor::cat(&losses, 0)?.sum(&[], false)?.reshape(&[1])?;
             let norm_sq = match grad_norm_squared(&self.params)? {
                 Some(n) => n.reshape(&[1])?,
                 None => Tensor::zeros(&[1], DType::F32, self.lm.device())?,
@@ -495,12 +526,7 @@ pub fn evaluate(lm: &CausalLm, data: &TokenData, batch_size: usize, pad_id: u32)
     let indices: Vec<usize> = (0..data.sequences.len()).collect();
     for chunk in indices.chunks(batch_size) {
         let batch = make_batch(data, chunk, pad_id);
-        // Tokens whose next-token loss counts: every label but the first of each row, unless skipped.
-        let predicted = batch
-            .labels
-            .chunks(batch.len)
-            .map(|row| row[1..].iter().filter(|&&l| l != -100).count())
-            .sum::<usize>();
+        let predicted = batch.predicted();
         if predicted == 0 {
             continue;
         }
