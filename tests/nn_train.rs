@@ -272,6 +272,21 @@ fn resume_continues_bit_for_bit(precision: Precision) {
     }
     let saved = checkpoint::save(&out, &first, &files, t.optimizer(), &t.state("random").unwrap(), 2).unwrap();
     assert_eq!(saved, checkpoint::resolve_resume(&out).unwrap());
+    if precision == Precision::F32 {
+        // A run resumed from an older checkpoint saves below newer ones: rotation keeps what it just wrote, and
+        // a checkpoint of the same step is replaced whole.
+        let mut later = t.state("random").unwrap();
+        later.step = 5;
+        let newer = checkpoint::save(&out, &first, &files, t.optimizer(), &later, 1).unwrap();
+        let again = checkpoint::save(&out, &first, &files, t.optimizer(), &t.state("random").unwrap(), 1).unwrap();
+        assert_eq!(again, saved);
+        assert!(saved.join("trainer_state.json").exists() && !newer.exists());
+        let names: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [saved.file_name().unwrap()], "nothing but the checkpoint left");
+    }
     let ckpt = checkpoint::load(&saved, &dev()).unwrap();
     assert_eq!(ckpt.state.step, 2);
     assert_eq!(values(&ckpt.lm), values(&first), "weights read back");

@@ -265,6 +265,10 @@ pub fn train(args: &TrainArgs) -> Result<()> {
         }
     };
     if let Some(steps) = args.steps.filter(|&s| resumed.is_some() && s != config.steps) {
+        let done = resumed.as_ref().map_or(0, |(state, _)| state.step);
+        if steps < done {
+            bail!("--steps {steps}: the resumed run has already taken {done} steps");
+        }
         // Extending (or shortening) a run moves where a decaying schedule ends.
         config.steps = steps;
         config.schedule.total_steps = steps;

@@ -434,6 +434,22 @@ fn train_saves_resumes_exactly_and_evaluates() {
         dir.join("y").to_str().unwrap(),
     ]);
     assert!(err.contains("no checkpoint"), "{err}");
+    // Fewer steps than the resumed run has taken: refused, the checkpoint left as it was.
+    let before = std::fs::read(straight.join("checkpoint-2/trainer_state.json")).unwrap();
+    let err = fails(&[
+        "train",
+        "--resume",
+        straight.join("checkpoint-2").to_str().unwrap(),
+        "--steps",
+        "1",
+        "--out",
+        straight.to_str().unwrap(),
+    ]);
+    assert!(err.contains("already taken 2 steps"), "{err}");
+    assert_eq!(
+        std::fs::read(straight.join("checkpoint-2/trainer_state.json")).unwrap(),
+        before
+    );
 }
 
 /// A diverging run (a learning rate of 1e30 after a first step at 0) stops with the step that met the

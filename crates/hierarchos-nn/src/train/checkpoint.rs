@@ -29,7 +29,9 @@ pub fn checkpoint_dir(out: &Path, step: usize) -> PathBuf {
 }
 
 /// Writes the model (a transformers folder) and the training state as `out/checkpoint-{step}`, then deletes all
-/// but the newest `keep` checkpoints (0 keeps all). Returns the new folder.
+/// but the newest `keep` checkpoints (0 keeps all), never the one just written (a run resumed from an older
+/// checkpoint saves below newer ones). A checkpoint of the same step is replaced only once the new one is whole.
+/// Returns the new folder.
 pub fn save(
     out: &Path,
     lm: &CausalLm,
@@ -63,13 +65,19 @@ pub fn save(
     };
     let json = serde_json::to_string_pretty(&state).map_err(|e| Error::Invalid(format!("training state: {e}")))?;
     std::fs::write(tmp.join(STATE_FILE), json).map_err(io(&tmp.join(STATE_FILE)))?;
+    // Moved aside, not deleted, until the new one is in place: a crash in between leaves it under that name.
+    let replaced = out.join(format!(".checkpoint-{}.replaced-{}", state.step, std::process::id()));
     if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        std::fs::rename(&dir, &replaced).map_err(io(&dir))?;
     }
     std::fs::rename(&tmp, &dir).map_err(io(&dir))?;
+    if replaced.exists() {
+        std::fs::remove_dir_all(&replaced).map_err(io(&replaced))?;
+    }
     if keep > 0 {
-        for old in checkpoints(out)?.into_iter().rev().skip(keep) {
-            std::fs::remove_dir_all(&old.1).map_err(io(&old.1))?;
+        let others = checkpoints(out)?.into_iter().rev().filter(|(_, path)| *path != dir);
+        for (_, old) in others.skip(keep - 1) {
+            std::fs::remove_dir_all(&old).map_err(io(&old))?;
         }
     }
     Ok(dir)
