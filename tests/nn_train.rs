@@ -11,7 +11,7 @@ use hierarchos::core::{DType, Tensor};
 use hierarchos::nn::optim::{AdamW, AdamWConfig};
 use hierarchos::nn::train::checkpoint::{self, ModelFiles};
 use hierarchos::nn::train::data::TokenData;
-use hierarchos::nn::train::{LossScale, LrScheduler, Precision, Schedule, StepStats, TrainConfig, Trainer};
+use hierarchos::nn::train::{LossScale, LrScheduler, Precision, Schedule, StepStats, TrainConfig, Trainer, evaluate};
 use hierarchos::nn::{CausalLm, Error, Model, ModelConfig, Weights};
 
 /// The bound on any parameter after the two damped steps, unless PyTorch's own f32 lands further from the
@@ -217,7 +217,9 @@ fn accumulated_micro_batches_weigh_by_their_predicted_tokens() {
 }
 
 /// A step that fails in its second micro-batch (a token past the vocabulary) leaves no gradient behind: the next
-/// step does not add the first micro-batch's.
+/// step does not add the first micro-batch's. The id is named whatever the batch's size: the GPU only clamps the
+/// lookups of batches past `CHECKED_INDEX_LIMIT` ids (a NaN loss at step 1 was all that said so), and evaluation
+/// refuses it too.
 #[test]
 fn a_step_that_fails_part_way_leaves_no_gradient() {
     let mut rng = Rng::new("a_step_that_fails_part_way_leaves_no_gradient");
@@ -230,7 +232,8 @@ fn a_step_that_fails_part_way_leaves_no_gradient() {
         ..small_run(2)
     };
     let mut t = Trainer::new(&lm, config, 4, 0).unwrap();
-    assert!(t.step(&data).is_err(), "id 1000 of a vocabulary of 300");
+    let err = t.step(&data).unwrap_err().to_string();
+    assert!(err.contains("token id 1000") && err.contains("step 1"), "{err}");
     let left: Vec<String> = lm
         .parameters()
         .into_iter()
@@ -241,6 +244,23 @@ fn a_step_that_fails_part_way_leaves_no_gradient() {
         .map(|(n, _)| n)
         .collect();
     assert!(left.is_empty(), "gradients left after the failed step: {left:?}");
+    let mut big = random_data(&mut rng, 1100, 60);
+    big.sequences[700][5] = 1000;
+    let config = TrainConfig {
+        batch_size: 1100,
+        grad_accum: 1,
+        seq_len: 60,
+        shuffle: false,
+        ..small_run(1)
+    };
+    let err = Trainer::new(&lm, config, 1100, 0)
+        .unwrap()
+        .step(&big)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("token id 1000 (row 700, position 5"), "{err}");
+    let err = evaluate(&lm, &big, 1100, 0).unwrap_err().to_string();
+    assert!(err.contains("token id 1000"), "{err}");
 }
 
 #[test]

@@ -148,6 +148,20 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Refuses a token id past the model's vocabulary, naming it: checked on the host, where the ids are, since
+    /// the GPU only clamps lookups in batches too large to check there (`CHECKED_INDEX_LIMIT`).
+    pub fn check_vocab(&self, vocab: usize) -> Result<()> {
+        match self.ids.iter().position(|&id| id as usize >= vocab) {
+            None => Ok(()),
+            Some(at) => Err(Error::Invalid(format!(
+                "token id {} (row {}, position {} of the batch) is past the model's vocabulary of {vocab}",
+                self.ids[at],
+                at / self.len,
+                at % self.len
+            ))),
+        }
+    }
+
     /// Tokens whose next-token loss counts: every label but the first of each row, unless skipped.
     pub fn predicted(&self) -> usize {
         self.labels

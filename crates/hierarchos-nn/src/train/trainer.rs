@@ -351,6 +351,12 @@ impl<'m> Trainer<'m> {
         let batches: Vec<Batch> = (0..accum)
             .map(|_| make_batch(data, &self.batcher.next_indices(self.config.batch_size), self.pad_id))
             .collect();
+        let vocab = self.lm.config().vocab_size;
+        for batch in &batches {
+            batch
+                .check_vocab(vocab)
+                .map_err(|e| Error::Invalid(format!("step {}: {e}", index + 1)))?;
+        }
         let predicted: usize = batches.iter().map(Batch::predicted).sum();
         if predicted == 0 {
             return Err(Error::Invalid(format!(
@@ -526,6 +532,7 @@ pub fn evaluate(lm: &CausalLm, data: &TokenData, batch_size: usize, pad_id: u32)
     let indices: Vec<usize> = (0..data.sequences.len()).collect();
     for chunk in indices.chunks(batch_size) {
         let batch = make_batch(data, chunk, pad_id);
+        batch.check_vocab(lm.config().vocab_size)?;
         let predicted = batch.predicted();
         if predicted == 0 {
             continue;
