@@ -788,4 +788,21 @@ fn sgd_momentum_nesterov_and_weight_decay_follow_torch() {
         let what = format!("sgd momentum {momentum} dampening {dampening} wd {weight_decay} nesterov {nesterov}");
         assert_close(&what, &p.to_vec::<f32>().unwrap(), &x, 1e-5, 1e-6);
     }
+    // What torch.optim.SGD refuses, refused before anything moves.
+    let p = Tensor::from_slice(&[1.0f32, 2.0], &[2], &d).unwrap().requires_grad_();
+    for (lr, momentum, dampening, weight_decay, nesterov) in [
+        (-0.1, 0.0, 0.0, 0.0, false),
+        (f64::NAN, 0.0, 0.0, 0.0, false),
+        (0.1, -0.5, 0.0, 0.0, false),
+        (0.1, 0.0, 0.0, -0.1, false),
+        (0.1, 0.0, 0.0, 0.0, true),
+        (0.1, 0.9, 0.5, 0.0, true),
+    ] {
+        p.sum(&[], false).unwrap().backward().unwrap();
+        let mut opt = Sgd::with_momentum(lr, momentum);
+        (opt.dampening, opt.weight_decay, opt.nesterov) = (dampening, weight_decay, nesterov);
+        assert!(opt.step(std::slice::from_ref(&p)).is_err(), "{opt:?}");
+        assert_eq!(p.to_vec::<f32>().unwrap(), [1.0, 2.0]);
+        p.zero_grad();
+    }
 }

@@ -1,6 +1,6 @@
 //! Stochastic gradient descent with momentum, Nesterov momentum and weight decay, as `torch.optim.SGD`.
 
-use hierarchos_core::{Result, Tensor, no_grad};
+use hierarchos_core::{Error, Result, Tensor, no_grad};
 
 /// SGD's settings and its momentum buffers (one per parameter, by position in the list given to `step`).
 #[derive(Clone, Debug)]
@@ -40,9 +40,32 @@ impl Sgd {
         }
     }
 
+    /// Refuses the settings `torch.optim.SGD` refuses: a negative (or non-finite) learning rate, momentum or
+    /// weight decay, and Nesterov momentum without momentum or with dampening.
+    fn check(&self) -> Result<()> {
+        let valid = |v: f64| v.is_finite() && v >= 0.0;
+        let message = if !(valid(self.lr) && valid(self.momentum) && valid(self.weight_decay)) {
+            "the learning rate, momentum and weight decay must be finite and not negative"
+        } else if !self.dampening.is_finite() {
+            "the dampening must be finite"
+        } else if self.nesterov && (self.momentum == 0.0 || self.dampening != 0.0) {
+            "Nesterov momentum needs a momentum and no dampening"
+        } else {
+            return Ok(());
+        };
+        Err(Error::Invalid {
+            op: "Sgd::step",
+            message: format!(
+                "{message}: lr {}, momentum {}, dampening {}, weight decay {}, nesterov {}",
+                self.lr, self.momentum, self.dampening, self.weight_decay, self.nesterov
+            ),
+        })
+    }
+
     /// Applies one update to every parameter that has a gradient and clears the gradients. `params` must list the
     /// same parameters in the same order at every step (the momentum buffers follow the positions).
     pub fn step(&mut self, params: &[Tensor]) -> Result<()> {
+        self.check()?;
         if self.buffers.len() < params.len() {
             self.buffers.resize(params.len(), None);
         }
