@@ -257,6 +257,14 @@ fn bad_settings_and_logits_are_errors() {
     let mut s = Sampler::new(SamplingConfig::default()).unwrap();
     assert!(s.sample(&[], &[]).is_err());
     assert!(s.sample(&[0.0, f32::NAN], &[]).is_err());
+    // A temperature so small that the logits overflow has no distribution to draw from (it picked token 0).
+    let mut s = Sampler::new(SamplingConfig {
+        temperature: 1e-40,
+        ..Default::default()
+    })
+    .unwrap();
+    let err = s.sample(&[1.0, 3.0, 2.0, -1.0], &[]).unwrap_err().to_string();
+    assert!(err.contains("temperature"), "{err}");
 }
 
 #[test]
@@ -356,6 +364,15 @@ fn generation_stops_on_eos_and_stop_strings() {
     let g = generate(&model.lm, prompt, 12, &SamplingConfig::default(), &stop, |_, _| Ok(())).unwrap();
     assert_eq!(g.stop_reason, StopReason::Eos);
     assert_eq!(g.ids, greedy[..4]);
+    // However many tokens are allowed: the cache grows as they come, not sized for all of them first (a buffer
+    // for 2^22 positions failed before the first token; usize::MAX overflowed).
+    for limit in [1 << 22, usize::MAX] {
+        let g = generate(&model.lm, prompt, limit, &SamplingConfig::default(), &stop, |_, _| {
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(g.ids, greedy[..4], "at most {limit} tokens");
+    }
 
     // A stop string: generation ends with the token that completes its first occurrence.
     let needle = "thj";
@@ -393,6 +410,40 @@ fn generation_stops_on_eos_and_stop_strings() {
             .to_string();
         assert!(err.contains("NaN"), "{sampling:?}: {err}");
     }
+}
+
+/// Past the first stretch of positions the cache holds room for, it grows (copying what it holds): 300 greedy
+/// tokens equal those of a cache sized for all of them at once, step by step.
+#[test]
+fn the_cache_grows_as_generation_goes_on() {
+    let dev = dev();
+    let model = Model::from_dir(&fixture("llama"), &dev).unwrap();
+    let prompt = &rows(&reference("llama")["input_ids"])[0];
+    let n = 300;
+    let no_stop = StopConditions {
+        eos_ids: vec![],
+        stop_strings: vec![],
+        tokenizer: None,
+    };
+    let g = generate(
+        &model.lm,
+        prompt,
+        n,
+        &SamplingConfig::default(),
+        &no_stop,
+        |_, _| Ok(()),
+    )
+    .unwrap();
+    let mut cache = model.lm.new_cache(1, prompt.len() + n).unwrap();
+    let mut ids = Tensor::from_slice(prompt, &[1, prompt.len()], &dev).unwrap();
+    let mut want = Vec::new();
+    for _ in 0..n {
+        let logits = hierarchos::core::no_grad(|| model.lm.forward_last(&ids, Some(&mut cache))).unwrap();
+        let id = argmax(&logits.to_vec::<f32>().unwrap()) as u32;
+        want.push(id);
+        ids = Tensor::from_slice(&[id], &[1, 1], &dev).unwrap();
+    }
+    assert_eq!(g.ids, want);
 }
 
 #[test]

@@ -91,8 +91,12 @@ pub fn find_stop_string(text: &str, new_from: usize, stop_strings: &[String]) ->
         .min()
 }
 
-/// Logits of the last position after feeding `ids` (continuing `cache`), on the GPU.
+/// Positions of generated tokens the cache first holds room for; it grows past them as generation goes on.
+const FIRST_STRETCH: usize = 256;
+
+/// Logits of the last position after feeding `ids` (continuing `cache`, grown to hold them), on the GPU.
 fn next_logits(lm: &CausalLm, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+    cache.reserve(ids.shape()[1])?;
     no_grad(|| lm.forward_last(ids, Some(cache)))
 }
 
@@ -232,17 +236,17 @@ pub async fn generate_async(
     sampling.validate()?;
     if let Some(positions) = &lm.embed_positions {
         let table = positions.weight.shape()[0];
-        if prompt_ids.len() + max_new_tokens > table {
+        if prompt_ids.len().checked_add(max_new_tokens).is_none_or(|n| n > table) {
             return Err(Error::Invalid(format!(
                 "generate: {} prompt and {max_new_tokens} new tokens pass the model's {table} positions",
                 prompt_ids.len()
             )));
         }
     }
-    let mut cache = lm.new_cache(1, prompt_ids.len() + max_new_tokens)?;
+    let mut cache = lm.new_cache(1, prompt_ids.len() + max_new_tokens.min(FIRST_STRETCH))?;
     let mut stream = stop.tokenizer.map(|t| t.decode_stream(true));
     let mut history = prompt_ids.to_vec();
-    let mut ids = Vec::with_capacity(max_new_tokens);
+    let mut ids = Vec::with_capacity(max_new_tokens.min(FIRST_STRETCH));
     let mut text = String::new();
 
     let start = Instant::now();

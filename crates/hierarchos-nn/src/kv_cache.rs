@@ -72,6 +72,35 @@ impl KvCache {
         self.batch
     }
 
+    /// Makes room for `more` positions after those held, growing every buffer to twice its length at least (so
+    /// that growing token by token copies the cache now and then, not each time): generation sizes its cache
+    /// for the prompt and a first stretch of tokens, not for all it may generate, as transformers' growing cache
+    /// does, so a large `max_new_tokens` that an end-of-sequence token cuts short costs nothing.
+    pub(crate) fn reserve(&mut self, more: usize) -> Result<()> {
+        let needed = self
+            .len
+            .checked_add(more)
+            .ok_or_else(|| Error::Invalid("kv cache: too many positions".into()))?;
+        if needed <= self.max_len {
+            return Ok(());
+        }
+        let max_len = needed.max(2 * self.max_len);
+        for (k, v) in &mut self.layers {
+            for t in [k, v] {
+                let mut shape = t.shape().to_vec();
+                shape[2] = max_len;
+                let grown = Tensor::zeros(&shape, t.dtype(), t.device())
+                    .map_err(|e| Error::Invalid(format!("kv cache: growing to {max_len} positions: {e}")))?;
+                if self.len > 0 {
+                    grown.write_at(2, 0, &t.narrow(2, 0, self.len)?)?;
+                }
+                *t = grown;
+            }
+        }
+        self.max_len = max_len;
+        Ok(())
+    }
+
     /// Forgets positions from `len` on (to reuse a prompt prefix, or to start over with 0). The buffers are
     /// kept; stale entries are overwritten before they are read again.
     pub fn truncate(&mut self, len: usize) {

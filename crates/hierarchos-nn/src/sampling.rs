@@ -135,6 +135,13 @@ impl Sampler {
         }
         let mut scores = logits.to_vec();
         self.process(&mut scores, history);
+        if self.config.is_sampling() && scores.contains(&f32::INFINITY) {
+            // transformers fails here too (its probabilities come out NaN): the draw has no distribution.
+            return Err(Error::Invalid(format!(
+                "sampling: temperature {} scales the logits past f32's range (temperature 0 decodes greedily)",
+                self.config.temperature
+            )));
+        }
         let id = if self.config.is_sampling() {
             self.draw(&scores)
         } else {
