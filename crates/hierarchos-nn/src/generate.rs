@@ -166,7 +166,7 @@ impl Chooser {
                     .await?;
                 if pick[0].is_nan() {
                     return Err(Error::Invalid(format!(
-                        "generate: the model produced NaN logits (token {})",
+                        "generate: the model produced NaN logits at position {}",
                         history.len()
                     )));
                 }

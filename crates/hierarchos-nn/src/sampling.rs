@@ -130,7 +130,7 @@ impl Sampler {
         }
         if let Some(i) = logits.iter().position(|x| x.is_nan()) {
             return Err(Error::Invalid(format!(
-                "sampling: the model produced NaN logits (token {i})"
+                "sampling: the model produced NaN logits (vocabulary entry {i} first)"
             )));
         }
         let mut scores = logits.to_vec();
