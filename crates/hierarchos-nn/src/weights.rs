@@ -323,14 +323,20 @@ pub fn save_f32(path: &Path, tensors: &[(&str, &[usize], &[f32])]) -> Result<()>
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same folder renamed into place, so that a crash never
-/// leaves a truncated file under `path`.
+/// leaves a truncated file under `path`, nor a power loss an empty one.
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(path.file_name().unwrap_or_default());
     tmp_name.push(format!(".{}.tmp", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
-    std::fs::write(&tmp, bytes).map_err(|source| Error::Io {
+    // Synced before the rename: after a power loss the name holds the old bytes or the new ones, never a file
+    // that was renamed before its contents reached the disk.
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        std::io::Write::write_all(&mut f, bytes)?;
+        f.sync_all()
+    });
+    written.map_err(|source| Error::Io {
         path: tmp.clone(),
         source,
     })?;

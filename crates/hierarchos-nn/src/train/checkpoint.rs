@@ -64,7 +64,7 @@ pub fn save(
         ..state.clone()
     };
     let json = serde_json::to_string_pretty(&state).map_err(|e| Error::Invalid(format!("training state: {e}")))?;
-    std::fs::write(tmp.join(STATE_FILE), json).map_err(io(&tmp.join(STATE_FILE)))?;
+    write_atomic(&tmp.join(STATE_FILE), json.as_bytes())?;
     // Moved aside, not deleted, until the new one is in place: a crash in between leaves it under that name.
     let replaced = out.join(format!(".checkpoint-{}.replaced-{}", state.step, std::process::id()));
     if dir.exists() {
