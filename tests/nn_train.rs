@@ -324,6 +324,22 @@ fn resume_continues_bit_for_bit(precision: Precision) {
     );
 }
 
+/// A model written where a sharded one was replaces it: the stale index (which loading prefers) and its shards
+/// go, so the folder loads the new weights (`merge --out` into such a folder kept loading the old ones).
+#[test]
+fn a_model_written_over_a_sharded_one_replaces_it() {
+    let dir = fixture("llama");
+    let out = tmpdir("over-sharded");
+    hierarchos::nn::weights::save_f32(&out.join("model-00001-of-00001.safetensors"), &[("x", &[1], &[1.0])]).unwrap();
+    let index = r#"{"weight_map": {"x": "model-00001-of-00001.safetensors"}}"#;
+    std::fs::write(out.join(hierarchos::nn::weights::INDEX_FILE), index).unwrap();
+    let lm = trainable(&dir);
+    checkpoint::write_model(&out, &lm, &ModelFiles::read(&dir).unwrap()).unwrap();
+    let names = Weights::open(&out).unwrap().names();
+    assert!(names.contains(&"model.embed_tokens.weight".to_string()), "{names:?}");
+    assert!(!out.join("model-00001-of-00001.safetensors").exists());
+}
+
 /// Products in f16 or bf16 (f32 master weights): the losses follow the f32 run's closely, the parameters stay
 /// f32, and only f16 carries a loss scale (2^16 while nothing overflows).
 #[test]

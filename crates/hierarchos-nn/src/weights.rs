@@ -170,6 +170,37 @@ impl Weights {
         })
     }
 
+    /// Removes a sharded model's index and the shards it names from `dir`, where a single `model.safetensors`
+    /// was just written: [`Weights::open`] reads the index first, so a stale one would load the old weights.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn remove_stale_shards(dir: &Path) -> Result<()> {
+        let index_path = dir.join(INDEX_FILE);
+        let Ok(text) = std::fs::read_to_string(&index_path) else {
+            return Ok(());
+        };
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let mut shards: Vec<&str> = value
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flat_map(|map| map.values().filter_map(Value::as_str))
+            .filter(|file| Path::new(file).components().count() == 1 && *file != ".." && *file != SINGLE_FILE)
+            .collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let io = |path: PathBuf| move |source| Error::Io { path, source };
+        // The index first: without it the shards are never read, whatever happens next.
+        std::fs::remove_file(&index_path).map_err(io(index_path.clone()))?;
+        for file in shards {
+            let path = dir.join(file);
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(path)(e)),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// The tensors of one safetensors file by path (memory-mapped), whatever its name (an optimizer state, say).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_file(path: &Path) -> Result<Weights> {

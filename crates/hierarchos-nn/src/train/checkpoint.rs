@@ -84,8 +84,8 @@ pub fn save(
 }
 
 /// Writes `config.json`, `model.safetensors` (every parameter by its Hugging Face name, f32) and the copied
-/// files into `dir`, each through a temporary file renamed into place; for a model with an adapter, the adapter
-/// (PEFT's two files) and the copied files.
+/// files into `dir`, each through a temporary file renamed into place, and removes a sharded model's index and
+/// shards found there; for a model with an adapter, the adapter (PEFT's two files) and the copied files.
 pub fn write_model(dir: &Path, lm: &CausalLm, files: &ModelFiles) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
@@ -98,6 +98,7 @@ pub fn write_model(dir: &Path, lm: &CausalLm, files: &ModelFiles) -> Result<()> 
             &dir.join("model.safetensors"),
             &[lm.parameters(), lm.buffers()].concat(),
         )?;
+        Weights::remove_stale_shards(dir)?;
         write_atomic(&dir.join("config.json"), files.config_json.as_bytes())?;
     }
     for (name, bytes) in &files.files {
