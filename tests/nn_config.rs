@@ -480,6 +480,23 @@ fn malformed_configs() {
         &tiny("mistral", r#""num_key_value_heads": 2, "sliding_window": 0"#),
         &["sliding_window", "positive"],
     );
+    err(
+        &tiny("llama", r#""max_position_embeddings": 0"#),
+        &["max_position_embeddings", "positive"],
+    );
+    // Sizes past 2^31 (no kernel indexes such tensors) are refused before any width derived from them overflows.
+    err(
+        &tiny("llama", r#""hidden_size": 9223372036854775808"#),
+        &["hidden_size", "2^31"],
+    );
+    err(
+        r#"{"model_type": "gpt2", "vocab_size": 10, "n_embd": 4294967296, "n_layer": 1, "n_head": 1}"#,
+        &["n_embd", "2^31"],
+    );
+    err(
+        &tiny("deepseek_v3", r#""n_shared_experts": 4611686018427387904"#),
+        &["n_shared_experts"],
+    );
 }
 
 #[test]

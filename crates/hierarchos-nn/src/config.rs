@@ -450,15 +450,16 @@ impl ModelConfig {
 
     /// How many parameters a checkpoint of this configuration holds, without building the model: the figure
     /// model cards publish (tied embeddings counted once). The registry tests check it against the published
-    /// counts of real configs and against the parameters of every fixture's built model.
+    /// counts of real configs and against the parameters of every fixture's built model. Counted in 128 bits
+    /// (sizes up to 2^31 each, as parsing allows), saturating at `u64::MAX`.
     pub fn parameter_count(&self) -> u64 {
-        let [hidden, inter, vocab] = [self.hidden_size, self.intermediate_size, self.vocab_size].map(|n| n as u64);
-        let q = (self.num_attention_heads * self.head_dim) as u64;
-        let kv = (self.num_key_value_heads * self.head_dim) as u64;
-        let bias = |on: bool, n: u64| if on { n } else { 0 };
+        let [hidden, inter, vocab] = [self.hidden_size, self.intermediate_size, self.vocab_size].map(|n| n as u128);
+        let q = self.num_attention_heads as u128 * self.head_dim as u128;
+        let kv = self.num_key_value_heads as u128 * self.head_dim as u128;
+        let bias = |on: bool, n: u128| if on { n } else { 0 };
         let qk_norm = match (self.qk_norm, self.qk_norm_over_heads || self.qk_norm_per_head_layer) {
             (false, _) => 0,
-            (true, false) => 2 * self.head_dim as u64,
+            (true, false) => 2 * self.head_dim as u128,
             (true, true) => q + kv,
         };
         let attention = match self.latent_attention {
@@ -470,10 +471,10 @@ impl ModelConfig {
                     + qk_norm
             }
             Some(m) => {
-                let heads = self.num_attention_heads as u64;
-                let [nope, rope, v, kv_rank] = [m.nope_dim, m.rope_dim, m.v_dim, m.kv_lora_rank].map(|n| n as u64);
+                let heads = self.num_attention_heads as u128;
+                let [nope, rope, v, kv_rank] = [m.nope_dim, m.rope_dim, m.v_dim, m.kv_lora_rank].map(|n| n as u128);
                 let q_out = heads * (nope + rope);
-                let query = match m.q_lora_rank.map(|r| r as u64) {
+                let query = match m.q_lora_rank.map(|r| r as u128) {
                     Some(r) => hidden * r + bias(self.attention_bias, r) + r + r * q_out,
                     None => hidden * q_out,
                 };
@@ -483,17 +484,17 @@ impl ModelConfig {
         };
         let branches = if self.mlp_gated { 2 } else { 1 };
         let mlp = (branches + 1) * hidden * inter + bias(self.mlp_bias, branches * inter + hidden);
-        let norm = hidden * (self.norm_weight as u64 + self.norm_bias as u64);
-        let layers = self.num_hidden_layers as u64;
+        let norm = hidden * (self.norm_weight as u128 + self.norm_bias as u128);
+        let layers = self.num_hidden_layers as u128;
         let feed_forward = match &self.moe {
             None => layers * mlp,
             Some(m) => {
-                let dense = m.dense_layers.len() as u64;
-                let experts = m.num_experts as u64 * 3 * hidden * m.expert_intermediate_size as u64;
+                let dense = m.dense_layers.len() as u128;
+                let experts = m.num_experts as u128 * 3 * hidden * m.expert_intermediate_size as u128;
                 let shared = m
                     .shared_expert
-                    .map_or(0, |s| 3 * hidden * s.intermediate_size as u64 + bias(s.gated, hidden));
-                let router = m.num_experts as u64 * hidden;
+                    .map_or(0, |s| 3 * hidden * s.intermediate_size as u128 + bias(s.gated, hidden));
+                let router = m.num_experts as u128 * hidden;
                 dense * mlp + (layers - dense) * (experts + shared + router)
             }
         };
@@ -508,11 +509,12 @@ impl ModelConfig {
             NormPlacement::Sandwich => 4,
         };
         let positions = if self.position_embeddings {
-            self.max_position_embeddings as u64 * hidden
+            self.max_position_embeddings as u128 * hidden
         } else {
             0
         };
-        layers * (attention + norms * norm) + feed_forward + vocab * hidden + positions + norm + head
+        let total = layers * (attention + norms * norm) + feed_forward + vocab * hidden + positions + norm + head;
+        u64::try_from(total).unwrap_or(u64::MAX)
     }
 }
 
@@ -859,6 +861,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let max_position_embeddings = f
         .or(key("max_position_embeddings"), Some(d.max_position_embeddings), USIZE)?
         .unwrap_or(d.max_position_embeddings);
+    // YaRN derives its factor from it, GPT-2 sizes its position table by it.
+    if max_position_embeddings == 0 {
+        return Err(f.error(key("max_position_embeddings"), "must be positive"));
+    }
     // OLMo's LayerNorm has its epsilon fixed at 1e-5.
     let rms_norm_eps = match family {
         Family::Olmo => 1e-5,
@@ -1913,9 +1919,11 @@ struct Kind<T> {
     expected: &'static str,
 }
 
+// Sizes below 2^31: no tensor the kernels index holds more elements, and sums and products of a few sizes (the
+// parameter count, the widths derived from others) stay far from overflowing.
 const USIZE: Kind<usize> = Kind {
-    read: |v| v.as_u64().and_then(|n| usize::try_from(n).ok()),
-    expected: "a non-negative integer",
+    read: |v| v.as_u64().filter(|&n| n <= i32::MAX as u64).map(|n| n as usize),
+    expected: "a non-negative integer below 2^31",
 };
 const U32: Kind<u32> = Kind {
     read: |v| v.as_u64().and_then(|n| u32::try_from(n).ok()),
