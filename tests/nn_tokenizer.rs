@@ -235,6 +235,29 @@ fn chat_templates_get_python_methods_trimmed_blocks_and_raise_exception() {
     assert!(err.contains("roles must alternate"), "{err}");
     let err = render_chat_template("{% for %}", &bad, false, "", "").unwrap_err();
     assert!(err.contains("chat template"), "{err}");
+
+    // transformers' additions to Jinja2: `tojson` as Python's json.dumps(ensure_ascii=False) writes it (tool
+    // definitions render as in training), `{% generation %}` blocks, `strftime_now`.
+    let turn = [ChatMessage::new("user", "a<b> & 'c' \"é\"\n")];
+    let render = |template: &str| render_chat_template(template, &turn, false, "", "").unwrap();
+    assert_eq!(
+        render("{{ messages[0] | tojson }}"),
+        r#"{"role": "user", "content": "a<b> & 'c' \"é\"\n"}"#
+    );
+    assert_eq!(
+        render("{{ messages[0] | tojson(indent=2) }}"),
+        "{\n  \"role\": \"user\",\n  \"content\": \"a<b> & 'c' \\\"é\\\"\\n\"\n}"
+    );
+    assert_eq!(
+        render("{{ [1, 2.5, 1e-5, 3.0, none, true, [], {}] | tojson }}"),
+        "[1, 2.5, 1e-05, 3.0, null, true, [], {}]"
+    );
+    assert_eq!(
+        render("{%- for m in messages %}{% generation %}[{{ m.role }}]{% endgeneration %}{% endfor -%}"),
+        "[user]"
+    );
+    let year = render("{{ strftime_now('%Y') }}");
+    assert!(year.len() == 4 && year.as_str() >= "2024", "{year}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+mod chat_template;
 mod config;
 mod decoder;
 mod embedding;
@@ -32,6 +33,7 @@ mod tokenizer;
 pub mod train;
 pub mod weights;
 
+pub use chat_template::{ChatMessage, render_chat_template};
 pub use config::{
     Activation, LatentAttentionConfig, ModelConfig, ModuleNames, MoeConfig, NormPlacement, QkvLayout, RopeConfig,
     RopeScaling, RouterScoring, SharedExpertConfig,
@@ -55,5 +57,5 @@ pub use norm::{Norm, NormKind};
 pub use registry::{ARCHITECTURES, Architecture, Family, Status, supported_model_types};
 pub use sampling::{Sampler, SamplingConfig};
 pub use self_attention::SelfAttention;
-pub use tokenizer::{ChatMessage, DecodeStream, Tokenizer, render_chat_template};
+pub use tokenizer::{DecodeStream, Tokenizer};
 pub use weights::Weights;

@@ -3,11 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::chat_template::ChatMessage;
 use crate::error::{Error, Result};
 use crate::generate::{Generation, StopConditions, generate_async};
 use crate::model_files::{Folder, ModelFiles};
 use crate::sampling::SamplingConfig;
-use crate::tokenizer::{ChatMessage, Tokenizer, generation_eos_ids};
+use crate::tokenizer::{Tokenizer, generation_eos_ids};
 use crate::{CausalLm, ModelConfig};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::{

@@ -4,30 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use serde_json::Value;
 
+use crate::chat_template::{ChatMessage, render_chat_template};
 use crate::error::{Error, Result};
 use crate::model_files::{Folder, ModelFiles};
-
-/// One turn of a conversation, as chat templates expect it (`role` is `system`, `user` or `assistant`).
-#[derive(Clone, Debug, Serialize)]
-pub struct ChatMessage {
-    /// Who speaks.
-    pub role: String,
-    /// What is said.
-    pub content: String,
-}
-
-impl ChatMessage {
-    /// A turn of `role` saying `content`.
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-}
 
 /// A model's tokenizer with the special tokens and chat template that generation needs.
 pub struct Tokenizer {
@@ -305,51 +286,6 @@ impl Tokenizer {
             message,
         })
     }
-}
-
-/// Renders a Hugging Face chat template with the environment transformers uses: blocks trimmed, Python string
-/// methods available, `raise_exception` for templates that reject a conversation.
-pub fn render_chat_template(
-    template: &str,
-    messages: &[ChatMessage],
-    add_generation_prompt: bool,
-    bos_token: &str,
-    eos_token: &str,
-) -> std::result::Result<String, String> {
-    use minijinja::{Environment, ErrorKind, context, syntax::SyntaxConfig};
-
-    let describe = |e: minijinja::Error| {
-        let mut message = format!("chat template: {e}");
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            message.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        message
-    };
-    let mut env = Environment::new();
-    let syntax = SyntaxConfig::builder()
-        .trim_blocks(true)
-        .lstrip_blocks(true)
-        .build()
-        .map_err(describe)?;
-    env.set_syntax(syntax);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function(
-        "raise_exception",
-        |message: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-        },
-    );
-    let template = env.template_from_str(template).map_err(describe)?;
-    template
-        .render(context! {
-            messages => minijinja::Value::from(minijinja::value::Serde(messages)),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => bos_token,
-            eos_token => eos_token,
-        })
-        .map_err(describe)
 }
 
 /// Streaming detokenizer of [`Tokenizer::decode_stream`]: byte-level tokens that split a character, and

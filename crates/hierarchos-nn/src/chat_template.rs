@@ -1,0 +1,301 @@
+//! Chat templates rendered as transformers renders them: Jinja2 through `minijinja`, with the environment
+//! transformers adds (blocks trimmed, Python string methods, `raise_exception`, `strftime_now`, a `tojson` that
+//! writes what Python's `json.dumps` writes, and the `{% generation %}` blocks that mark assistant text).
+
+use std::fmt::Write;
+
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{Environment, ErrorKind, Value, context, syntax::SyntaxConfig};
+use serde::Serialize;
+
+/// One turn of a conversation, as chat templates expect it (`role` is `system`, `user` or `assistant`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatMessage {
+    /// Who speaks.
+    pub role: String,
+    /// What is said.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A turn of `role` saying `content`.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Renders a Hugging Face chat template with the environment transformers uses: blocks trimmed, Python string
+/// methods available, `raise_exception` for templates that reject a conversation.
+pub fn render_chat_template(
+    template: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    bos_token: &str,
+    eos_token: &str,
+) -> std::result::Result<String, String> {
+    let describe = |e: minijinja::Error| {
+        let mut message = format!("chat template: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            message.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        message
+    };
+    let mut env = Environment::new();
+    let syntax = SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+        .map_err(describe)?;
+    env.set_syntax(syntax);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |message: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+        },
+    );
+    env.add_function("strftime_now", strftime_now);
+    env.add_filter("tojson", tojson);
+    let source = without_generation_tags(template);
+    let template = env.template_from_str(&source).map_err(describe)?;
+    template
+        .render(context! {
+            messages => Value::from(minijinja::value::Serde(messages)),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        })
+        .map_err(describe)
+}
+
+/// transformers' `strftime_now(format)`: the current time through `strftime` (here in UTC, where Python takes
+/// the local time zone; Llama 3's templates print the date with it).
+fn strftime_now(format: String) -> Result<String, minijinja::Error> {
+    let now = web_time::SystemTime::now()
+        .duration_since(web_time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let time = chrono::DateTime::from_timestamp(now as i64, 0).unwrap_or_default();
+    let mut out = String::new();
+    write!(out, "{}", time.format(&format)).map_err(|_| {
+        minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: bad format {format:?}"),
+        )
+    })?;
+    Ok(out)
+}
+
+/// The `{% generation %}` ... `{% endgeneration %}` blocks of transformers' templates (which mark the assistant's
+/// text for training masks) as blocks that only render their body, whitespace control kept: minijinja has no
+/// custom tags.
+fn without_generation_tags(template: &str) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            break;
+        };
+        let inner = &tag[2..end];
+        let body = inner.trim_start_matches('-').trim_end_matches('-').trim();
+        let replacement = match body {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replacement {
+            Some(r) => {
+                let open = if inner.starts_with('-') { "{%-" } else { "{%" };
+                let close = if inner.ends_with('-') { "-%}" } else { "%}" };
+                let _ = write!(out, "{open} {r} {close}");
+            }
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// transformers' `tojson` filter: Python's `json.dumps(value, ensure_ascii=False, indent=indent)`, whose
+/// separators (`", "`, `": "`) and unescaped text differ from minijinja's own filter (compact, HTML characters
+/// escaped), so that tool definitions render as the model saw them in training.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<String, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    python_json(&value, indent, 0, &mut out)?;
+    Ok(out)
+}
+
+fn python_json(value: &Value, indent: Option<usize>, level: usize, out: &mut String) -> Result<(), minijinja::Error> {
+    let newline = |out: &mut String, level: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * level));
+        }
+    };
+    let item_separator = if indent.is_some() { "," } else { ", " };
+    match value.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => match value.as_i64() {
+            Some(i) if !is_float(value) => {
+                let _ = write!(out, "{i}");
+            }
+            _ => out.push_str(&python_float(f64::try_from(value.clone())?)),
+        },
+        ValueKind::String => json_string(value.as_str().unwrap_or_default(), out),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = value.try_iter()?.collect();
+            if items.is_empty() {
+                out.push_str("[]");
+                return Ok(());
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_separator);
+                }
+                newline(out, level + 1);
+                python_json(item, indent, level + 1, out)?;
+            }
+            newline(out, level);
+            out.push(']');
+        }
+        ValueKind::Map => {
+            let keys: Vec<Value> = value.try_iter()?.collect();
+            if keys.is_empty() {
+                out.push_str("{}");
+                return Ok(());
+            }
+            out.push('{');
+            for (i, key) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_separator);
+                }
+                newline(out, level + 1);
+                match key.as_str() {
+                    Some(k) => json_string(k, out),
+                    None => json_string(&key.to_string(), out),
+                }
+                out.push_str(": ");
+                python_json(&value.get_item(key)?, indent, level + 1, out)?;
+            }
+            newline(out, level);
+            out.push('}');
+        }
+        _ => {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: {} is not JSON", value.kind()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a number value holds a float (Python writes `1.0`, not `1`, for those).
+fn is_float(value: &Value) -> bool {
+    value.as_i64().is_none() || value.to_string().contains(['.', 'e', 'E', 'i', 'N'])
+}
+
+/// A string as `json.dumps` writes it with `ensure_ascii=False`: quotes, backslashes and control characters
+/// escaped, everything else as it is.
+fn json_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// A float as Python's `repr` writes it: the shortest digits that read back, positional for exponents from -4 to
+/// 15 (with `.0` when whole), else `1e-05` / `1.5e+16`; `NaN` and `Infinity` as `json.dumps` allows them.
+fn python_float(v: f64) -> String {
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    // Rust's `{:e}` writes the shortest round-trip digits too: `d[.ddd]e<exp>`.
+    let sci = format!("{v:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let negative = mantissa.starts_with('-');
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let mut out = String::from(if negative { "-" } else { "" });
+    if (-4..16).contains(&exp) {
+        let point = exp + 1;
+        if point <= 0 {
+            out.push_str("0.");
+            out.extend(std::iter::repeat_n('0', (-point) as usize));
+            out.push_str(&digits);
+        } else if point as usize >= digits.len() {
+            out.push_str(&digits);
+            out.extend(std::iter::repeat_n('0', point as usize - digits.len()));
+            out.push_str(".0");
+        } else {
+            out.push_str(&digits[..point as usize]);
+            out.push('.');
+            out.push_str(&digits[point as usize..]);
+        }
+    } else {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let _ = write!(out, "e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_read_as_python_writes_them() {
+        for (v, want) in [
+            (1.0, "1.0"),
+            (0.1, "0.1"),
+            (-2.5, "-2.5"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (1e16, "1e+16"),
+            (123456789012345.6, "123456789012345.6"),
+            (1.5e300, "1.5e+300"),
+            (0.0, "0.0"),
+        ] {
+            assert_eq!(python_float(v), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn generation_tags_render_their_body() {
+        assert_eq!(
+            without_generation_tags("a{%- generation -%} b {% endgeneration %}c{{ x }}{% if y %}{% endif %}"),
+            "a{%- if true -%} b {% endif %}c{{ x }}{% if y %}{% endif %}"
+        );
+    }
+}
