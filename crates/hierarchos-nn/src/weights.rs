@@ -285,7 +285,8 @@ impl Weights {
                 .collect(),
             Dtype::BF16 => bytes
                 .chunks_exact(2)
-                .map(|c| half::bf16::from_bits(le2(c)).to_f32())
+                // The top half of an f32, bit for bit (signaling NaNs too, which `half` would quiet).
+                .map(|c| f32::from_bits(u32::from(le2(c)) << 16))
                 .collect(),
             Dtype::F64 => bytes
                 .chunks_exact(8)
