@@ -26,22 +26,22 @@ pub struct GenerateArgs {
     #[arg(long, value_delimiter = ',')]
     pub ids: Vec<u32>,
     /// Most new tokens to generate.
-    #[arg(short = 'n', long, default_value_t = 64)]
+    #[arg(short = 'n', long, default_value_t = 64, allow_negative_numbers = true)]
     pub max_new_tokens: usize,
     /// Sampling temperature; 0 is greedy. Default: 1 when --top-k, --top-p or --min-p is given, else 0.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Sample among the K most likely tokens only.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_k: Option<usize>,
     /// Sample among the most likely tokens that make up probability P.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// Drop tokens less likely than P times the most likely one.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub min_p: Option<f32>,
     /// Penalty on tokens already in the sequence (1 is none; transformers' repetition_penalty).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub repetition_penalty: f32,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]

@@ -294,6 +294,17 @@ fn errors_name_the_file_at_fault() {
     assert!(err.contains("/nonexistent/model/folder"), "{err}");
     let err = fails(&["generate", "-m", llama.to_str().unwrap(), "--ids", "1,300", "-n", "1"]);
     assert!(err.contains("300"), "{err}");
+    // A negative number is a value out of range, not an unknown flag.
+    let err = fails(&[
+        "generate",
+        "-m",
+        llama.to_str().unwrap(),
+        "--ids",
+        "1",
+        "--temperature",
+        "-1",
+    ]);
+    assert!(err.contains("temperature") && err.contains("-1"), "{err}");
     let err = fails(&[
         "generate",
         "-m",
