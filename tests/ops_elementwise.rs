@@ -444,6 +444,46 @@ fn elementwise_ops_on_quads_and_on_views_between_them() {
     }
 }
 
+/// Integer tensors with scalars as torch takes them: comparisons exact whatever the scalar (a fraction, one past
+/// the dtype's range), arithmetic with a fraction in f32, integers wrapping into 32 bits; `full` and `arange`
+/// refuse values the dtype cannot hold rather than saturating them, and count past 2^24 exactly.
+#[test]
+fn integer_tensors_with_any_scalar() {
+    let d = dev();
+    let i = Tensor::from_slice(&[0i32, 1, -1, i32::MAX], &[4], &d).unwrap();
+    let u = Tensor::from_slice(&[0u32, 5, u32::MAX], &[3], &d).unwrap();
+    let cmp = |t: &Tensor, s: f64, op| t.compare_scalar(s, op).unwrap().to_vec::<u32>().unwrap();
+    assert_eq!(cmp(&i, 0.5, CmpOp::Lt), [1, 0, 1, 0]);
+    assert_eq!(cmp(&i, -0.5, CmpOp::Gt), [1, 1, 0, 1]);
+    assert_eq!(cmp(&i, 0.5, CmpOp::Le), [1, 0, 1, 0]);
+    assert_eq!(cmp(&i, -0.5, CmpOp::Ge), [1, 1, 0, 1]);
+    assert_eq!(cmp(&i, 1.5, CmpOp::Eq), [0, 0, 0, 0]);
+    assert_eq!(cmp(&i, 1.5, CmpOp::Ne), [1, 1, 1, 1]);
+    assert_eq!(cmp(&i, 3e9, CmpOp::Eq), [0, 0, 0, 0]);
+    assert_eq!(cmp(&i, 3e9, CmpOp::Lt), [1, 1, 1, 1]);
+    assert_eq!(cmp(&u, -1.0, CmpOp::Gt), [1, 1, 1]);
+    assert_eq!(cmp(&u, -1.0, CmpOp::Le), [0, 0, 0]);
+    assert_eq!(cmp(&u, f64::NAN, CmpOp::Ne), [1, 1, 1]);
+    let half = i.add_scalar(0.5).unwrap();
+    assert_eq!(half.dtype(), DType::F32);
+    assert_eq!(half.to_vec::<f32>().unwrap(), [0.5, 1.5, -0.5, 2147483648.0]);
+    assert_eq!(
+        u.add_scalar(-1.0).unwrap().to_vec::<u32>().unwrap(),
+        [u32::MAX, 4, u32::MAX - 1]
+    );
+    assert_eq!(i.mul_scalar(2.0).unwrap().to_vec::<i32>().unwrap(), [0, 2, -2, -2]);
+    for (value, dtype) in [(-1.0, DType::U32), (0.5, DType::I32), (3e9, DType::I32)] {
+        assert!(Tensor::full(&[2], value, dtype, &d).is_err(), "{value} as {dtype}");
+    }
+    assert!(Tensor::arange(-2.0, 2.0, 1.0, DType::U32, &d).is_err());
+    let big = Tensor::arange(16777216.0, 16777219.0, 1.0, DType::I32, &d).unwrap();
+    assert_eq!(big.to_vec::<i32>().unwrap(), [16777216, 16777217, 16777218]);
+    assert!(
+        Tensor::arange(0.0, 1e12, 1.0, DType::F32, &d).is_err(),
+        "more elements than the kernels index"
+    );
+}
+
 #[test]
 fn pow_handles_negative_bases_like_torch() {
     let d = dev();
@@ -492,6 +532,14 @@ fn pow_handles_negative_bases_like_torch() {
         };
         assert!(same, "pow({x}, {y}) = {g}, want {want}");
     }
+    // Whole powers whose values f32 holds come out exact (exp2(3 log2 10) gave 999.9999, truncated to 999).
+    let a = Tensor::from_slice(&[10.0f32, 5.0, 7.0, -3.0, 2.0, 0.5], &[6], &d).unwrap();
+    let got = a.pow_scalar(3.0).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(got, [1000.0, 125.0, 343.0, -27.0, 8.0, 0.125]);
+    let got = a.pow_scalar(8.0).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(got, [1e8, 390625.0, 5764801.0, 6561.0, 256.0, 0.00390625]);
+    let got = a.pow_scalar(-2.0).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(got, [0.01, 0.04, 1.0 / 49.0, 1.0 / 9.0, 0.25, 4.0]);
 }
 
 #[test]

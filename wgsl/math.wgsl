@@ -88,6 +88,24 @@ fn pow_acc(a: f32, b: f32) -> f32 {
     if (a == -1.0 && !finite_b) {
         return 1.0;
     }
+    // Whole powers up to 64 by repeated squaring: exact where the powers are (10^3 is 1000, where exp2(b log2 a)
+    // gave 999.9999), within an ulp or two elsewhere.
+    if (integer && abs(b) <= 64.0) {
+        var e = u32(abs(b));
+        var x = a;
+        var r = 1.0;
+        loop {
+            if ((e & 1u) == 1u) {
+                r = r * x;
+            }
+            e = e >> 1u;
+            if (e == 0u) {
+                break;
+            }
+            x = x * x;
+        }
+        return select(r, 1.0 / r, b < 0.0);
+    }
     let r = exp2(b * log2(abs(a)));
     if (a < 0.0) {
         if (!integer && finite_b && a != neg_inf()) {

@@ -225,10 +225,10 @@ impl Layout {
 
     /// Elements `start..start + len` along `dim`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Layout> {
-        if start + len > self.shape[dim] {
+        if start.checked_add(len).is_none_or(|end| end > self.shape[dim]) {
             return Err(Error::IndexOutOfRange {
                 op: "narrow",
-                index: (start + len) as i64,
+                index: i64::try_from(start.saturating_add(len)).unwrap_or(i64::MAX),
                 size: self.shape[dim],
             });
         }

@@ -446,7 +446,10 @@ impl Tensor {
     fn infer_shape(&self, shape: &[usize]) -> Result<Vec<usize>> {
         let mut shape = shape.to_vec();
         let holes = shape.iter().filter(|&&d| d == usize::MAX).count();
-        let known: usize = shape.iter().filter(|&&d| d != usize::MAX).product();
+        let known = shape
+            .iter()
+            .filter(|&&d| d != usize::MAX)
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
         let requested = shape.clone();
         let bad = || Error::Invalid {
             op: "reshape",
@@ -456,6 +459,9 @@ impl Tensor {
                 self.shape()
             ),
         };
+        let Some(known) = known else {
+            return Err(bad());
+        };
         match holes {
             0 => {}
             1 if known != 0 && self.numel().is_multiple_of(known) => {
@@ -464,7 +470,7 @@ impl Tensor {
             }
             _ => return Err(bad()),
         }
-        if numel(&shape) != self.numel() {
+        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(self.numel()) {
             return Err(bad());
         }
         Ok(shape)

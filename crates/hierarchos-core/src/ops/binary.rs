@@ -135,12 +135,39 @@ impl CmpOp {
     }
 }
 
-/// The 32-bit pattern of `v` as a value of `dtype`'s compute type (how scalars travel in kernel parameters).
+/// The 32-bit pattern of `v` as a value of `dtype`'s compute type (how scalars travel in kernel parameters):
+/// integers wrap into 32 bits as torch's integer arithmetic does (`u32 + -1` subtracts one), so `v` must be
+/// [`integral`] for integer dtypes.
 fn scalar_bits(v: f64, dtype: DType) -> u32 {
     match dtype {
-        DType::U32 => v as u32,
-        DType::I32 => (v as i32) as u32,
+        DType::U32 | DType::I32 => (v as i64) as u32,
         _ => (v as f32).to_bits(),
+    }
+}
+
+/// Whether `s` is an integer that arithmetic on an integer tensor takes as it is.
+fn integral(s: f64) -> bool {
+    s.fract() == 0.0 && s.abs() < 2f64.powi(63)
+}
+
+/// `x op s` for an integer tensor `x` as the same comparison with an integer its dtype holds, so that the
+/// answer is the exact one torch gives: `x < 2.5` is `x <= 2`, `x == 2.5` never holds, and on u32 `x > -1`
+/// always does (`x >= 0`).
+fn integer_comparison(op: CmpOp, s: f64, dtype: DType) -> (CmpOp, f64) {
+    let (lo, hi) = match dtype {
+        DType::U32 => (0.0, u32::MAX as f64),
+        _ => (i32::MIN as f64, i32::MAX as f64),
+    };
+    let (always, never) = ((CmpOp::Ge, lo), (CmpOp::Lt, lo));
+    let holds = |yes: bool| if yes { always } else { never };
+    match op {
+        _ if s.is_nan() => holds(op == CmpOp::Ne),
+        _ if s < lo => holds(matches!(op, CmpOp::Gt | CmpOp::Ge | CmpOp::Ne)),
+        _ if s > hi => holds(matches!(op, CmpOp::Lt | CmpOp::Le | CmpOp::Ne)),
+        _ if s.fract() == 0.0 => (op, s),
+        CmpOp::Lt | CmpOp::Le => (CmpOp::Le, s.floor()),
+        CmpOp::Gt | CmpOp::Ge => (CmpOp::Ge, s.ceil()),
+        CmpOp::Eq | CmpOp::Ne => holds(op == CmpOp::Ne),
     }
 }
 
@@ -206,7 +233,8 @@ impl Tensor {
         Ok(out.with_node(node))
     }
 
-    /// `op(self, s)` (or `op(s, self)` when `scalar_first`) for a scalar `s`.
+    /// `op(self, s)` (or `op(s, self)` when `scalar_first`) for a scalar `s`. An integer tensor with a scalar
+    /// that is no integer (`x + 0.5`) computes in f32 and gives f32, as torch promotes it.
     pub fn binary_scalar(&self, s: f64, op: BinaryOp, scalar_first: bool) -> Result<Tensor> {
         if op.float_only() && !self.dtype().is_float() {
             return Err(Error::DTypeMismatch {
@@ -214,6 +242,9 @@ impl Tensor {
                 expected: "a float dtype".into(),
                 got: self.dtype(),
             });
+        }
+        if !self.dtype().is_float() && !integral(s) {
+            return self.to_dtype(DType::F32)?.binary_scalar(s, op, scalar_first);
         }
         let c = self.dtype().compute_type();
         let bind = if scalar_first {
@@ -303,8 +334,12 @@ impl Tensor {
         Map::elementwise(op.name(), &[self, rhs], DType::U32, body)?.run()
     }
 
-    /// Comparison with a scalar; a `u32` tensor of 0 and 1.
+    /// Comparison with a scalar; a `u32` tensor of 0 and 1. Integer tensors compare exactly with any scalar.
     pub fn compare_scalar(&self, s: f64, op: CmpOp) -> Result<Tensor> {
+        let (op, s) = match self.dtype().is_float() {
+            true => (op, s),
+            false => integer_comparison(op, s, self.dtype()),
+        };
         let c = self.dtype().compute_type();
         let body = format!(
             "return select(0u, 1u, {});",

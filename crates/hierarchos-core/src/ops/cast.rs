@@ -71,8 +71,21 @@ impl Tensor {
         Ok(out.with_node(node))
     }
 
-    /// A tensor with every element `value`.
+    /// A tensor with every element `value`, which an integer dtype must hold exactly.
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
+        let range = match dtype {
+            DType::U32 => Some((0.0, u32::MAX as f64)),
+            DType::I32 => Some((i32::MIN as f64, i32::MAX as f64)),
+            _ => None,
+        };
+        if let Some((lo, hi)) = range
+            && !(value.fract() == 0.0 && (lo..=hi).contains(&value))
+        {
+            return Err(crate::Error::Invalid {
+                op: "full",
+                message: format!("{value} is no {dtype} value"),
+            });
+        }
         no_grad(|| Tensor::zeros(shape, dtype, device)?.add_scalar(value))
     }
 
@@ -94,12 +107,33 @@ impl Tensor {
                 message: format!("bad range {start}..{end} step {step}"),
             });
         }
-        let n = ((end - start) / step).ceil().max(0.0) as usize;
-        let values: Vec<f32> = (0..n).map(|i| (start + i as f64 * step) as f32).collect();
+        let count = ((end - start) / step).ceil().max(0.0);
+        let n = count.min(usize::MAX as f64) as usize;
+        Tensor::check_shape("arange", &[n])?;
+        let values = (0..n).map(|i| start + i as f64 * step);
+        // Integers straight from f64 (through f32, 2^24 + 1 became 2^24), and only those the dtype holds.
+        let integers = |lo: f64, hi: f64| {
+            let last = start + n.saturating_sub(1) as f64 * step;
+            if n > 0 && [start, last].iter().any(|v| v.trunc() < lo || v.trunc() > hi) {
+                return Err(crate::Error::Invalid {
+                    op: "arange",
+                    message: format!("{start}..{end} step {step} leaves the range of {dtype}"),
+                });
+            }
+            Ok(values.clone().map(f64::trunc))
+        };
         match dtype {
-            DType::U32 => Tensor::from_slice(&values.iter().map(|&v| v as u32).collect::<Vec<_>>(), &[n], device),
-            DType::I32 => Tensor::from_slice(&values.iter().map(|&v| v as i32).collect::<Vec<_>>(), &[n], device),
-            _ => no_grad(|| Tensor::from_slice(&values, &[n], device)?.to_dtype(dtype)),
+            DType::U32 => {
+                let ints: Vec<u32> = integers(0.0, u32::MAX as f64)?.map(|v| v as u32).collect();
+                Tensor::from_slice(&ints, &[n], device)
+            }
+            DType::I32 => {
+                let ints: Vec<i32> = integers(i32::MIN as f64, i32::MAX as f64)?.map(|v| v as i32).collect();
+                Tensor::from_slice(&ints, &[n], device)
+            }
+            _ => no_grad(|| {
+                Tensor::from_slice(&values.map(|v| v as f32).collect::<Vec<_>>(), &[n], device)?.to_dtype(dtype)
+            }),
         }
     }
 }

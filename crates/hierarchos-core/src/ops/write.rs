@@ -28,7 +28,9 @@ impl Tensor {
         }
         let fits = src.rank() == self.rank()
             && (0..self.rank()).all(|k| k == d || src.shape()[k] == self.shape()[k])
-            && start + src.shape()[d] <= self.shape()[d];
+            && start
+                .checked_add(src.shape()[d])
+                .is_some_and(|end| end <= self.shape()[d]);
         if !fits {
             return Err(Error::ShapeMismatch {
                 op: OP,
