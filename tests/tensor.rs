@@ -92,6 +92,15 @@ fn views_share_storage_and_read_correctly() {
         one.broadcast_to(&[1, i32::MAX as usize]).unwrap().numel(),
         i32::MAX as usize
     );
+    // Sizes whose sums or products pass usize are errors, not overflows.
+    assert!(t.narrow(1, usize::MAX, 2).is_err());
+    assert!(t.reshape(&[1 << 40, 1 << 40]).is_err());
+    assert!(t.reshape(&[usize::MAX, 1 << 40, 1 << 40]).is_err());
+    let dest = Tensor::zeros(&[2, 3], DType::F32, &d).unwrap();
+    assert!(
+        dest.write_at(1, usize::MAX, &Tensor::zeros(&[2, 2], DType::F32, &d).unwrap())
+            .is_err()
+    );
     let e = t.narrow(1, 3, 0).unwrap();
     assert_eq!((e.shape(), e.numel()), (&[2usize, 0, 4][..], 0));
     assert!(e.to_vec::<f32>().unwrap().is_empty());
