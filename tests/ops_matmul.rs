@@ -827,6 +827,29 @@ fn half_products_of_exact_sums_round_like_torch() {
     }
 }
 
+/// A write into an activation on another thread (tensors are Send) makes the casts kept for it stale on this one:
+/// the next product under the same autocast scope reads the new values.
+#[test]
+fn autocast_sees_a_write_made_on_another_thread() {
+    let d = dev();
+    let x = Tensor::from_slice(&[1.0f32, 1.0], &[1, 2], &d)
+        .unwrap()
+        .requires_grad_();
+    let w = Tensor::from_slice(&[2.0f32, 2.0], &[2, 1], &d).unwrap();
+    autocast(DType::F16, || {
+        let y = x.mul_scalar(1.0).unwrap();
+        assert_eq!(y.matmul(&w).unwrap().to_vec::<f32>().unwrap(), [4.0]);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                y.assign(&Tensor::zeros(&[1, 2], DType::F32, y.device()).unwrap())
+                    .unwrap()
+            });
+        });
+        assert_eq!(y.matmul(&w).unwrap().to_vec::<f32>().unwrap(), [0.0]);
+    })
+    .unwrap();
+}
+
 /// Inside one autocast scope, products that read the same activation (the q, k and v projections of one input)
 /// share its 16-bit cast: one cast launch fewer for each further product, with the values and gradients of
 /// separate casts, bit for bit. Weights (no autograd history) are cast every time.

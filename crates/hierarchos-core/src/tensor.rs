@@ -165,7 +165,7 @@ impl Tensor {
         if let Some(r) = &self.inner.id_range {
             r.valid.store(false, std::sync::atomic::Ordering::Release);
         }
-        crate::autocast::forget_recent_casts();
+        crate::autocast::forget_casts_of(self.shared_buffer());
     }
 
     /// A fresh contiguous tensor around a newly written buffer.
