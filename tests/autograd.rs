@@ -18,6 +18,40 @@ fn gradients_accumulate_across_backward_calls() {
     assert!(x.grad().is_none());
 }
 
+/// Each leaf's gradient is its own buffer, also where one op hands the same gradient to two leaves (an add):
+/// writing into one leaves the other as it was. Integer tensors take no gradient (a cast to float gave back a
+/// truncated one).
+#[test]
+fn leaves_own_their_gradients() {
+    let d = dev();
+    let p = Tensor::from_slice(&[1.0f32, 2.0], &[2], &d).unwrap().requires_grad_();
+    let q = Tensor::from_slice(&[3.0f32, 4.0], &[2], &d).unwrap().requires_grad_();
+    p.add(&q)
+        .unwrap()
+        .mul_scalar(2.0)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    p.grad()
+        .unwrap()
+        .assign(&Tensor::zeros(&[2], DType::F32, &d).unwrap())
+        .unwrap();
+    assert_eq!(q.grad().unwrap().to_vec::<f32>().unwrap(), [2.0, 2.0]);
+    let ids = Tensor::from_slice(&[1i32, 2, 3], &[3], &d).unwrap().requires_grad_();
+    assert!(!ids.requires_grad());
+    let loss = ids
+        .to_dtype(DType::F32)
+        .unwrap()
+        .mul_scalar(1.5)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    assert!(loss.backward().is_err(), "nothing requires a gradient");
+    assert!(ids.grad().is_none());
+}
+
 #[test]
 fn shared_subexpressions_sum_their_gradients() {
     let d = dev();

@@ -286,7 +286,14 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
                     continue;
                 };
                 match edge {
-                    Edge::Leaf(cell) => accumulate(&mut cell.grad.lock().unwrap_or_else(|p| p.into_inner()), ig)?,
+                    Edge::Leaf(cell) => {
+                        // A leaf's gradient is its own: one that another leaf may also receive (an add hands the
+                        // same gradient to both operands) is copied, so that writing into one leaf's `.grad` never
+                        // changes another's.
+                        let mut slot = cell.grad.lock().unwrap_or_else(|p| p.into_inner());
+                        let shared = slot.is_none() && ig.is_cloned();
+                        accumulate(&mut slot, if shared { ig.copy()? } else { ig })?
+                    }
                     Edge::Node(n) => accumulate(&mut grads.entry(n.id).or_default().whole, ig)?,
                 }
             }

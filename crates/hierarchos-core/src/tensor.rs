@@ -310,8 +310,11 @@ impl Tensor {
     }
 
     /// A leaf tensor sharing this data that collects gradients in [`Tensor::grad`] (a trainable parameter).
+    /// Integer tensors have no gradients (torch refuses them): for them this is [`Tensor::detach`], so that a
+    /// cast to float does not hand a truncated gradient back.
     pub fn requires_grad_(&self) -> Tensor {
-        self.derive(self.inner.layout.clone(), None, Some(Arc::new(GradCell::default())))
+        let cell = self.dtype().is_float().then(|| Arc::new(GradCell::default()));
+        self.derive(self.inner.layout.clone(), None, cell)
     }
 
     /// The same data cut off from the tape: no gradient flows through the result.
@@ -332,6 +335,12 @@ impl Tensor {
         if let Some(c) = &self.inner.grad_cell {
             *c.grad.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
+    }
+
+    /// Whether a clone of this tensor is held elsewhere (views of other parts of its buffer do not count: the
+    /// q, k and v weights' gradients are slices of one).
+    pub(crate) fn is_cloned(&self) -> bool {
+        Arc::strong_count(&self.inner) > 1
     }
 
     pub(crate) fn edge(&self) -> Option<Edge> {
