@@ -199,6 +199,11 @@ fn reductions_of_empty_and_special_values() {
     let big = Tensor::from_slice(&[1000.0f32, 1000.0], &[2], &d).unwrap();
     assert!((big.logsumexp(&[0], false).unwrap().item().unwrap() - (1000.0 + 2f32.ln())).abs() < 1e-3);
     assert!(t.sum(&[1], false).is_err(), "dimension out of range");
+    let m = Tensor::zeros(&[2, 3], DType::F32, &d).unwrap();
+    assert!(
+        m.sum(&[1, 1], false).is_err() && m.sum(&[1, -1], false).is_err(),
+        "a dimension twice, as torch"
+    );
 }
 
 #[test]

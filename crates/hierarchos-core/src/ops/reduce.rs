@@ -126,7 +126,13 @@ impl Tensor {
             reduced.iter_mut().for_each(|r| *r = true);
         }
         for &d in dims {
-            reduced[resolve_dim(op.name(), d, rank)?] = true;
+            let d = resolve_dim(op.name(), d, rank)?;
+            if std::mem::replace(&mut reduced[d], true) {
+                return Err(Error::Invalid {
+                    op: op.name(),
+                    message: format!("dimension {d} appears twice in {dims:?}"),
+                });
+            }
         }
         let kept: Vec<usize> = (0..rank).filter(|&d| !reduced[d]).collect();
         let red: Vec<usize> = (0..rank).filter(|&d| reduced[d]).collect();
