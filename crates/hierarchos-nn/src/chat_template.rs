@@ -135,13 +135,6 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<String, minijinja::Error> {
 }
 
 fn python_json(value: &Value, indent: Option<usize>, level: usize, out: &mut String) -> Result<(), minijinja::Error> {
-    let newline = |out: &mut String, level: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.extend(std::iter::repeat_n(' ', n * level));
-        }
-    };
-    let item_separator = if indent.is_some() { "," } else { ", " };
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
@@ -154,42 +147,20 @@ fn python_json(value: &Value, indent: Option<usize>, level: usize, out: &mut Str
         ValueKind::String => json_string(value.as_str().unwrap_or_default(), out),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_separator);
-                }
-                newline(out, level + 1);
-                python_json(item, indent, level + 1, out)?;
-            }
-            newline(out, level);
-            out.push(']');
+            json_container(out, ['[', ']'], items.len(), indent, level, |i, out| {
+                python_json(&items[i], indent, level + 1, out)
+            })?;
         }
         ValueKind::Map => {
             let keys: Vec<Value> = value.try_iter()?.collect();
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_separator);
-                }
-                newline(out, level + 1);
-                match key.as_str() {
+            json_container(out, ['{', '}'], keys.len(), indent, level, |i, out| {
+                match keys[i].as_str() {
                     Some(k) => json_string(k, out),
-                    None => json_string(&key.to_string(), out),
+                    None => json_string(&keys[i].to_string(), out),
                 }
                 out.push_str(": ");
-                python_json(&value.get_item(key)?, indent, level + 1, out)?;
-            }
-            newline(out, level);
-            out.push('}');
+                python_json(&value.get_item(&keys[i])?, indent, level + 1, out)
+            })?;
         }
         _ => {
             return Err(minijinja::Error::new(
@@ -198,6 +169,37 @@ fn python_json(value: &Value, indent: Option<usize>, level: usize, out: &mut Str
             ));
         }
     }
+    Ok(())
+}
+
+/// A list or an object as `json.dumps` lays it out: `item(i, out)` writes element `i`; between them `", "`, or
+/// with an indent `","` and a new line indented one level deeper than the brackets'.
+fn json_container(
+    out: &mut String,
+    [open, close]: [char; 2],
+    count: usize,
+    indent: Option<usize>,
+    level: usize,
+    mut item: impl FnMut(usize, &mut String) -> Result<(), minijinja::Error>,
+) -> Result<(), minijinja::Error> {
+    let newline = |out: &mut String, level: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * level));
+        }
+    };
+    out.push(open);
+    for i in 0..count {
+        if i > 0 {
+            out.push_str(if indent.is_some() { "," } else { ", " });
+        }
+        newline(out, level + 1);
+        item(i, out)?;
+    }
+    if count > 0 {
+        newline(out, level);
+    }
+    out.push(close);
     Ok(())
 }
 
