@@ -199,6 +199,24 @@ fn reductions_of_empty_and_special_values() {
     let big = Tensor::from_slice(&[1000.0f32, 1000.0], &[2], &d).unwrap();
     assert!((big.logsumexp(&[0], false).unwrap().item().unwrap() - (1000.0 + 2f32.ln())).abs() < 1e-3);
     assert!(t.sum(&[1], false).is_err(), "dimension out of range");
+    // Integer argmax / argmin compare exactly, past 2^24 too (the f32 comparison took 2^24 + 1 for 2^24).
+    let big = Tensor::from_slice(&[16777216i32, 16777217, 3, -5, 16777217, i32::MIN], &[2, 3], &d).unwrap();
+    assert_eq!(big.argmax(1, false).unwrap().to_vec::<u32>().unwrap(), [1, 1]);
+    assert_eq!(big.argmin(1, false).unwrap().to_vec::<u32>().unwrap(), [2, 2]);
+    assert_eq!(big.argmax(0, true).unwrap().to_vec::<u32>().unwrap(), [0, 0, 0]);
+    let near_top = Tensor::from_slice(&[u32::MAX, u32::MAX - 1, u32::MAX - 1, 0x8000_0000], &[4], &d).unwrap();
+    assert_eq!(near_top.argmin(0, false).unwrap().to_vec::<u32>().unwrap(), [3]);
+    assert_eq!(
+        near_top
+            .narrow(0, 0, 3)
+            .unwrap()
+            .argmin(0, false)
+            .unwrap()
+            .to_vec::<u32>()
+            .unwrap(),
+        [1]
+    );
+    assert_eq!(near_top.argmax(0, false).unwrap().to_vec::<u32>().unwrap(), [0]);
     let m = Tensor::zeros(&[2, 3], DType::F32, &d).unwrap();
     assert!(
         m.sum(&[1, 1], false).is_err() && m.sum(&[1, -1], false).is_err(),

@@ -6,6 +6,7 @@ use hierarchos_wgpu::{Access, DType, Dispatch, Gpu, Language};
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
+use crate::ops::map::Map;
 use crate::shape::{MAX_DIMS, resolve_dim};
 use crate::tensor::Tensor;
 
@@ -157,6 +158,9 @@ impl Tensor {
             kept.iter().map(|&d| self.shape()[d]).collect()
         };
         let src_dtype = self.dtype();
+        if is_arg && !src_dtype.is_float() {
+            return crate::autograd::no_grad(|| self.integer_arg(op, dims, keepdim));
+        }
         if !src_dtype.is_float() && !is_arg {
             return Err(Error::DTypeMismatch {
                 op: op.name(),
@@ -304,6 +308,23 @@ impl Tensor {
     pub fn min(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::Min, dims, keepdim)
     }
+
+    /// argmax / argmin of i32 or u32 values, exactly: the reduction kernel compares in f32, which holds integers
+    /// only up to 2^24, so each value splits into its high and low 16 bits, which f32 holds. The result is the
+    /// first index among those whose high half is the extreme one whose low half is.
+    fn integer_arg(&self, op: ReduceOp, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+        let half = |body: &str| Map::elementwise(op.name(), &[self], DType::F32, body.into())?.run();
+        let (high, low) = (half("return f32(x0 >> 16u);")?, half("return f32(x0 & 0xffff);")?);
+        let (extreme, never) = match op {
+            ReduceOp::ArgMax => (ReduceOp::Max, -1.0),
+            _ => (ReduceOp::Min, 65536.0),
+        };
+        let top = high.reduce(extreme, dims, true)?;
+        let body = format!("return select({never:.1}, x2, x0 == x1);");
+        let key = Map::elementwise(op.name(), &[&high, &top, &low], DType::F32, body)?.run()?;
+        key.reduce(op, dims, keepdim)
+    }
+
     /// Index (u32) of the first maximum along `dim`.
     pub fn argmax(&self, dim: isize, keepdim: bool) -> Result<Tensor> {
         self.reduce(ReduceOp::ArgMax, &[dim], keepdim)
