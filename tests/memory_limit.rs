@@ -40,3 +40,31 @@ fn a_memory_limit_fails_allocations_past_it_and_recovers() {
             .all(|&x| x == 0.0)
     );
 }
+
+/// Buffers freed with no batch open go back to the pool that uploads take from: 32 uploads of 1 MiB, each
+/// dropped, kept 32 MiB pooled before, and uploads after a readback went past the memory limit.
+#[test]
+fn uploads_reuse_buffers_freed_between_batches_and_keep_the_limit() {
+    let q = 1usize << 18;
+    let data = vec![1.0f32; q];
+    let options = GpuOptions {
+        memory_limit: Some(4 * q as u64 * 4),
+        pipeline_cache: None,
+        ..GpuOptions::from_env()
+    };
+    let d = pollster::block_on(Gpu::open(&options)).unwrap();
+    for _ in 0..32 {
+        drop(Tensor::from_slice(&data, &[q], &d).unwrap());
+    }
+    assert!(d.memory().pooled_bytes <= 4 * q as u64, "{:?}", d.memory());
+    let held: Vec<Tensor> = (0..4).map(|_| Tensor::from_slice(&data, &[q], &d).unwrap()).collect();
+    held[0].to_vec::<f32>().unwrap();
+    drop(held);
+    let again: Vec<Tensor> = (0..4).map(|_| Tensor::from_slice(&data, &[q], &d).unwrap()).collect();
+    let m = d.memory();
+    assert!(m.live_bytes + m.pooled_bytes <= 4 * q as u64 * 4, "{m:?}");
+    drop(again);
+    // A read past a buffer's end is an error, not a panic.
+    let buf = d.upload("read", &[0u8; 16]).unwrap();
+    assert!(d.read(&buf, 0, buf.size() + 8).is_err());
+}

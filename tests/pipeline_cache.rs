@@ -56,5 +56,21 @@ fn the_pipeline_cache_is_written_reused_and_survives_damage() {
         assert_eq!(compute(&again), want);
         assert_ne!(std::fs::read(&path).unwrap(), damaged, "the damaged file was replaced");
     }
+
+    // A whole file (its checksum right) whose data another adapter wrote (the vendor id in wgpu's header
+    // changed): wgpu refuses it even with `fallback`, and a cache made from it failed every kernel of every start
+    // until the file was deleted. It is ignored and replaced too.
+    let mut data = std::fs::read(&path).unwrap()[16..].to_vec();
+    data[20] ^= 0xff;
+    let mut foreign = b"HIERPC01".to_vec();
+    let mut hasher = rustc_hash::FxHasher::default();
+    std::hash::Hasher::write(&mut hasher, &data);
+    foreign.extend(std::hash::Hasher::finish(&hasher).to_le_bytes());
+    foreign.extend(&data);
+    std::fs::write(&path, &foreign).unwrap();
+    for _ in 0..2 {
+        assert_eq!(compute(&open(&dir)), want);
+    }
+    assert_ne!(std::fs::read(&path).unwrap(), foreign, "the foreign file was replaced");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -183,7 +183,11 @@ impl Drop for GpuBuffer {
             let mut st = self.gpu.lock();
             st.stats.live_bytes -= self.class;
             st.stats.pooled_bytes += self.class;
-            st.released_in_batch.push((self.class, buffer));
+            // With no batch open nothing recorded reads it any more: any use, an upload's included, may take it.
+            match st.encoder {
+                Some(_) => st.released_in_batch.push((self.class, buffer)),
+                None => st.free.entry(self.class).or_default().push(buffer),
+            }
         }
     }
 }
@@ -673,18 +677,19 @@ impl Gpu {
         let buffer = match reused {
             Some(b) => {
                 st.stats.pooled_bytes -= class;
+                st.stats.live_bytes += class;
                 b
             }
             None => {
-                let held = st.stats.live_bytes + st.stats.pooled_bytes;
-                drop(st);
                 if let Some(max) = self.memory_limit
-                    && held + class > max
+                    && st.stats.live_bytes + st.stats.pooled_bytes + class > max
                 {
                     // Give back everything pooled; what is in use then must leave room.
+                    drop(st);
                     self.flush()?;
                     self.trim_pool();
-                    let live = self.memory().live_bytes;
+                    st = self.lock();
+                    let live = st.stats.live_bytes;
                     if live + class > max {
                         return Err(GpuError::OutOfMemory {
                             op: op.into(),
@@ -693,13 +698,24 @@ impl Gpu {
                         });
                     }
                 }
-                let buffer = self.create_buffer(op, class)?;
+                // Counted before the buffer exists, under the same lock as the check: allocations on other
+                // threads then see it against the limit.
+                st.stats.live_bytes += class;
+                drop(st);
+                let created = self.create_buffer(op, class);
                 st = self.lock();
-                st.next_id += 1;
-                Pooled { buffer, id: st.next_id }
+                match created {
+                    Ok(buffer) => {
+                        st.next_id += 1;
+                        Pooled { buffer, id: st.next_id }
+                    }
+                    Err(e) => {
+                        st.stats.live_bytes -= class;
+                        return Err(e);
+                    }
+                }
             }
         };
-        st.stats.live_bytes += class;
         st.stats.peak_bytes = st.stats.peak_bytes.max(st.stats.live_bytes);
         Ok(GpuBuffer {
             buffer: Some(buffer),
@@ -1016,6 +1032,12 @@ impl Gpu {
     /// [`PendingRead::bytes`]. Generation reads each token this way one step behind, so the GPU never idles
     /// between tokens.
     pub fn read_later(self: &Arc<Self>, buf: &GpuBuffer, start: u64, end: u64) -> Result<PendingRead> {
+        if start > end || end > buf.size() {
+            return Err(GpuError::Readback(format!(
+                "bytes {start}..{end} of a buffer of {} bytes",
+                buf.size()
+            )));
+        }
         let lo = start / 4 * 4;
         let hi = end.next_multiple_of(4).min(buf.size()).max(lo);
         let mut read = PendingRead {

@@ -71,11 +71,11 @@ impl GpuOptions {
     /// to turn off.
     pub fn from_env() -> Self {
         let memory_limit = std::env::var("HIERARCHOS_MEMORY_LIMIT_MIB").ok().and_then(|v| {
-            let mib = v.trim().parse::<u64>().ok();
-            if mib.is_none() {
-                tracing::warn!("HIERARCHOS_MEMORY_LIMIT_MIB={v}: not a number of MiB, ignored");
+            let bytes = v.trim().parse::<u64>().ok().and_then(|mib| mib.checked_mul(1 << 20));
+            if bytes.is_none() {
+                tracing::warn!("HIERARCHOS_MEMORY_LIMIT_MIB={v}: not a number of MiB below 2^44, ignored");
             }
-            mib.map(|m| m << 20)
+            bytes
         });
         let mut o = GpuOptions {
             adapter: std::env::var("HIERARCHOS_ADAPTER").ok(),

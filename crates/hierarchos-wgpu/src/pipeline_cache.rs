@@ -51,12 +51,23 @@ impl DiskCache {
         // SAFETY: the data is what `PipelineCache::get_data` gave for an adapter with the same cache key, and its
         // checksum matches; wgpu checks its header (wgpu version, adapter, driver) and, with `fallback`, starts
         // empty when it does not match.
-        let cache = unsafe {
+        let create = |data| unsafe {
             device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
                 label: Some("hierarchos pipelines"),
                 data,
                 fallback: true,
             })
+        };
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let cache = create(data);
+        // Data from another adapter or backend is refused even with `fallback` (a validation error), leaving a cache
+        // that every pipeline built with it would fail on: such a file starts an empty cache, then is rewritten.
+        let cache = match pollster::block_on(scope.pop()) {
+            Some(e) if data.is_some() => {
+                tracing::warn!(path = %path.display(), "pipeline cache file of another device ignored: {e}");
+                create(None)
+            }
+            _ => cache,
         };
         tracing::debug!(path = %path.display(), seeded = data.is_some(), "pipeline cache");
         Some(DiskCache {
