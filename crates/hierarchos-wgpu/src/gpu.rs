@@ -732,10 +732,13 @@ impl Gpu {
             mapped_at_creation: false,
         };
         let b = self.device.create_buffer(&desc);
-        if self.check_errors(op).is_ok() {
-            return Ok(b);
+        match self.check_errors(op) {
+            Ok(()) => return Ok(b),
+            Err(GpuError::OutOfMemory { .. }) => {}
+            // An error of earlier work, waiting in the device's error sink: reported as it is, not as memory.
+            Err(e) => return Err(e),
         }
-        // Out of memory (or refused): give back everything pooled and try once more.
+        // Out of memory: give back everything pooled and try once more.
         self.flush()?;
         self.trim_pool();
         let b = self.device.create_buffer(&desc);
