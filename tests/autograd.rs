@@ -115,6 +115,30 @@ fn second_backward_through_a_freed_graph_is_an_error() {
     assert!(err.contains("second time"), "{err}");
 }
 
+/// A tensor an op recorded, written in place before the backward ran: the gradient would read the new values
+/// (exp's rule reads its output), so the backward refuses, naming the op, as torch does.
+#[test]
+fn writing_a_recorded_tensor_before_backward_is_an_error() {
+    let d = dev();
+    let x = Tensor::from_slice(&[0.0f32, 1.0], &[2], &d).unwrap().requires_grad_();
+    let y = x.exp().unwrap();
+    let loss = y.sum_all().unwrap();
+    no_grad(|| y.assign(&Tensor::full(&[2], 100.0, DType::F32, &d).unwrap())).unwrap();
+    let err = loss.backward().unwrap_err().to_string();
+    assert!(err.contains("written in place"), "{err}");
+    // Written before the op ran, it is what the op read: nothing to refuse.
+    let z = x.mul_scalar(1.0).unwrap();
+    no_grad(|| z.assign(&Tensor::full(&[2], 2.0, DType::F32, &d).unwrap())).unwrap();
+    z.exp().unwrap().sum_all().unwrap().backward().unwrap();
+    assert_close(
+        "d exp(z)",
+        &x.grad().unwrap().to_vec::<f32>().unwrap(),
+        &[2f64.exp(); 2],
+        1e-6,
+        0.0,
+    );
+}
+
 #[test]
 fn misuse_is_reported() {
     let d = dev();

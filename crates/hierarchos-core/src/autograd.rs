@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::autocast::AutocastScope;
@@ -51,6 +51,9 @@ pub(crate) struct Node {
     /// The op is a `narrow` of its input: where the input is itself recorded, the gradient is handed to it as a
     /// slice (see [`Pending`]) instead of being padded with zeros by the backward rule.
     narrow: Option<Narrow>,
+    /// Each input's count of in-place writes and its value when the op ran: a write in between would make the
+    /// backward read values the forward did not (torch refuses this too).
+    inputs_written: Vec<(Arc<AtomicU64>, u64)>,
 }
 
 /// Where a `narrow` cut its input: from `start` along `dim`, whose whole length is `full`.
@@ -197,6 +200,7 @@ impl Node {
             backward: Mutex::new(Some(backward)),
             view,
             narrow,
+            inputs_written: inputs.iter().map(|t| t.write_count()).collect(),
         }))
     }
 
@@ -265,6 +269,16 @@ pub(crate) fn run_backward(root: &Arc<Node>, seed: Tensor) -> Result<()> {
                         node.name
                     ))
                 })?;
+            if node
+                .inputs_written
+                .iter()
+                .any(|(count, then)| count.load(Ordering::Acquire) != *then)
+            {
+                return Err(Error::Autograd(format!(
+                    "an input of '{}' was written in place after the op ran: its gradient would read the new values",
+                    node.name
+                )));
+            }
             if let (Some(narrow), [Some(Edge::Node(n))]) = (node.narrow, node.edges.as_slice()) {
                 grads.entry(n.id).or_default().slices.push((narrow, g));
                 continue;

@@ -1,6 +1,7 @@
 //! The tensor type: a view (shape, strides, offset) into a GPU buffer, plus its place on the autograd tape.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use hierarchos_wgpu::{DType, Gpu, GpuBuffer};
 
@@ -61,6 +62,9 @@ struct Inner {
     /// index ops use it instead of a range check that waits for the GPU (decoding would otherwise sync on every
     /// token's embedding lookup).
     id_range: Option<Arc<IdRange>>,
+    /// Writes into the storage in place, shared by every view of it: the tape checks that the inputs an op
+    /// recorded were not written before its backward reads them (see [`Tensor::write_count`]).
+    writes: Arc<AtomicU64>,
     layout: Layout,
     dtype: DType,
     grad_fn: Option<Arc<Node>>,
@@ -112,6 +116,7 @@ impl Tensor {
             inner: Arc::new(Inner {
                 buffer,
                 id_range: None,
+                writes: Arc::default(),
                 layout,
                 dtype,
                 grad_fn: node,
@@ -126,6 +131,7 @@ impl Tensor {
             inner: Arc::new(Inner {
                 buffer: self.inner.buffer.clone(),
                 id_range: self.inner.id_range.clone(),
+                writes: self.inner.writes.clone(),
                 layout,
                 dtype: self.inner.dtype,
                 grad_fn: node,
@@ -160,12 +166,20 @@ impl Tensor {
     }
 
     /// Called by ops that write into an existing tensor: what the host knew of its values no longer holds, nor
-    /// the 16-bit casts autocast keeps for reuse.
+    /// the 16-bit casts autocast keeps for reuse, and the write counts against ops recorded with it.
     pub(crate) fn forget_id_range(&self) {
         if let Some(r) = &self.inner.id_range {
             r.valid.store(false, std::sync::atomic::Ordering::Release);
         }
+        self.inner.writes.fetch_add(1, Ordering::AcqRel);
         crate::autocast::forget_casts_of(self.shared_buffer());
+    }
+
+    /// The storage's count of in-place writes, and the count now: a node keeps them for the inputs it recorded.
+    pub(crate) fn write_count(&self) -> (Arc<AtomicU64>, u64) {
+        let count = self.inner.writes.clone();
+        let now = count.load(Ordering::Acquire);
+        (count, now)
     }
 
     /// A fresh contiguous tensor around a newly written buffer.
