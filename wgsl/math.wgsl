@@ -72,12 +72,6 @@ fn pow_acc(a: f32, b: f32) -> f32 {
     if (is_nan(a) || is_nan(b)) {
         return a + b;
     }
-    if (b == 1.0) {
-        return a;
-    }
-    if (b == 2.0) {
-        return a * a;
-    }
     let finite_b = abs(b) != pos_inf();
     let integer = finite_b && floor(b) == b;
     let odd = integer && fract(b * 0.5) != 0.0;

@@ -31,6 +31,11 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// [`numel`], or `None` where the product passes `usize` (shapes asked for, not yet checked).
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
 /// The shape two shapes broadcast to, NumPy style (aligned at the right, size 1 stretches).
 pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let n = a.len().max(b.len());

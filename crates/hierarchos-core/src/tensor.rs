@@ -7,7 +7,7 @@ use hierarchos_wgpu::{DType, Gpu, GpuBuffer};
 
 use crate::autograd::{self, Edge, GradCell, Narrow, Node};
 use crate::error::{Error, Result};
-use crate::shape::{Layout, MAX_DIMS, numel, resolve_dim};
+use crate::shape::{Layout, MAX_DIMS, checked_numel, numel, resolve_dim};
 
 /// A handle to the GPU that tensors live on.
 pub type Device = Arc<Gpu>;
@@ -166,8 +166,8 @@ impl Tensor {
     }
 
     /// Called by ops that write into an existing tensor: what the host knew of its values no longer holds, nor
-    /// the 16-bit casts autocast keeps for reuse, and the write counts against ops recorded with it.
-    pub(crate) fn forget_id_range(&self) {
+    /// the 16-bit casts autocast keeps of it, and the write counts against the ops recorded with it.
+    pub(crate) fn mark_written(&self) {
         if let Some(r) = &self.inner.id_range {
             r.valid.store(false, std::sync::atomic::Ordering::Release);
         }
@@ -219,8 +219,7 @@ impl Tensor {
         // Kernels index elements with 32-bit words, and their loops step past the last index without wrapping
         // only below 2^31. A buffer never holds more elements than that (Vulkan binds at most 4 GiB), but a
         // broadcast view can: summed or multiplied over, it would come out wrong or loop forever.
-        let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
-        if elements.is_none_or(|n| n > i32::MAX as usize) {
+        if checked_numel(shape).is_none_or(|n| n > i32::MAX as usize) {
             return Err(Error::Invalid {
                 op,
                 message: format!("shape {shape:?} has more elements than the kernels' 32-bit indices reach"),
@@ -493,7 +492,7 @@ impl Tensor {
             }
             _ => return Err(bad()),
         }
-        if shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) != Some(self.numel()) {
+        if checked_numel(&shape) != Some(self.numel()) {
             return Err(bad());
         }
         Ok(shape)

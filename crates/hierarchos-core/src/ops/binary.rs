@@ -4,6 +4,7 @@ use hierarchos_wgpu::DType;
 
 use crate::autograd::{Node, grad_enabled};
 use crate::error::{Error, Result};
+use crate::ops::cast::integer_range;
 use crate::ops::map::Map;
 use crate::tensor::Tensor;
 
@@ -150,14 +151,10 @@ fn integral(s: f64) -> bool {
     s.fract() == 0.0 && s.abs() < 2f64.powi(63)
 }
 
-/// `x op s` for an integer tensor `x` as the same comparison with an integer its dtype holds, so that the
+/// `x op s` for an integer tensor `x` (values in `lo..=hi`) as the same comparison with an integer its dtype holds, so that the
 /// answer is the exact one torch gives: `x < 2.5` is `x <= 2`, `x == 2.5` never holds, and on u32 `x > -1`
 /// always does (`x >= 0`).
-fn integer_comparison(op: CmpOp, s: f64, dtype: DType) -> (CmpOp, f64) {
-    let (lo, hi) = match dtype {
-        DType::U32 => (0.0, u32::MAX as f64),
-        _ => (i32::MIN as f64, i32::MAX as f64),
-    };
+fn integer_comparison(op: CmpOp, s: f64, (lo, hi): (f64, f64)) -> (CmpOp, f64) {
     let (always, never) = ((CmpOp::Ge, lo), (CmpOp::Lt, lo));
     let holds = |yes: bool| if yes { always } else { never };
     match op {
@@ -336,9 +333,9 @@ impl Tensor {
 
     /// Comparison with a scalar; a `u32` tensor of 0 and 1. Integer tensors compare exactly with any scalar.
     pub fn compare_scalar(&self, s: f64, op: CmpOp) -> Result<Tensor> {
-        let (op, s) = match self.dtype().is_float() {
-            true => (op, s),
-            false => integer_comparison(op, s, self.dtype()),
+        let (op, s) = match integer_range(self.dtype()) {
+            None => (op, s),
+            Some(range) => integer_comparison(op, s, range),
         };
         let c = self.dtype().compute_type();
         let body = format!(

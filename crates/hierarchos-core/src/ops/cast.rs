@@ -73,12 +73,7 @@ impl Tensor {
 
     /// A tensor with every element `value`, which an integer dtype must hold exactly.
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: &Device) -> Result<Tensor> {
-        let range = match dtype {
-            DType::U32 => Some((0.0, u32::MAX as f64)),
-            DType::I32 => Some((i32::MIN as f64, i32::MAX as f64)),
-            _ => None,
-        };
-        if let Some((lo, hi)) = range
+        if let Some((lo, hi)) = integer_range(dtype)
             && !(value.fract() == 0.0 && (lo..=hi).contains(&value))
         {
             return Err(crate::Error::Invalid {
@@ -112,7 +107,7 @@ impl Tensor {
         Tensor::check_shape("arange", &[n])?;
         let values = (0..n).map(|i| start + i as f64 * step);
         // Integers straight from f64 (through f32, 2^24 + 1 became 2^24), and only those the dtype holds.
-        let integers = |lo: f64, hi: f64| {
+        if let Some((lo, hi)) = integer_range(dtype) {
             let last = start + n.saturating_sub(1) as f64 * step;
             if n > 0 && [start, last].iter().any(|v| v.trunc() < lo || v.trunc() > hi) {
                 return Err(crate::Error::Invalid {
@@ -120,17 +115,10 @@ impl Tensor {
                     message: format!("{start}..{end} step {step} leaves the range of {dtype}"),
                 });
             }
-            Ok(values.clone().map(f64::trunc))
-        };
+        }
         match dtype {
-            DType::U32 => {
-                let ints: Vec<u32> = integers(0.0, u32::MAX as f64)?.map(|v| v as u32).collect();
-                Tensor::from_slice(&ints, &[n], device)
-            }
-            DType::I32 => {
-                let ints: Vec<i32> = integers(i32::MIN as f64, i32::MAX as f64)?.map(|v| v as i32).collect();
-                Tensor::from_slice(&ints, &[n], device)
-            }
+            DType::U32 => Tensor::from_slice(&values.map(|v| v as u32).collect::<Vec<_>>(), &[n], device),
+            DType::I32 => Tensor::from_slice(&values.map(|v| v as i32).collect::<Vec<_>>(), &[n], device),
             _ => no_grad(|| {
                 Tensor::from_slice(&values.map(|v| v as f32).collect::<Vec<_>>(), &[n], device)?.to_dtype(dtype)
             }),
@@ -147,5 +135,14 @@ impl Tensor {
         map.inputs[0].1 = src.layout().broadcast_to("assign", self.shape())?;
         map.shape = self.shape().to_vec();
         map.run_into(self)
+    }
+}
+
+/// The smallest and largest value of an integer dtype, as f64 (which holds both exactly); `None` for floats.
+pub(crate) fn integer_range(dtype: DType) -> Option<(f64, f64)> {
+    match dtype {
+        DType::U32 => Some((0.0, u32::MAX as f64)),
+        DType::I32 => Some((i32::MIN as f64, i32::MAX as f64)),
+        _ => None,
     }
 }

@@ -46,7 +46,7 @@ pub fn loss_scale_update(state: &Tensor, stats: &Tensor, growth_interval: u32) -
     if std::ptr::eq(state.buffer(), stats.buffer()) {
         return Err(invalid("the state and the statistics share a buffer".into()));
     }
-    state.forget_id_range();
+    state.mark_written();
     state.device().dispatch(Dispatch {
         op: OP,
         runtime_checks: false,

@@ -107,7 +107,7 @@ impl Map<'_> {
                 message: "the destination is also a source".into(),
             });
         }
-        out.forget_id_range();
+        out.mark_written();
         self.launch(out)
     }
 

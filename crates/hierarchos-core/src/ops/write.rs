@@ -70,7 +70,7 @@ impl Tensor {
         if n == 0 {
             return Ok(());
         }
-        self.forget_id_range();
+        self.mark_written();
         let region = self.layout().narrow(d, start, src.shape()[d])?;
         let src_access = Access::new(src.dtype(), native_f16);
         let mut params = vec![n as u32, src.rank() as u32];
