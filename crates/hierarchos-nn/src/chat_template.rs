@@ -208,26 +208,10 @@ fn is_float(value: &Value) -> bool {
     value.as_i64().is_none() || value.to_string().contains(['.', 'e', 'E', 'i', 'N'])
 }
 
-/// A string as `json.dumps` writes it with `ensure_ascii=False`: quotes, backslashes and control characters
-/// escaped, everything else as it is.
+/// A string as `json.dumps` writes it with `ensure_ascii=False`, which is how serde_json writes one: quotes,
+/// backslashes and control characters escaped (`\n`, `\u001f`), everything else as it is.
 fn json_string(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    out.push_str(&serde_json::Value::from(s).to_string());
 }
 
 /// A float as Python's `repr` writes it: the shortest digits that read back, positional for exponents from -4 to

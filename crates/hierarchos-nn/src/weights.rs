@@ -132,7 +132,7 @@ impl Weights {
             let Some(file) = file.as_str() else {
                 return Err(bad(format!("tensor '{name}': shard name {file} is not a string")));
             };
-            if Path::new(file).components().count() != 1 || file == ".." {
+            if !is_plain_file_name(file) {
                 return Err(bad(format!(
                     "tensor '{name}': shard '{file}' is not a file name in the model folder"
                 )));
@@ -184,7 +184,7 @@ impl Weights {
             .and_then(Value::as_object)
             .into_iter()
             .flat_map(|map| map.values().filter_map(Value::as_str))
-            .filter(|file| Path::new(file).components().count() == 1 && *file != ".." && *file != SINGLE_FILE)
+            .filter(|file| is_plain_file_name(file) && *file != SINGLE_FILE)
             .collect();
         shards.sort_unstable();
         shards.dedup();
@@ -352,6 +352,12 @@ pub fn save_f32(path: &Path, tensors: &[(&str, &[usize], &[f32])]) -> Result<()>
         return Err(bad("not a file path".into()));
     }
     write_atomic(path, &bytes)
+}
+
+/// Whether a shard name the index gives is a file of the model folder itself, not a path out of it.
+#[cfg(not(target_arch = "wasm32"))]
+fn is_plain_file_name(file: &str) -> bool {
+    Path::new(file).components().count() == 1 && file != ".."
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same folder renamed into place, so that a crash never

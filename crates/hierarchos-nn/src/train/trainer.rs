@@ -357,19 +357,19 @@ impl<'m> Trainer<'m> {
                 .check_vocab(vocab)
                 .map_err(|e| Error::Invalid(format!("step {}: {e}", index + 1)))?;
         }
-        let predicted: usize = batches.iter().map(Batch::predicted).sum();
+        let shares: Vec<usize> = batches.iter().map(Batch::predicted).collect();
+        let predicted: usize = shares.iter().sum();
         if predicted == 0 {
             return Err(Error::Invalid(format!(
                 "step {}: its batches hold no token to predict (every label skipped)",
                 index + 1
             )));
         }
-        for (micro, batch) in batches.iter().enumerate() {
+        for (micro, (batch, &share)) in batches.iter().zip(&shares).enumerate() {
             tokens += batch.labels.iter().filter(|&&l| l != -100).count();
             // The step's loss is the mean over all its predicted tokens, as transformers' Trainer takes it
             // (`num_items_in_batch`): each micro-batch's mean weighs by its share of them, so padding spread
             // unevenly over the micro-batches gives the gradient of one batch of them all.
-            let share = batch.predicted();
             if share == 0 {
                 continue;
             }
