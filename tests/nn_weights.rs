@@ -110,6 +110,29 @@ fn round_trip() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Threads saving the same file at once each replace it whole: no save fails because another took its temporary
+/// file, and the last rename leaves one of the complete files.
+#[test]
+fn concurrent_saves_of_one_file() {
+    let dir = tmpdir("weights-concurrent");
+    let path = dir.join(SINGLE_FILE);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let path = &path;
+            s.spawn(move || {
+                for i in 0..25 {
+                    let v = (t * 100 + i) as f32;
+                    save_f32(path, &[("x", &[3], &[v, v, v])]).unwrap();
+                }
+            });
+        }
+    });
+    let got = Weights::open(&dir).unwrap().read_f32("x", &[3]).unwrap();
+    assert!(got.iter().all(|&v| v == got[0]), "{got:?}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn half_and_double_are_converted() {
     let dev = dev();

@@ -15,7 +15,10 @@ pub fn tmpdir(name: &str) -> std::path::PathBuf {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let dir = std::env::temp_dir().join(format!("hierarchos-{name}-{}-{nanos}", std::process::id()));
+    // The serial keeps two tests of one process apart when the clock gives them the same reading.
+    static DIRS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serial = DIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("hierarchos-{name}-{}-{nanos}-{serial}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

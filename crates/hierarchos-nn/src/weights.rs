@@ -366,7 +366,11 @@ fn is_plain_file_name(file: &str) -> bool {
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(path.file_name().unwrap_or_default());
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    // Unique per call, not only per process: two threads writing the same name must not share a temporary file
+    // (one's rename would take the other's away).
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serial = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tmp_name.push(format!(".{}-{serial}.tmp", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
     // Synced before the rename: after a power loss the name holds the old bytes or the new ones, never a file
     // that was renamed before its contents reached the disk.
