@@ -1,6 +1,7 @@
 //! The generic decoder-only causal language model: Llama, Mistral, Qwen2 and Qwen3 are this one model with
 //! different [`ModelConfig`] options (biases, q/k norm, sliding window, rope scaling, tied embeddings).
 
+use hierarchos_core::ops::loss::IGNORE_INDEX;
 use hierarchos_core::quant::QTensor;
 use hierarchos_core::{DType, Device, Tensor};
 
@@ -439,12 +440,12 @@ impl CausalLm {
         }
         let (b, t) = (ids.shape()[0], ids.shape()[1]);
         let logits = self.forward(ids, None)?;
-        // Position p is scored against label p + 1 and the last position against the ignored label -100, rather
+        // Position p is scored against label p + 1 and the last position against the ignored label, rather
         // than narrowing the logits: the backward of a narrow pads the gradient of the whole `[B, T, vocab]`
         // logits with zeros (one extra pass over the largest tensor of the step), while an ignored label's
         // gradient row is written as zeros by the loss kernel itself.
         let next = labels.narrow(1, 1, t - 1)?.to_dtype(DType::I32)?;
-        let ignored = Tensor::from_slice(&vec![-100i32; b], &[b, 1], logits.device())?;
+        let ignored = Tensor::from_slice(&vec![IGNORE_INDEX; b], &[b, 1], logits.device())?;
         Ok(logits.cross_entropy(&Tensor::cat(&[next, ignored], 1)?)?)
     }
 

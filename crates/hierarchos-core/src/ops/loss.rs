@@ -22,11 +22,15 @@ fn element(t: &Tensor, k: usize) -> Layout {
     }
 }
 
+/// The target that [`Tensor::cross_entropy`] skips: PyTorch's default `ignore_index`, and what Hugging Face puts
+/// at padded labels.
+pub const IGNORE_INDEX: i32 = -100;
+
 impl Tensor {
     /// Mean cross-entropy of logits `self` (`[..., C]`) against class indices `targets` (`[...]`, i32 or u32),
-    /// skipping targets equal to -100 as PyTorch's default and Hugging Face's padded labels do.
+    /// skipping targets equal to [`IGNORE_INDEX`].
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
-        self.cross_entropy_with(targets, Some(-100))
+        self.cross_entropy_with(targets, Some(IGNORE_INDEX.into()))
     }
 
     /// Mean cross-entropy over the targets that are not `ignore_index`, as `torch.nn.functional.cross_entropy` with

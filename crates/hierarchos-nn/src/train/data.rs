@@ -7,8 +7,8 @@ use crate::error::{Error, Result};
 use crate::sampling::SplitMix64;
 use crate::tokenizer::Tokenizer;
 
-/// The label of padding: the loss skips it, as PyTorch's `ignore_index` and transformers' padded labels do.
-pub const IGNORE_INDEX: i32 = -100;
+/// The label of padding, which the loss skips.
+pub use hierarchos_core::ops::loss::IGNORE_INDEX;
 
 /// The token sequences of a training source, in file order.
 #[derive(Clone, Debug, PartialEq)]

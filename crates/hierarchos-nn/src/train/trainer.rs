@@ -11,7 +11,7 @@ use web_time::Instant;
 use crate::CausalLm;
 use crate::error::{Error, Result};
 use crate::optim::{AdamW, AdamWConfig, Moments, grad_norm_squared};
-use crate::train::data::{Batch, Batcher, TokenData, make_batch};
+use crate::train::data::{Batch, Batcher, IGNORE_INDEX, TokenData, make_batch};
 use crate::train::precision::{LossScale, Precision, is_power_of_two};
 use crate::train::schedule::Schedule;
 use crate::train::state::{TrainingState, initial_state};
@@ -366,7 +366,7 @@ impl<'m> Trainer<'m> {
             )));
         }
         for (micro, (batch, &share)) in batches.iter().zip(&shares).enumerate() {
-            tokens += batch.labels.iter().filter(|&&l| l != -100).count();
+            tokens += batch.labels.iter().filter(|&&l| l != IGNORE_INDEX).count();
             // The step's loss is the mean over all its predicted tokens, as transformers' Trainer takes it
             // (`num_items_in_batch`): each micro-batch's mean weighs by its share of them, so padding spread
             // unevenly over the micro-batches gives the gradient of one batch of them all.
