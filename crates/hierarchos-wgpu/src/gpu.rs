@@ -14,6 +14,10 @@ const PARAM_ARENA_BYTES: u64 = 1 << 16;
 /// Dispatches recorded before the batch is submitted even if nobody waits for it, so the GPU starts while the
 /// host records the rest (at decode time the GPU would otherwise idle until the host asks for the logits).
 const MAX_DISPATCHES_PER_SUBMIT: usize = 48;
+/// The largest staging buffer kept for reuse after a read to the host: enough for a row of logits of a batch of
+/// sequences (generation reads every token), small against what a model's weights take.
+const STAGING_POOLED: u64 = 16 << 20;
+
 /// The first batch after the host waited for the GPU (which is then idle) is this small, and each following one
 /// twice as large up to [`MAX_DISPATCHES_PER_SUBMIT`]: the GPU starts on a decode step's first kernels while the
 /// host is still recording the rest.
@@ -71,6 +75,9 @@ pub struct MemoryStats {
     pub peak_bytes: u64,
     /// Bytes in free buffers kept for reuse.
     pub pooled_bytes: u64,
+    /// Bytes in host-readable buffers of reads to the host, in flight or kept for the next small read: they count
+    /// against [`crate::GpuOptions::memory_limit`] too (on integrated GPUs they are the same memory).
+    pub staging_bytes: u64,
 }
 
 /// A description of one adapter, for `hierarchos info` and for choosing one.
@@ -601,10 +608,23 @@ impl Gpu {
         let mut st = self.lock();
         let freed: u64 = st.free.iter().map(|(class, list)| class * list.len() as u64).sum();
         st.free.clear();
+        let staged: u64 = st.staging.iter().map(|(class, list)| class * list.len() as u64).sum();
         st.staging.clear();
+        st.stats.staging_bytes -= staged;
         // Cached bind groups would keep the freed buffers alive.
         st.bind_groups.clear();
         st.stats.pooled_bytes -= freed;
+    }
+
+    /// Keeps a staging buffer of at most [`STAGING_POOLED`] bytes for the next read and frees a larger one: a read
+    /// of a whole model's weights (a checkpoint) would otherwise hold host memory the size of its largest tensors.
+    fn return_staging(&self, class: u64, staging: wgpu::Buffer) {
+        let mut st = self.lock();
+        if class <= STAGING_POOLED {
+            st.staging.entry(class).or_default().push(staging);
+        } else {
+            st.stats.staging_bytes -= class;
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -628,6 +648,30 @@ impl Gpu {
                 message: e.to_string(),
             }),
         }
+    }
+
+    /// Checks that `class` more bytes fit under the memory limit, giving back everything pooled first if they do
+    /// not: what is in use then must leave room.
+    fn make_room<'a>(&'a self, st: MutexGuard<'a, State>, op: &str, class: u64) -> Result<MutexGuard<'a, State>> {
+        let held = |s: &MemoryStats| s.live_bytes + s.pooled_bytes + s.staging_bytes;
+        let Some(max) = self.memory_limit else {
+            return Ok(st);
+        };
+        if held(&st.stats) + class <= max {
+            return Ok(st);
+        }
+        drop(st);
+        self.flush()?;
+        self.trim_pool();
+        let st = self.lock();
+        if held(&st.stats) + class > max {
+            return Err(GpuError::OutOfMemory {
+                op: op.into(),
+                bytes: class,
+                live: st.stats.live_bytes + st.stats.staging_bytes,
+            });
+        }
+        Ok(st)
     }
 
     /// The grid of workgroups covering `n` workgroups, folded into two dimensions past the per-dimension limit.
@@ -681,23 +725,7 @@ impl Gpu {
                 b
             }
             None => {
-                if let Some(max) = self.memory_limit
-                    && st.stats.live_bytes + st.stats.pooled_bytes + class > max
-                {
-                    // Give back everything pooled; what is in use then must leave room.
-                    drop(st);
-                    self.flush()?;
-                    self.trim_pool();
-                    st = self.lock();
-                    let live = st.stats.live_bytes;
-                    if live + class > max {
-                        return Err(GpuError::OutOfMemory {
-                            op: op.into(),
-                            bytes: class,
-                            live,
-                        });
-                    }
-                }
+                st = self.make_room(st, op, class)?;
                 // Counted before the buffer exists, under the same lock as the check: allocations on other
                 // threads then see it against the limit.
                 st.stats.live_bytes += class;
@@ -1056,17 +1084,23 @@ impl Gpu {
         if read.take == 0 {
             return Ok(read);
         }
-        // Staging buffers are pooled too: generation reads a little every token.
+        // Small staging buffers are pooled too: generation reads a little every token.
         read.class = size_class(read.len);
-        let pooled = self.lock().staging.get_mut(&read.class).and_then(Vec::pop);
-        let staging = pooled.unwrap_or_else(|| {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("hierarchos readback"),
-                size: read.class,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        });
+        let mut st = self.lock();
+        let staging = match st.staging.get_mut(&read.class).and_then(Vec::pop) {
+            Some(pooled) => pooled,
+            None => {
+                st = self.make_room(st, "readback", read.class)?;
+                st.stats.staging_bytes += read.class;
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("hierarchos readback"),
+                    size: read.class,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            }
+        };
+        drop(st);
         {
             let mut st = self.lock();
             self.encoder(&mut st)
@@ -1134,7 +1168,7 @@ impl PendingRead {
         let out = view[self.skip..self.skip + self.take].to_vec();
         drop(view);
         staging.unmap();
-        gpu.lock().staging.entry(self.class).or_default().push(staging);
+        gpu.return_staging(self.class, staging);
         Ok(out)
     }
 }
@@ -1143,7 +1177,7 @@ impl Drop for PendingRead {
     fn drop(&mut self) {
         // Unread: the buffer is not mapped, so it can serve the next readback.
         if let Some(staging) = self.staging.take() {
-            self.gpu.lock().staging.entry(self.class).or_default().push(staging);
+            self.gpu.return_staging(self.class, staging);
         }
     }
 }
