@@ -96,6 +96,7 @@ LORA = {
     "phi": dict(r=4, lora_alpha=8, target_modules=["q_proj", "dense", "fc1"]),
     "cohere_qk_norm": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "up_proj"]),
     "phi3": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj", "o_proj"]),
+    "phi3_longrope": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "down_proj"]),
     "gpt_neox": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "gpt_neox_sequential": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     # PEFT turns fan_in_fan_out on for GPT-2's Conv1D layers.
@@ -453,6 +454,19 @@ FIXTURES = {
         "both), sliding_window 8 on every layer, rotary on the first 12 of 16 dimensions (partial_rotary_factor "
         "0.75, as Phi-4-mini)",
     ),
+    "phi3_longrope": (
+        "Phi3Config",
+        dict(COMMON, max_position_embeddings=64, original_max_position_embeddings=16, rms_norm_eps=1e-5,
+             sliding_window=None, pad_token_id=None,
+             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                              "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.4],
+                              "long_factor": [1.0, 1.3, 2.1, 3.7, 5.9, 8.2]}),
+        True,
+        "Phi-3 with LongRoPE as Phi-3.5-mini and Phi-4-mini: pretraining length 16 (top-level "
+        "original_max_position_embeddings) under max_position_embeddings 64, so the 24-token prompts rotate by the "
+        "long factors (one per rotated pair, 6 of the 12 rotated dimensions) and cos/sin carry the attention factor "
+        "sqrt(1 + ln 4 / ln 16)",
+    ),
     "gpt_neox": (
         "GPTNeoXConfig",
         dict(NEOX, use_parallel_residual=True),
@@ -723,6 +737,9 @@ def inv_freq64(config, rope=None):
     inv = 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     if rope["rope_type"] == "default":
         return inv
+    if rope["rope_type"] == "longrope":
+        # The short factors, as transformers starts with; rotary64 takes the long ones past the pretraining length.
+        return inv / torch.tensor(rope["short_factor"], dtype=torch.float64)
     if rope["rope_type"] == "yarn":
         return yarn_inv_freq64(rope, dim)
     if rope["rope_type"] != "llama3":
@@ -758,7 +775,12 @@ def yarn_inv_freq64(rope, dim):
 
 
 def rotary64(self, x, position_ids):
-    freqs = position_ids[:, :, None].to(torch.float64) * self.inv_freq64[None, None, :]
+    inv_freq = self.inv_freq64
+    rope = self.config.rope_parameters
+    if rope["rope_type"] == "longrope" and position_ids.max() + 1 > rope["original_max_position_embeddings"]:
+        inv_freq = inv_freq * torch.tensor(rope["short_factor"], dtype=torch.float64) / torch.tensor(
+            rope["long_factor"], dtype=torch.float64)
+    freqs = position_ids[:, :, None].to(torch.float64) * inv_freq[None, None, :]
     # Cohere rotates adjacent pairs: each frequency twice in a row.
     if type(self).__name__.startswith("Cohere"):
         emb = torch.repeat_interleave(freqs, 2, dim=-1)
@@ -820,7 +842,8 @@ def float64_model(model32):
             module.forward = types.MethodType(rotary64_per_layer_type, module)
         elif kind.endswith("RotaryEmbedding"):
             inv = inv_freq64(model.config)
-            hf = module.inv_freq.to(torch.float64)
+            # (original_inv_freq: a forward past the pretraining length switches LongRoPE's inv_freq.)
+            hf = module.original_inv_freq.to(torch.float64)
             if not torch.allclose(inv, hf, rtol=1e-6, atol=0):
                 raise SystemExit(f"float64 RoPE frequencies {inv} disagree with transformers' {hf}")
             module.inv_freq64 = inv

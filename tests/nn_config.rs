@@ -270,6 +270,84 @@ fn transformers_5_rope_parameters() {
     );
 }
 
+/// Where transformers 5.17's config classes read rotary settings from, each expectation printed by them: a
+/// non-empty `rope_scaling` wins over `rope_parameters`, a top-level pretraining length over the block's (Phi-3's
+/// class always has one), the families' own default thetas, GPT-NeoX's own keys only, and LongRoPE with Phi-3's
+/// older type names.
+#[test]
+fn rope_settings_come_from_where_transformers_reads_them() {
+    let rope = |family: &str, extra: &str| parse(&tiny(family, extra)).unwrap().rope;
+    let both = rope(
+        "llama",
+        r#""rope_parameters": {"rope_type": "default", "rope_theta": 10000},
+           "rope_scaling": {"rope_type": "linear", "factor": 2.0}"#,
+    );
+    assert_eq!(both.scaling, RopeScaling::Linear { factor: 2.0 });
+    assert_eq!(
+        rope("llama", r#""rope_scaling": {}, "rope_theta": 500.0"#).scaling,
+        RopeScaling::Default
+    );
+    let yarn = rope(
+        "llama",
+        r#""max_position_embeddings": 128, "original_max_position_embeddings": 16,
+           "rope_scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32}"#,
+    );
+    assert!(matches!(
+        yarn.scaling,
+        RopeScaling::Yarn {
+            original_max_position_embeddings: 16,
+            ..
+        }
+    ));
+    let llama3 = rope(
+        "llama",
+        r#""max_position_embeddings": 128,
+           "rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4}"#,
+    );
+    assert!(matches!(
+        llama3.scaling,
+        RopeScaling::Llama3 {
+            original_max_position_embeddings: 128,
+            ..
+        }
+    ));
+    for (family, theta) in [("mixtral", 1e6), ("cohere", 5e5), ("smollm3", 2e6), ("qwen2", 1e4)] {
+        assert_eq!(rope(family, r#""num_key_value_heads": 4"#).theta, theta, "{family}");
+    }
+    let neox = parse(&tiny("gpt_neox", r#""rope_theta": 1e6, "partial_rotary_factor": 0.5"#)).unwrap();
+    assert_eq!((neox.rope.theta, neox.rotary_dim), (10000.0, 4));
+    let pairs = 8;
+    let factors = |v: f64| format!("[{}]", vec![v.to_string(); pairs].join(", "));
+    let longrope = |family: &str, extra: &str, kind: &str| {
+        let block = format!(
+            r#""max_position_embeddings": 128{extra},
+               "rope_scaling": {{"type": "{kind}", "short_factor": {}, "long_factor": {}}}"#,
+            factors(1.5),
+            factors(2.5)
+        );
+        parse(&tiny(family, &block)).map(|c| c.rope.scaling)
+    };
+    let expect = |original: usize, attention_factor: f64| RopeScaling::LongRope {
+        short_factor: vec![1.5; pairs],
+        long_factor: vec![2.5; pairs],
+        original_max_position_embeddings: original,
+        attention_factor,
+    };
+    // The factor defaults to max_position_embeddings over the pretraining length.
+    let sqrt = |f: f64, original: f64| (1.0 + f.ln() / original.ln()).sqrt();
+    assert_eq!(
+        longrope("phi3", r#", "original_max_position_embeddings": 32"#, "longrope").unwrap(),
+        expect(32, sqrt(4.0, 32.0))
+    );
+    assert_eq!(longrope("phi3", "", "yarn").unwrap(), expect(4096, 1.0));
+    assert_eq!(
+        longrope("llama", r#", "original_max_position_embeddings": 64"#, "longrope").unwrap(),
+        expect(64, sqrt(2.0, 64.0))
+    );
+    let e = longrope("phi3", "", "linear").unwrap_err().to_string();
+    assert!(e.contains("rope_scaling.type") && e.contains("longrope"), "{e}");
+}
+
 #[test]
 fn rope_scaling_types() {
     let scaling = |block: &str| parse(&tiny("llama", &format!(r#""rope_scaling": {block}"#))).map(|c| c.rope.scaling);
@@ -290,11 +368,12 @@ fn rope_scaling_types() {
             original_max_position_embeddings: 2048
         }
     );
+    // transformers scales dynamic rope from max_position_embeddings, whatever the block says.
     assert_eq!(
         scaling(r#"{"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 1024}"#).unwrap(),
         RopeScaling::Dynamic {
             factor: 2.0,
-            original_max_position_embeddings: 1024
+            original_max_position_embeddings: 2048
         }
     );
     // Qwen3's documented YaRN setting.
@@ -335,7 +414,11 @@ fn rope_scaling_types() {
     assert_eq!(attention_factor, Some(1.0));
     err(
         &tiny("llama", r#""rope_scaling": {"type": "longrope", "factor": 2.0}"#),
-        &["longrope", "yarn", "rope_scaling.type"],
+        &["rope_scaling.short_factor", "missing"],
+    );
+    err(
+        &tiny("llama", r#""rope_scaling": {"type": "ntk", "factor": 2.0}"#),
+        &["'ntk'", "longrope", "rope_scaling.type"],
     );
     err(
         &tiny(
@@ -899,7 +982,7 @@ fn phi3_options() {
             "phi3",
             r#""rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}"#,
         ),
-        &["longrope"],
+        &["longrope", "rotated pair (8)", "found 1 and 1"],
     );
 }
 

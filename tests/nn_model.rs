@@ -78,6 +78,15 @@ fn ref_inv_freq(d: usize, rope: &RopeConfig, seq_len: usize) -> Vec<f64> {
                 })
                 .collect()
         }
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings: orig,
+            ..
+        } => {
+            let factors = if seq_len > *orig { long_factor } else { short_factor };
+            default(theta).iter().zip(factors).map(|(f, e)| f / e).collect()
+        }
     }
 }
 
@@ -88,6 +97,7 @@ fn ref_attention_scaling(rope: &RopeConfig) -> f64 {
             attention_factor,
             ..
         } => attention_factor.unwrap_or(0.1 * factor.ln() + 1.0),
+        RopeScaling::LongRope { attention_factor, .. } => *attention_factor,
         _ => 1.0,
     }
 }
@@ -130,6 +140,13 @@ fn rope_types() -> Vec<RopeConfig> {
             beta_fast: 16.0,
             beta_slow: 2.0,
             attention_factor: Some(1.25),
+        }),
+        // Past 16 positions the long factors; enough of each for heads of 128.
+        rope(RopeScaling::LongRope {
+            short_factor: (0..64).map(|i| 1.0 + i as f64 / 100.0).collect(),
+            long_factor: (0..64).map(|i| 1.0 + i as f64 / 4.0).collect(),
+            original_max_position_embeddings: 16,
+            attention_factor: 1.2,
         }),
     ]
 }

@@ -35,7 +35,7 @@ pub enum RopeScaling {
     Dynamic {
         /// Scale factor.
         factor: f64,
-        /// Context length the model was trained with.
+        /// The config's `max_position_embeddings`: transformers scales from there, whatever the block says.
         original_max_position_embeddings: usize,
     },
     /// Llama 3.1's frequency-band scaling.
@@ -61,6 +61,18 @@ pub enum RopeScaling {
         beta_slow: f64,
         /// Attention temperature factor; `None` derives it from `factor` (0.1 ln(factor) + 1).
         attention_factor: Option<f64>,
+    },
+    /// LongRoPE (Phi-3 128k, Phi-3.5, Phi-4-mini): each frequency divided by its own factor, the short ones while
+    /// the sequence fits the pretraining length and the long ones past it.
+    LongRope {
+        /// Per-frequency factors (rotated dimensions / 2 of them) within the pretraining length.
+        short_factor: Vec<f64>,
+        /// Per-frequency factors past it.
+        long_factor: Vec<f64>,
+        /// Context length the model was trained with.
+        original_max_position_embeddings: usize,
+        /// What the cosines and sines are multiplied by.
+        attention_factor: f64,
     },
 }
 
@@ -893,6 +905,28 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Some(m) => m.rope_dim,
         None => rotary_dim(f, family, head_dim)?,
     };
+    for scaling in [&rope.scaling]
+        .into_iter()
+        .chain(sliding_rope.as_ref().map(|r| &r.scaling))
+    {
+        if let RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            ..
+        } = scaling
+            && (short_factor.len() != rotary_dim / 2 || long_factor.len() != rotary_dim / 2)
+        {
+            return Err(f.error(
+                "rope_scaling",
+                &format!(
+                    "longrope needs one short and one long factor per rotated pair ({}), found {} and {}",
+                    rotary_dim / 2,
+                    short_factor.len(),
+                    long_factor.len()
+                ),
+            ));
+        }
+    }
     let flag = |key: &str| -> Result<bool> { Ok(f.or(key, Some(false), BOOL)?.unwrap_or(false)) };
     let tie_word_embeddings = f
         .or("tie_word_embeddings", Some(d.tie_word_embeddings), BOOL)?
@@ -1310,11 +1344,7 @@ fn latent_attention(f: &Fields, family: Family) -> Result<Option<LatentAttention
 /// factor for `mscale_all_dim` when the rotary embedding is scaled (transformers' `yarn_apply_mscale`).
 fn latent_attention_scale(f: &Fields, qk_dim: usize) -> Result<f64> {
     let scale = (qk_dim as f64).powf(-0.5);
-    let block = match f.object("rope_parameters")? {
-        Some(b) => Some(b),
-        None => f.object("rope_scaling")?,
-    };
-    let Some(b) = block else { return Ok(scale) };
+    let Some(b) = rope_block(f)? else { return Ok(scale) };
     let kind = match b.or("rope_type", None, STRING)? {
         Some(kind) => Some(kind),
         None => b.or("type", None, STRING)?,
@@ -1638,14 +1668,11 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
     })
 }
 
-/// The leading dimensions of a head that rotate: `partial_rotary_factor` of them (in `rope_parameters` or at the
-/// top level) for StableLM and Nemotron, whose attention splits the heads; every other family rotates whole heads
-/// and refuses a partial factor.
+/// The leading dimensions of a head that rotate: `partial_rotary_factor` of them (in the rope block, else at the
+/// top level; GPT-NeoX's `rotary_pct`) for the families whose attention splits the heads; every other family
+/// rotates whole heads and refuses a partial factor.
 fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
-    let block = match f.object("rope_parameters")? {
-        Some(b) => Some(b),
-        None => f.object("rope_scaling")?,
-    };
+    let block = rope_block(f)?;
     let nested = match &block {
         Some(b) => b.or("partial_rotary_factor", None, F64)?,
         None => None,
@@ -1658,10 +1685,8 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
     };
     let factor = match nested {
         Some(p) => p,
-        // GPT-NeoX's classic configs call it `rotary_pct`.
-        None if family == Family::GptNeox && f.map.contains_key("rotary_pct") => {
-            f.or("rotary_pct", Some(default), F64)?.unwrap_or(default)
-        }
+        // GPT-NeoX's config class reads only its classic `rotary_pct`, even beside a `partial_rotary_factor`.
+        None if family == Family::GptNeox => f.or("rotary_pct", Some(default), F64)?.unwrap_or(default),
         None => f.or("partial_rotary_factor", Some(default), F64)?.unwrap_or(default),
     };
     if factor == 1.0 {
@@ -1686,28 +1711,47 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
     Ok(dim)
 }
 
-/// The rotary settings of the full-attention layers and, where they differ, of the sliding ones.
-/// `rope_parameters` (transformers 5, may carry `rope_theta`) wins over the classic `rope_theta` + `rope_scaling`.
-/// OLMo 3's and Gemma 3's hold one block per layer type; their classic forms scale the full-attention layers only
-/// and give the sliding ones Gemma 3's `rope_local_base_freq`, or OLMo 3's default theta whatever `rope_theta`
-/// says (as transformers 5.17 reads it).
+/// The rotary block transformers' config classes read: a non-empty classic `rope_scaling`, which they take over
+/// `rope_parameters` when a config has both, else `rope_parameters` (transformers 5).
+fn rope_block<'a>(f: &Fields<'a>) -> Result<Option<Fields<'a>>> {
+    match f.object("rope_scaling")? {
+        Some(b) if !b.map.is_empty() => Ok(Some(b)),
+        _ => f.object("rope_parameters"),
+    }
+}
+
+/// The rotary settings of the full-attention layers and, where they differ, of the sliding ones, read as
+/// transformers 5.17 reads them: the block's `rope_theta`, else the top-level one (GPT-NeoX's `rotary_emb_base`),
+/// else the family's default. OLMo 3's and Gemma 3's `rope_parameters` may hold one block per layer type; their
+/// classic forms scale the full-attention layers only and give the sliding ones Gemma 3's `rope_local_base_freq`,
+/// or OLMo 3's default theta whatever `rope_theta` says.
 fn rope_configs(
     f: &Fields,
     family: Family,
     max_position_embeddings: usize,
 ) -> Result<(RopeConfig, Option<RopeConfig>)> {
     let (full_default, sliding_default) = match family {
-        Family::Olmo3 => (500000.0, 500000.0),
+        Family::Olmo3 | Family::Cohere => (500_000.0, 500_000.0),
         Family::Gemma3Text => (1_000_000.0, 10000.0),
+        Family::Mixtral => (1_000_000.0, 1_000_000.0),
+        Family::Smollm3 => (2_000_000.0, 2_000_000.0),
         _ => (10000.0, 10000.0),
     };
-    // GPT-NeoX's classic configs call it `rotary_emb_base`.
-    let top_theta = match f.or("rope_theta", None, F64)? {
-        None if family == Family::GptNeox => f.or("rotary_emb_base", None, F64)?,
-        theta => theta,
+    // GPT-NeoX's config class reads only `rotary_emb_base`, even beside a `rope_theta`.
+    let top_theta = match family {
+        Family::GptNeox => f.or("rotary_emb_base", None, F64)?,
+        _ => f.or("rope_theta", None, F64)?,
     };
-    let per_type = match f.object("rope_parameters")? {
-        Some(p) if p.map.values().any(Value::is_object) => Some(p),
+    // A top-level pretraining length overrides the block's for llama3, yarn and longrope; Phi-3's config class
+    // always has one (4096 unless config.json says otherwise).
+    let phi3_default = (family == Family::Phi3).then_some(4096);
+    let top_original = match f.or("original_max_position_embeddings", phi3_default, USIZE)? {
+        Some(0) => return Err(f.error("original_max_position_embeddings", "must be positive")),
+        n => n,
+    };
+    let classic = rope_block(f)?;
+    let per_type = match &classic {
+        Some(p) if p.map.values().any(Value::is_object) => Some(p.clone()),
         _ => None,
     };
     let (full, sliding) = match per_type {
@@ -1723,7 +1767,7 @@ fn rope_configs(
                     Some(b) => b.or("rope_theta", None, F64)?,
                     None => None,
                 };
-                rope_config(f, b, theta.or(fallback), max_position_embeddings)
+                rope_config(f, family, b, theta.or(fallback), max_position_embeddings, None)
             };
             let local = match family {
                 Family::Gemma3Text => f.or("rope_local_base_freq", None, F64)?,
@@ -1735,14 +1779,18 @@ fn rope_configs(
             )
         }
         None => {
-            let (block, theta) = match f.object("rope_parameters")? {
-                Some(p) => {
-                    let theta = p.or("rope_theta", None, F64)?;
-                    (Some(p), theta.or(top_theta))
-                }
-                None => (f.object("rope_scaling")?, top_theta),
+            let theta = match &classic {
+                Some(b) => b.or("rope_theta", None, F64)?.or(top_theta),
+                None => top_theta,
             };
-            let full = rope_config(f, block, theta.or(Some(full_default)), max_position_embeddings)?;
+            let full = rope_config(
+                f,
+                family,
+                classic,
+                theta.or(Some(full_default)),
+                max_position_embeddings,
+                top_original,
+            )?;
             let sliding = match family {
                 Family::Olmo3 => RopeConfig {
                     theta: sliding_default,
@@ -1763,29 +1811,51 @@ fn rope_configs(
     Ok((full, sliding))
 }
 
-/// One rotary setting from its block (`rope_parameters`, a layer type's block of it, or `rope_scaling`) and theta.
+/// One rotary setting from its block (`rope_parameters`, a layer type's block of it, or `rope_scaling`) and theta;
+/// `top_original` is a pretraining length that overrides the block's.
 fn rope_config(
     f: &Fields,
+    family: Family,
     block: Option<Fields>,
     theta: Option<f64>,
     max_position_embeddings: usize,
+    top_original: Option<usize>,
 ) -> Result<RopeConfig> {
     let theta = theta.unwrap_or(10000.0);
     if !(theta > 0.0 && theta.is_finite()) {
         return Err(f.error("rope_theta", "must be positive"));
     }
     let scaling = match block {
-        Some(b) => rope_scaling(&b, max_position_embeddings)?,
+        Some(b) => rope_scaling(&b, family, max_position_embeddings, top_original)?,
         None => RopeScaling::Default,
     };
     Ok(RopeConfig { theta, scaling })
 }
 
-fn rope_scaling(b: &Fields, max_position_embeddings: usize) -> Result<RopeScaling> {
-    let kind = match b.or("rope_type", None, STRING)? {
-        Some(kind) => kind,
-        None => b.or("type", Some("default".to_string()), STRING)?.unwrap_or_default(),
+fn rope_scaling(
+    b: &Fields,
+    family: Family,
+    max_position_embeddings: usize,
+    top_original: Option<usize>,
+) -> Result<RopeScaling> {
+    let type_key = if b.map.contains_key("rope_type") {
+        "rope_type"
+    } else {
+        "type"
     };
+    let mut kind = b.or(type_key, None, STRING)?.unwrap_or_else(|| "default".to_string());
+    if family == Family::Phi3 {
+        // Phi-3's config class renames the types its first long-context checkpoints used, and takes no other.
+        if kind == "su" || kind == "yarn" {
+            kind = "longrope".to_string();
+        }
+        if kind != "default" && kind != "longrope" {
+            return Err(b.error(
+                type_key,
+                &format!("Phi-3 takes rope type default or longrope, not '{kind}'"),
+            ));
+        }
+    }
     let factor = |key: &str| -> Result<f64> {
         let v = b.required(key, F64)?;
         if !(v > 0.0 && v.is_finite()) {
@@ -1794,10 +1864,21 @@ fn rope_scaling(b: &Fields, max_position_embeddings: usize) -> Result<RopeScalin
         Ok(v)
     };
     let original = || -> Result<usize> {
-        match b.or("original_max_position_embeddings", None, USIZE)? {
+        let n = match top_original {
+            Some(n) => Some(n),
+            None => b.or("original_max_position_embeddings", None, USIZE)?,
+        };
+        match n {
             Some(0) => Err(b.error("original_max_position_embeddings", "must be positive")),
             Some(n) => Ok(n),
             None => Ok(max_position_embeddings),
+        }
+    };
+    // Where the block gives no factor: how far past the pretraining length the model reaches.
+    let factor_or_stretch = |original: usize| -> Result<f64> {
+        match b.map.get("factor") {
+            None | Some(Value::Null) => Ok(max_position_embeddings as f64 / original as f64),
+            Some(_) => factor("factor"),
         }
     };
     Ok(match kind.as_str() {
@@ -1807,20 +1888,39 @@ fn rope_scaling(b: &Fields, max_position_embeddings: usize) -> Result<RopeScalin
         },
         "dynamic" => RopeScaling::Dynamic {
             factor: factor("factor")?,
-            original_max_position_embeddings: original()?,
+            original_max_position_embeddings: max_position_embeddings,
         },
         "llama3" => RopeScaling::Llama3 {
             factor: factor("factor")?,
             low_freq_factor: factor("low_freq_factor")?,
             high_freq_factor: factor("high_freq_factor")?,
-            original_max_position_embeddings: b.required("original_max_position_embeddings", USIZE)?,
+            original_max_position_embeddings: original()?,
         },
+        "longrope" => {
+            let original = original()?;
+            let list = |key: &str| -> Result<Vec<f64>> {
+                let v = b.required(key, F64_LIST)?;
+                if v.iter().any(|&x| !(x > 0.0 && x.is_finite())) {
+                    return Err(b.error(key, "factors must be positive"));
+                }
+                Ok(v)
+            };
+            let factor = factor_or_stretch(original)?;
+            let attention_factor = match b.or("attention_factor", None, F64)? {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            RopeScaling::LongRope {
+                short_factor: list("short_factor")?,
+                long_factor: list("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            }
+        }
         "yarn" => {
             let original = original()?;
-            let factor = match b.map.get("factor") {
-                None | Some(Value::Null) => max_position_embeddings as f64 / original as f64,
-                Some(_) => factor("factor")?,
-            };
+            let factor = factor_or_stretch(original)?;
             if b.or("truncate", Some(true), BOOL)? == Some(false) {
                 return Err(b.error("truncate", "yarn without truncation is not supported"));
             }
@@ -1849,12 +1949,10 @@ fn rope_scaling(b: &Fields, max_position_embeddings: usize) -> Result<RopeScalin
         }
         other => {
             return Err(b.error(
-                if b.map.contains_key("rope_type") {
-                    "rope_type"
-                } else {
-                    "type"
-                },
-                &format!("unsupported rope type '{other}'; supported: default, linear, dynamic, llama3, yarn"),
+                type_key,
+                &format!(
+                    "unsupported rope type '{other}'; supported: default, linear, dynamic, llama3, yarn, longrope"
+                ),
             ));
         }
     })
@@ -1870,6 +1968,7 @@ fn yarn_mscale(factor: f64, mscale: f64) -> f64 {
 }
 
 /// Typed access to one JSON object, with errors naming the file and the field.
+#[derive(Clone)]
 struct Fields<'a> {
     map: &'a Map<String, Value>,
     path: &'a Path,
@@ -1932,6 +2031,10 @@ const U32: Kind<u32> = Kind {
 const F64: Kind<f64> = Kind {
     read: Value::as_f64,
     expected: "a number",
+};
+const F64_LIST: Kind<Vec<f64>> = Kind {
+    read: |v| v.as_array()?.iter().map(Value::as_f64).collect(),
+    expected: "a list of numbers",
 };
 const BOOL: Kind<bool> = Kind {
     read: Value::as_bool,

@@ -339,11 +339,12 @@ pub const ARCHITECTURES: [Architecture; 31] = [
     Architecture {
         family: Family::Phi3,
         status: Status::Validated,
-        fixtures: &["phi3"],
+        fixtures: &["phi3", "phi3_longrope"],
         features: "q, k and v in one checkpoint matrix (qkv_proj) and gate and up in another (gate_up_proj), each \
                    computed as one product and adapted as one layer; sliding window on every layer when set, \
-                   partial_rotary_factor (Phi-4-mini); the longrope scaling of the 128k models fails closed; the \
-                   residual dropout of training is not applied",
+                   partial_rotary_factor (Phi-4-mini); the LongRoPE of the 128k models, Phi-3.5 and Phi-4-mini \
+                   (short factors within the pretraining length, long ones past it, chosen per forward as \
+                   transformers does); the residual dropout of training is not applied",
         gap: None,
     },
     Architecture {

@@ -59,7 +59,7 @@ impl RotaryEmbedding {
     }
 
     /// `inv_freq` (the `D/2` angular frequencies, f32-rounded as transformers stores them) for a forward whose
-    /// largest position is `seq_len - 1`; only dynamic scaling depends on `seq_len`.
+    /// largest position is `seq_len - 1`; only dynamic and longrope scaling depend on `seq_len`.
     pub fn inv_freq(&self, seq_len: usize) -> Vec<f64> {
         let d = self.head_dim;
         let theta = self.rope.theta;
@@ -104,6 +104,22 @@ impl RotaryEmbedding {
                     })
                     .collect()
             }
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings,
+                ..
+            } => {
+                let factors = if seq_len > *original_max_position_embeddings {
+                    long_factor
+                } else {
+                    short_factor
+                };
+                // `1 / (factor * base ** exponent)` with each step rounded to f32, as transformers computes it.
+                (0..d / 2)
+                    .map(|i| 1.0 / round32(round32(factors[i]) * round32(theta.powf(exponent(i)))))
+                    .collect()
+            }
             RopeScaling::Yarn {
                 factor,
                 original_max_position_embeddings,
@@ -140,6 +156,7 @@ impl RotaryEmbedding {
                 attention_factor,
                 ..
             } => attention_factor.unwrap_or_else(|| if *factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 }),
+            RopeScaling::LongRope { attention_factor, .. } => *attention_factor,
             _ => 1.0,
         }
     }
