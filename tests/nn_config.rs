@@ -475,8 +475,19 @@ fn family_defaults() {
     assert_eq!(multi.eos_token_ids, vec![128001, 128008, 128009]);
     let none = parse(&tiny("llama", r#""eos_token_id": null"#)).unwrap();
     assert!(none.eos_token_ids.is_empty());
-    let gelu = parse(&tiny("llama", r#""hidden_act": "gelu_pytorch_tanh""#)).unwrap();
-    assert_eq!(gelu.hidden_act, Activation::GeluTanh);
+    // transformers' names for each activation.
+    for (name, act) in [
+        ("gelu_pytorch_tanh", Activation::GeluTanh),
+        ("gelu_fast", Activation::GeluTanh),
+        ("gelu_accurate", Activation::GeluTanh),
+        ("gelu_python_tanh", Activation::GeluTanh),
+        ("gelu_python", Activation::Gelu),
+        ("relu", Activation::Relu),
+        ("swish", Activation::Silu),
+    ] {
+        let c = parse(&tiny("llama", &format!(r#""hidden_act": "{name}""#))).unwrap();
+        assert_eq!(c.hidden_act, act, "{name}");
+    }
 }
 
 #[test]
@@ -553,7 +564,10 @@ fn malformed_configs() {
     err(&tiny("llama", r#""num_key_value_heads": 0"#), &["num_key_value_heads"]);
     err(&tiny("llama", r#""head_dim": 0"#), &["head_dim", "positive"]);
     err(&tiny("llama", r#""rms_norm_eps": 0"#), &["rms_norm_eps"]);
-    err(&tiny("llama", r#""hidden_act": "relu""#), &["hidden_act", "relu"]);
+    err(
+        &tiny("llama", r#""hidden_act": "quick_gelu""#),
+        &["hidden_act", "quick_gelu"],
+    );
     err(&tiny("llama", r#""eos_token_id": [1, "two"]"#), &["eos_token_id"]);
     err(
         &tiny("llama", r#""tie_word_embeddings": "yes""#),
@@ -1094,4 +1108,12 @@ fn glm_options() {
         (c.rotary_dim, c.fused_gate_up, c.rms_norm_eps),
         (8, Some("gate_up_proj"), 1.5625e-7)
     );
+    // GLM-4's three end tokens, where config.json gives none or null.
+    assert_eq!(c.eos_token_ids, vec![151329, 151336, 151338]);
+    let null = parse(&tiny(
+        "glm",
+        r#""num_key_value_heads": 2, "head_dim": 16, "eos_token_id": null"#,
+    ))
+    .unwrap();
+    assert_eq!(null.eos_token_ids, vec![151329, 151336, 151338]);
 }

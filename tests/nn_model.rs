@@ -558,7 +558,10 @@ fn tiny_config(family: &str) -> ModelConfig {
             c.mlp_bias = true;
             c.hidden_act = Activation::GeluTanh;
         }
-        "mistral" => c.sliding_window = Some(3),
+        "mistral" => {
+            c.sliding_window = Some(3);
+            c.hidden_act = Activation::Relu;
+        }
         // Gemma 2's soft-capping, small enough to bend these models' scores and logits.
         "softcap" => {
             c.attention_softcap = Some(0.2);
@@ -708,6 +711,7 @@ fn reference_forward(c: &ModelConfig, w: &HashMap<String, Vec<f32>>, ids: &[u32]
             Activation::GeluTanh => {
                 0.5 * z * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (z + 0.044715 * z * z * z)).tanh())
             }
+            Activation::Relu => z.max(0.0),
             Activation::Gelu | Activation::Relu2 => unreachable!("not in these tests"),
         };
         let gu: Vec<f64> = g.iter().zip(&u).map(|(&a, &b)| act(a) * b).collect();

@@ -5,6 +5,7 @@
 mod common;
 use common::fixtures::*;
 use common::*;
+use serde_json::json;
 use std::path::Path;
 
 use hierarchos::core::{DType, Tensor};
@@ -261,6 +262,35 @@ fn a_step_that_fails_part_way_leaves_no_gradient() {
     assert!(err.contains("token id 1000 (row 700, position 5"), "{err}");
     let err = evaluate(&lm, &big, 1100, 0).unwrap_err().to_string();
     assert!(err.contains("token id 1000"), "{err}");
+}
+
+/// transformers' router settings for training (Mixtral's noise, the load-balancing loss) load for inference,
+/// which they do not change, and stop training before its first step, naming the field.
+#[test]
+fn router_training_settings_load_but_do_not_train() {
+    let dir = fixture("mixtral");
+    let d = dev();
+    let weights = Weights::open(&dir).unwrap();
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    for (field, value) in [
+        ("output_router_logits", json!(true)),
+        ("router_jitter_noise", json!(0.1)),
+    ] {
+        let mut changed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        changed[field] = value;
+        let config = ModelConfig::from_json(&changed.to_string(), &dir.join("config.json")).unwrap();
+        let lm = CausalLm::build(&config, &mut |name, shape| {
+            Ok(weights.load(name, shape, &d)?.requires_grad_())
+        })
+        .unwrap();
+        let ids = Tensor::from_slice(&[3u32, 5, 7], &[1, 3], &d).unwrap();
+        lm.forward(&ids, None).unwrap().to_vec::<f32>().unwrap();
+        let err = Trainer::new(&lm, small_run(1), 4, 0)
+            .err()
+            .expect("training refused")
+            .to_string();
+        assert!(err.contains(field) && err.contains("training"), "{err}");
+    }
 }
 
 #[test]

@@ -13,10 +13,13 @@ use crate::registry::Family;
 pub enum Activation {
     /// `silu` (Llama, Mistral, Qwen).
     Silu,
-    /// `gelu` (exact).
+    /// `gelu` / `gelu_python` (exact).
     Gelu,
-    /// `gelu_pytorch_tanh` / `gelu_new`.
+    /// The tanh approximation, under the names of transformers' several implementations of it:
+    /// `gelu_pytorch_tanh`, `gelu_new`, `gelu_fast`, `gelu_accurate`, `gelu_python_tanh`.
     GeluTanh,
+    /// `relu`.
+    Relu,
     /// `relu2`: ReLU squared (Arcee).
     Relu2,
 }
@@ -225,6 +228,10 @@ pub struct MoeConfig {
     pub block_name: &'static str,
     /// The module names of each expert's gate, up and down projections (Mixtral's `w1`, `w3`, `w2`).
     pub expert_names: [&'static str; 3],
+    /// What the config asks of training that training here does not do, with the field that asks it: Mixtral's
+    /// router noise (`router_jitter_noise`), the load-balancing loss (`output_router_logits`). Inference ignores
+    /// both, as transformers' does; training refuses to start rather than differ.
+    pub training_unsupported: Option<String>,
 }
 
 /// Everything the generic decoder needs to know about one model; families differ only in these options.
@@ -536,7 +543,7 @@ struct Defaults {
     head_dim: Option<usize>,
     max_position_embeddings: usize,
     bos_token_id: Option<u32>,
-    eos_token_id: Option<u32>,
+    eos_token_ids: &'static [u32],
     tie_word_embeddings: bool,
 }
 
@@ -547,7 +554,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: Some(1),
-            eos_token_id: Some(2),
+            eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
         Family::Mistral => Defaults {
@@ -555,7 +562,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096 * 32,
             bos_token_id: Some(1),
-            eos_token_id: Some(2),
+            eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
         Family::Qwen2 => Defaults {
@@ -563,7 +570,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 32768,
             bos_token_id: None,
-            eos_token_id: None,
+            eos_token_ids: &[],
             tie_word_embeddings: false,
         },
         Family::Qwen3 => Defaults {
@@ -571,7 +578,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: Some(128),
             max_position_embeddings: 32768,
             bos_token_id: None,
-            eos_token_id: None,
+            eos_token_ids: &[],
             tie_word_embeddings: false,
         },
         Family::Granite => Defaults {
@@ -579,7 +586,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: Some(1),
-            eos_token_id: Some(2),
+            eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
         Family::Gemma => Defaults {
@@ -587,7 +594,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: Some(256),
             max_position_embeddings: 8192,
             bos_token_id: Some(2),
-            eos_token_id: Some(1),
+            eos_token_ids: &[1],
             tie_word_embeddings: true,
         },
         Family::Olmo2 => Defaults {
@@ -595,7 +602,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: None,
-            eos_token_id: Some(50279),
+            eos_token_ids: &[50279],
             tie_word_embeddings: false,
         },
         Family::Stablelm => Defaults {
@@ -603,7 +610,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096,
             bos_token_id: Some(0),
-            eos_token_id: Some(0),
+            eos_token_ids: &[0],
             tie_word_embeddings: false,
         },
         Family::SeedOss => Defaults {
@@ -611,7 +618,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: Some(128),
             max_position_embeddings: 524288,
             bos_token_id: Some(0),
-            eos_token_id: Some(2),
+            eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
         Family::Arcee => Defaults {
@@ -619,7 +626,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096,
             bos_token_id: Some(128000),
-            eos_token_id: Some(128001),
+            eos_token_ids: &[128001],
             tie_word_embeddings: false,
         },
         Family::Starcoder2 => Defaults {
@@ -627,7 +634,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096,
             bos_token_id: Some(50256),
-            eos_token_id: Some(50256),
+            eos_token_ids: &[50256],
             tie_word_embeddings: true,
         },
         Family::Olmo => Defaults {
@@ -635,7 +642,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: None,
-            eos_token_id: Some(50279),
+            eos_token_ids: &[50279],
             tie_word_embeddings: false,
         },
         Family::Exaone4 => Defaults {
@@ -643,7 +650,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: Some(0),
-            eos_token_id: Some(2),
+            eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
         Family::Smollm3 => Defaults {
@@ -651,7 +658,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 32768,
             bos_token_id: Some(128000),
-            eos_token_id: Some(128001),
+            eos_token_ids: &[128001],
             tie_word_embeddings: true,
         },
         Family::Mixtral => Defaults {
@@ -659,7 +666,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096 * 32,
             bos_token_id: Some(1),
-            eos_token_id: Some(2),
+            eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
         Family::Qwen2Moe => Defaults {
@@ -667,7 +674,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 32768,
             bos_token_id: None,
-            eos_token_id: None,
+            eos_token_ids: &[],
             tie_word_embeddings: false,
         },
         Family::Qwen3Moe => Defaults {
@@ -675,7 +682,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 32768,
             bos_token_id: None,
-            eos_token_id: None,
+            eos_token_ids: &[],
             tie_word_embeddings: false,
         },
         Family::Olmoe => Defaults {
@@ -683,7 +690,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096,
             bos_token_id: None,
-            eos_token_id: Some(50279),
+            eos_token_ids: &[50279],
             tie_word_embeddings: false,
         },
         Family::Ministral => Defaults {
@@ -691,7 +698,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096 * 32,
             bos_token_id: Some(1),
-            eos_token_id: Some(2),
+            eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
         Family::Nemotron => Defaults {
@@ -699,7 +706,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096,
             bos_token_id: Some(2),
-            eos_token_id: Some(3),
+            eos_token_ids: &[3],
             tie_word_embeddings: false,
         },
         Family::Olmo3 => Defaults {
@@ -707,7 +714,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: None,
-            eos_token_id: Some(50279),
+            eos_token_ids: &[50279],
             tie_word_embeddings: false,
         },
         Family::Gemma2 => Defaults {
@@ -715,7 +722,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: Some(256),
             max_position_embeddings: 8192,
             bos_token_id: Some(2),
-            eos_token_id: Some(1),
+            eos_token_ids: &[1],
             tie_word_embeddings: true,
         },
         Family::Gemma3Text => Defaults {
@@ -723,7 +730,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: Some(256),
             max_position_embeddings: 131_072,
             bos_token_id: Some(2),
-            eos_token_id: Some(1),
+            eos_token_ids: &[1],
             tie_word_embeddings: true,
         },
         Family::Cohere => Defaults {
@@ -731,7 +738,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 8192,
             bos_token_id: Some(5),
-            eos_token_id: Some(255001),
+            eos_token_ids: &[255001],
             tie_word_embeddings: true,
         },
         Family::Phi => Defaults {
@@ -739,7 +746,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: Some(1),
-            eos_token_id: Some(2),
+            eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
         Family::Phi3 => Defaults {
@@ -747,7 +754,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096,
             bos_token_id: Some(1),
-            eos_token_id: Some(32000),
+            eos_token_ids: &[32000],
             tie_word_embeddings: false,
         },
         Family::GptNeox => Defaults {
@@ -755,7 +762,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: Some(0),
-            eos_token_id: Some(2),
+            eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
         Family::Gpt2 => Defaults {
@@ -763,7 +770,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 1024,
             bos_token_id: Some(50256),
-            eos_token_id: Some(50256),
+            eos_token_ids: &[50256],
             tie_word_embeddings: true,
         },
         Family::Falcon => Defaults {
@@ -771,7 +778,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 2048,
             bos_token_id: Some(11),
-            eos_token_id: Some(11),
+            eos_token_ids: &[11],
             tie_word_embeddings: true,
         },
         Family::Glm => Defaults {
@@ -779,7 +786,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: Some(128),
             max_position_embeddings: 131072,
             bos_token_id: None,
-            eos_token_id: Some(151329),
+            eos_token_ids: &[151329, 151336, 151338],
             tie_word_embeddings: false,
         },
         Family::DeepseekV3 => Defaults {
@@ -787,7 +794,7 @@ fn defaults(family: Family) -> Defaults {
             head_dim: None,
             max_position_embeddings: 4096,
             bos_token_id: Some(0),
-            eos_token_id: Some(1),
+            eos_token_ids: &[1],
             tie_word_embeddings: false,
         },
     }
@@ -999,13 +1006,19 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let act = f.or(act_key, Some(default_act.to_string()), STRING)?;
     let hidden_act = match act.as_deref() {
         Some("silu" | "swish") => Activation::Silu,
-        Some("gelu") => Activation::Gelu,
-        Some("gelu_pytorch_tanh" | "gelu_new") => Activation::GeluTanh,
+        Some("gelu" | "gelu_python") => Activation::Gelu,
+        Some("gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" | "gelu_accurate" | "gelu_python_tanh") => {
+            Activation::GeluTanh
+        }
+        Some("relu") => Activation::Relu,
         Some("relu2") => Activation::Relu2,
         other => {
             return Err(f.error(
                 act_key,
-                &format!("unsupported activation {other:?}; supported: silu, gelu, gelu_pytorch_tanh, gelu_new, relu2"),
+                &format!(
+                    "unsupported activation {other:?}; supported: silu, swish, gelu, gelu_python, gelu_pytorch_tanh, \
+                     gelu_new, gelu_fast, gelu_accurate, gelu_python_tanh, relu, relu2"
+                ),
             ));
         }
     };
@@ -1131,7 +1144,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     }
     let bos_token_id = f.or("bos_token_id", d.bos_token_id, U32)?;
     let eos_token_ids = match f.map.get("eos_token_id") {
-        None => d.eos_token_id.into_iter().collect(),
+        None => d.eos_token_ids.to_vec(),
+        // GLM's config class puts its three end tokens where config.json says null too.
+        Some(Value::Null) if family == Family::Glm => d.eos_token_ids.to_vec(),
         Some(Value::Array(items)) => items
             .iter()
             .map(|v| (U32.read)(v).ok_or_else(|| f.error("eos_token_id", &format!("expected token ids, found {v}"))))
@@ -1473,17 +1488,24 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
     } else {
         Vec::new()
     };
-    // The router's training noise and its load-balancing loss would make training differ from transformers';
-    // refused rather than ignored.
-    if family == Family::Mixtral && f.or("router_jitter_noise", Some(0.0), F64)?.unwrap_or(0.0) != 0.0 {
-        return Err(f.error("router_jitter_noise", "router noise is not supported; set it to 0"));
-    }
-    if f.or("output_router_logits", Some(false), BOOL)? == Some(true) {
-        return Err(f.error(
+    let jitter = match family {
+        Family::Mixtral => f.or("router_jitter_noise", Some(0.0), F64)?.unwrap_or(0.0),
+        _ => 0.0,
+    };
+    let training_unsupported = if jitter != 0.0 {
+        Some(f.error(
+            "router_jitter_noise",
+            "router noise in training is not supported; set it to 0",
+        ))
+    } else if f.or("output_router_logits", Some(false), BOOL)? == Some(true) {
+        Some(f.error(
             "output_router_logits",
-            "the router's load-balancing loss is not supported; set it to false",
-        ));
+            "the router's load-balancing loss is not supported in training; set it to false",
+        ))
+    } else {
+        None
     }
+    .map(|e| e.to_string());
     Ok(Some(MoeConfig {
         num_experts,
         top_k,
@@ -1503,6 +1525,7 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
         } else {
             ["gate_proj", "up_proj", "down_proj"]
         },
+        training_unsupported,
     }))
 }
 

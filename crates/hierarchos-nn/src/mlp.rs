@@ -41,6 +41,7 @@ impl Mlp {
             Activation::Silu => UnaryOp::Silu,
             Activation::Gelu => UnaryOp::Gelu,
             Activation::GeluTanh => UnaryOp::GeluTanh,
+            Activation::Relu => UnaryOp::Relu,
             Activation::Relu2 => UnaryOp::Relu2,
         };
         let Some(gate_proj) = &self.gate_proj else {

@@ -239,7 +239,8 @@ pub const ARCHITECTURES: [Architecture; 31] = [
         features: "a mixture of experts in place of the MLP: a router picks num_experts_per_tok of \
                    num_local_experts gated SiLU experts per token (softmax, top-k, renormalized); sliding window \
                    when set; experts in the Hub's block_sparse_moe.experts.N.w1/w2/w3 layout; the router's \
-                   load-balancing loss (output_router_logits) and router noise fail closed",
+                   load-balancing loss (output_router_logits) and router noise, which inference ignores, stop \
+                   training at its start",
         gap: None,
     },
     Architecture {

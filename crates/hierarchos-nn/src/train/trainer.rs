@@ -119,6 +119,9 @@ impl<'m> Trainer<'m> {
     /// A run at step 0 over `sequences` training sequences; `pad_id` fills short rows (their labels are skipped).
     pub fn new(lm: &'m CausalLm, config: TrainConfig, sequences: usize, pad_id: u32) -> Result<Trainer<'m>> {
         config.validate()?;
+        if let Some(refusal) = lm.config().moe.as_ref().and_then(|m| m.training_unsupported.as_ref()) {
+            return Err(Error::Invalid(refusal.clone()));
+        }
         let params = lm.trainable_parameters();
         if let Some((name, _)) = params
             .iter()
