@@ -412,6 +412,80 @@ fn generation_stops_on_eos_and_stop_strings() {
     }
 }
 
+/// generation_config.json sets how the model picks tokens, as transformers' generate() reads it: greedy unless
+/// do_sample, transformers' defaults (temperature 1, top-k 50) for what a sampling file leaves out, the
+/// repetition penalty either way; settings not applied here load with a warning; bad values are errors naming
+/// the file and the key.
+#[test]
+fn generation_config_json_sets_the_defaults() {
+    let dev = dev();
+    let dir = tmpdir("generation-config");
+    for entry in std::fs::read_dir(fixture("llama")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let with = |json: &str| {
+        std::fs::write(dir.join("generation_config.json"), json).unwrap();
+        Model::from_dir(&dir, &dev)
+    };
+    let qwen_like = with(
+        r#"{"do_sample": true, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05,
+            "eos_token_id": [1, 2], "num_beams": 1}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        qwen_like.sampling,
+        SamplingConfig {
+            temperature: 0.7,
+            top_k: 20,
+            top_p: 0.8,
+            min_p: 0.0,
+            repetition_penalty: 1.05,
+            seed: 0
+        }
+    );
+    assert_eq!(qwen_like.eos_ids, [1, 2]);
+    let sampled = with(r#"{"do_sample": true, "no_repeat_ngram_size": 3}"#).unwrap();
+    assert_eq!((sampled.sampling.temperature, sampled.sampling.top_k), (1.0, 50));
+    let greedy = with(r#"{"temperature": 0.6, "top_p": 0.9, "repetition_penalty": 1.3}"#).unwrap();
+    assert_eq!(
+        greedy.sampling,
+        SamplingConfig {
+            repetition_penalty: 1.3,
+            ..SamplingConfig::default()
+        }
+    );
+    // The penalty changes greedy tokens: the model's defaults are what generate() is given.
+    let r = reference("llama");
+    let prompt = &rows(&r["input_ids"])[0];
+    let plain = greedy
+        .generate(prompt, 12, &SamplingConfig::default(), &[], |_, _| Ok(()))
+        .unwrap();
+    let penalized = greedy
+        .generate(prompt, 12, &greedy.sampling, &[], |_, _| Ok(()))
+        .unwrap();
+    assert_eq!(plain.ids, rows(&r["greedy_ids"])[0]);
+    assert_ne!(penalized.ids, plain.ids);
+    for (json, key) in [
+        (r#"{"do_sample": "yes"}"#, "do_sample"),
+        (r#"{"do_sample": true, "top_p": 2}"#, "top_p"),
+        (r#"{"do_sample": true, "top_k": 2.5}"#, "top_k"),
+        (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
+        (r#"{"eos_token_id": "</s>"}"#, "eos_token_id"),
+        (r#"[1, 2]"#, "object"),
+        (r#"{"do_sample": tru"#, "malformed"),
+    ] {
+        let err = with(json).unwrap_err().to_string();
+        assert!(
+            err.contains("generation_config.json") && err.contains(key),
+            "{json}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Past the first stretch of positions the cache holds room for, it grows (copying what it holds): 300 greedy
 /// tokens equal those of a cache sized for all of them at once, step by step.
 #[test]

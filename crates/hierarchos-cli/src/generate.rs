@@ -28,10 +28,11 @@ pub struct GenerateArgs {
     /// Most new tokens to generate.
     #[arg(short = 'n', long, default_value_t = 64, allow_negative_numbers = true)]
     pub max_new_tokens: usize,
-    /// Sampling temperature; 0 is greedy. Default: 1 when --top-k, --top-p or --min-p is given, else 0.
+    /// Sampling temperature; 0 is greedy. Each setting left out is the model's generation_config.json's, as
+    /// transformers' generate() takes it (greedy without one); a filter below on a greedy model samples at 1.
     #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
-    /// Sample among the K most likely tokens only.
+    /// Sample among the K most likely tokens only (0: all).
     #[arg(long, allow_negative_numbers = true)]
     pub top_k: Option<usize>,
     /// Sample among the most likely tokens that make up probability P.
@@ -41,8 +42,8 @@ pub struct GenerateArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub min_p: Option<f32>,
     /// Penalty on tokens already in the sequence (1 is none; transformers' repetition_penalty).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub repetition_penalty: f32,
+    #[arg(long, allow_negative_numbers = true)]
+    pub repetition_penalty: Option<f32>,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -58,24 +59,32 @@ pub struct GenerateArgs {
 }
 
 impl GenerateArgs {
-    fn sampling(&self) -> SamplingConfig {
+    /// The settings given, the model's `defaults` for the others.
+    fn sampling(&self, defaults: &SamplingConfig) -> SamplingConfig {
         let filtered = self.top_k.is_some() || self.top_p.is_some() || self.min_p.is_some();
+        let temperature = match self.temperature {
+            Some(t) => t,
+            None if filtered && !defaults.is_sampling() => 1.0,
+            None => defaults.temperature,
+        };
         SamplingConfig {
-            temperature: self.temperature.unwrap_or(if filtered { 1.0 } else { 0.0 }),
-            top_k: self.top_k.unwrap_or(0),
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: self.min_p.unwrap_or(0.0),
-            repetition_penalty: self.repetition_penalty,
+            temperature,
+            top_k: self.top_k.unwrap_or(defaults.top_k),
+            top_p: self.top_p.unwrap_or(defaults.top_p),
+            min_p: self.min_p.unwrap_or(defaults.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(defaults.repetition_penalty),
             seed: self.seed,
         }
     }
 }
 
 pub fn run(args: &GenerateArgs) -> Result<()> {
-    let sampling = args.sampling();
-    sampling.validate()?;
+    // The flags alone first, so that a bad one is refused before the model loads.
+    args.sampling(&SamplingConfig::default()).validate()?;
     let device = default_device().context("opening the default GPU")?;
     let model = crate::load_model(&args.model, args.revision.as_deref(), args.adapter.as_deref(), &device)?;
+    let sampling = args.sampling(&model.sampling);
+    sampling.validate()?;
     let prompt_ids = match &args.prompt {
         Some(text) => model.encode_prompt(text, args.chat)?,
         None => args.ids.clone(),

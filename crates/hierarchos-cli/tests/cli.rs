@@ -236,6 +236,37 @@ fn generate_sampling_chat_and_stop_flags() {
     assert_eq!(a.len(), 8);
     assert_eq!(a, sample("11"));
 
+    // Settings left out come from the model's generation_config.json, as transformers' generate() takes them;
+    // flags win over it.
+    let dir = scratch("generation-config");
+    for entry in std::fs::read_dir(&model).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"do_sample": true, "temperature": 1.2, "top_k": 40, "top_p": 0.9, "min_p": 0.02,
+            "repetition_penalty": 1.2}"#,
+    )
+    .unwrap();
+    let d = dir.to_str().unwrap();
+    let json = last_json(&ok(&[
+        "generate", "-m", d, "-p", "The", "-n", "8", "--seed", "11", "--json",
+    ]));
+    assert_eq!(ids(&json["ids"]), a);
+    let greedy = |m: &str, extra: &[&str]| {
+        let mut args = vec!["generate", "-m", m, "-p", "The", "-n", "8", "--json"];
+        args.extend_from_slice(extra);
+        ids(&last_json(&ok(&args))["ids"])
+    };
+    assert_eq!(
+        greedy(d, &["--temperature", "0", "--repetition-penalty", "1"]),
+        greedy(m, &[])
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
     // --chat sends the prompt through the chat template as one user message.
     let json = last_json(&ok(&["generate", "-m", m, "-p", "Why?", "--chat", "-n", "3", "--json"]));
     let tok = Tokenizer::from_dir(&model).unwrap();

@@ -11,6 +11,7 @@ mod embedding;
 mod error;
 mod feed_forward;
 pub mod generate;
+pub mod generation_config;
 pub mod gguf;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod hub;
@@ -45,6 +46,7 @@ pub use feed_forward::FeedForward;
 #[cfg(not(target_arch = "wasm32"))]
 pub use generate::generate;
 pub use generate::{Generation, StopConditions, StopReason, generate_async};
+pub use generation_config::GenerationConfig;
 pub use init::ParamRng;
 pub use kv_cache::KvCache;
 pub use latent_attention::{LatentAttention, LatentQuery};

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use crate::chat_template::ChatMessage;
 use crate::error::{Error, Result};
 use crate::generate::{Generation, StopConditions, generate_async};
+use crate::generation_config::GenerationConfig;
 use crate::model_files::{Folder, ModelFiles};
 use crate::sampling::SamplingConfig;
-use crate::tokenizer::{Tokenizer, generation_eos_ids};
+use crate::tokenizer::Tokenizer;
 use crate::{CausalLm, ModelConfig};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::{
@@ -30,6 +31,9 @@ pub struct Model {
     pub tokenizer: Option<Tokenizer>,
     /// The ids generation stops on.
     pub eos_ids: Vec<u32>,
+    /// How the model's authors set generation to pick tokens (`generation_config.json`; greedy without one):
+    /// what callers start from before their own settings.
+    pub sampling: SamplingConfig,
 }
 
 impl std::fmt::Debug for Model {
@@ -68,23 +72,29 @@ impl Model {
     /// A model of the folder `dir` whose decoder is `lm` (one just trained, say) and whose tokenizer is
     /// `tokenizer`: the end-of-sequence ids come from the folder as [`Model::from_dir`] reads them.
     pub fn with_lm(dir: &Path, lm: CausalLm, tokenizer: Option<Tokenizer>) -> Result<Model> {
-        let generation_eos = generation_eos_ids(Folder::Disk(dir))?;
-        Ok(Model::assemble(dir, lm, tokenizer, generation_eos))
+        let generation = GenerationConfig::read(Folder::Disk(dir))?;
+        Ok(Model::assemble(dir, lm, tokenizer, generation))
     }
 
     /// A model whose decoder is `lm` and whose tokenizer and end-of-sequence ids come from `files` held in memory
     /// (the web demo, which has no file system); `dir` labels it.
     pub fn from_model_files(dir: &Path, lm: CausalLm, files: &ModelFiles) -> Result<Model> {
         let tokenizer = Tokenizer::from_model_files(dir, files)?;
-        let generation_eos = generation_eos_ids(Folder::Memory(dir, files))?;
-        Ok(Model::assemble(dir, lm, tokenizer, generation_eos))
+        let generation = GenerationConfig::read(Folder::Memory(dir, files))?;
+        Ok(Model::assemble(dir, lm, tokenizer, generation))
     }
 
-    fn assemble(dir: &Path, lm: CausalLm, tokenizer: Option<Tokenizer>, generation_eos: Option<Vec<u32>>) -> Model {
+    fn assemble(dir: &Path, lm: CausalLm, tokenizer: Option<Tokenizer>, generation: GenerationConfig) -> Model {
         let config = lm.config().clone();
+        for setting in &generation.ignored {
+            tracing::warn!(
+                "{}: {setting} is not applied: generation here can pick other tokens than transformers' generate()",
+                dir.join("generation_config.json").display()
+            );
+        }
         // transformers stops on generation_config.json's ids, else config.json's; the tokenizer's EOS is the
         // last resort for folders that have neither.
-        let eos_ids = match generation_eos {
+        let eos_ids = match generation.eos_ids {
             Some(ids) => ids,
             None if !config.eos_token_ids.is_empty() => config.eos_token_ids.clone(),
             None => tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default(),
@@ -95,6 +105,7 @@ impl Model {
             lm,
             tokenizer,
             eos_ids,
+            sampling: generation.sampling,
         }
     }
 
@@ -117,6 +128,7 @@ impl Model {
             lm,
             tokenizer: Some(tokenizer),
             eos_ids,
+            sampling: SamplingConfig::default(),
         })
     }
 

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::chat_template::{ChatMessage, render_chat_template};
 use crate::error::{Error, Result};
+use crate::generation_config::GenerationConfig;
 use crate::model_files::{Folder, ModelFiles};
 
 /// A model's tokenizer with the special tokens and chat template that generation needs.
@@ -47,34 +48,6 @@ fn token_text(v: &Value) -> Option<String> {
         Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
         _ => None,
     }
-}
-
-/// generation_config.json's `eos_token_id` (one id or a list), if the file exists and sets it.
-pub(crate) fn generation_eos_ids(folder: Folder<'_>) -> Result<Option<Vec<u32>>> {
-    let path = folder.path("generation_config.json");
-    let Some(text) = folder.text("generation_config.json")? else {
-        return Ok(None);
-    };
-    let json: Value = serde_json::from_str(&text).map_err(|e| Error::Config {
-        path: path.clone(),
-        message: format!("malformed JSON: {e}"),
-    })?;
-    let ids = match json.get("eos_token_id") {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::Array(list)) => list.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>(),
-        Some(one) => one.as_u64().map(|id| vec![id]),
-    };
-    let ids = ids
-        .and_then(|ids| {
-            ids.into_iter()
-                .map(|id| u32::try_from(id).ok())
-                .collect::<Option<Vec<u32>>>()
-        })
-        .ok_or_else(|| Error::Config {
-            path,
-            message: "eos_token_id is not a token id or a list of them".into(),
-        })?;
-    Ok(Some(ids))
 }
 
 /// `chat_template` is a string, or a list of `{name, template}` of which transformers uses `default`.
@@ -138,7 +111,7 @@ impl Tokenizer {
         let bos_token = config.get("bos_token").and_then(token_text);
         let pad_token = config.get("pad_token").and_then(token_text);
         let mut eos_tokens: Vec<String> = config.get("eos_token").and_then(token_text).into_iter().collect();
-        let mut eos_ids = generation_eos_ids(folder)?.unwrap_or_default();
+        let mut eos_ids = GenerationConfig::read(folder)?.eos_ids.unwrap_or_default();
         for token in &eos_tokens {
             if let Some(id) = inner.token_to_id(token)
                 && !eos_ids.contains(&id)
