@@ -7,6 +7,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 
 use eframe::egui;
 use hierarchos_core::Device;
+use hierarchos_nn::SamplingConfig;
 
 use crate::chat_panel::ChatState;
 use crate::embedded::Embedded;
@@ -182,6 +183,13 @@ impl StudioApp {
                     self.busy = None;
                     if std::mem::take(&mut self.defaults_pending) {
                         self.train.defaults_for(&summary);
+                    }
+                    // Another model: its own sampling settings (the same one, trained, keeps the user's).
+                    if self.model.as_ref().is_none_or(|m| m.dir != summary.dir) {
+                        self.chat.sampling = SamplingConfig {
+                            seed: self.chat.sampling.seed,
+                            ..summary.sampling.clone()
+                        };
                     }
                     self.model = Some(summary);
                 }

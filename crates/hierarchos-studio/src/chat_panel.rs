@@ -90,6 +90,8 @@ impl StudioApp {
             ui.add(egui::DragValue::new(&mut c.sampling.top_k).range(0..=1000));
             ui.label("top-p");
             ui.add(egui::DragValue::new(&mut c.sampling.top_p).range(0.0..=1.0).speed(0.01));
+            ui.label("min-p");
+            ui.add(egui::DragValue::new(&mut c.sampling.min_p).range(0.0..=1.0).speed(0.01));
             ui.label("repetition penalty");
             ui.add(
                 egui::DragValue::new(&mut c.sampling.repetition_penalty)

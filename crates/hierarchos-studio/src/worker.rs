@@ -127,6 +127,8 @@ pub struct ModelSummary {
     pub tokenizer: bool,
     /// Whether the tokenizer has a chat template.
     pub chat_template: bool,
+    /// How the model's `generation_config.json` picks tokens: the Chat tab starts from it.
+    pub sampling: SamplingConfig,
 }
 
 impl ModelSummary {
@@ -597,5 +599,6 @@ fn summary(model: &Model, has_weights: bool) -> ModelSummary {
         adapter: model.lm.adapter_config().is_some(),
         tokenizer: model.tokenizer.is_some(),
         chat_template: model.tokenizer.as_ref().is_some_and(|t| t.chat_template().is_some()),
+        sampling: model.sampling.clone(),
     }
 }
