@@ -941,6 +941,16 @@ fn gemma2_and_gemma3_options() {
     );
     let local = g3.sliding_rope.unwrap();
     assert_eq!((local.theta, local.scaling), (10000.0, RopeScaling::Default));
+    // Gemma 3's attention never applies the soft-capping its config class keeps; the logits' it does.
+    let capped = parse(&tiny(
+        "gemma3_text",
+        r#""attn_logit_softcapping": 2.0, "final_logit_softcapping": 30.0"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        (capped.attention_softcap, capped.final_logit_softcap),
+        (None, Some(30.0))
+    );
     err(
         &tiny("gemma3_text", r#""use_bidirectional_attention": true"#),
         &["use_bidirectional_attention"],
@@ -1004,6 +1014,9 @@ fn phi3_options() {
 /// q/k/v with heads interleaved and the module names.
 #[test]
 fn gpt_neox_options() {
+    // Heads split hidden_size evenly, one key/value head each, whatever stray keys say (as transformers reads it).
+    let stray = parse(&tiny("gpt_neox", r#""num_key_value_heads": 2, "head_dim": 24"#)).unwrap();
+    assert_eq!((stray.num_key_value_heads, stray.head_dim), (4, 16));
     let c = parse(&tiny("gpt_neox", r#""rotary_pct": 0.5, "rotary_emb_base": 500"#)).unwrap();
     assert_eq!((c.rotary_dim, c.rope.theta), (8, 500.0));
     assert_eq!(c.norm_placement, NormPlacement::ParallelTwoNorms);
@@ -1068,6 +1081,9 @@ fn falcon_layouts() {
         (seven.num_key_value_heads, seven.norm_placement),
         (1, NormPlacement::Parallel)
     );
+    // The legacy `n_embed` wins over hidden_size, as Falcon's config class takes it.
+    let legacy = parse(&tiny("falcon", &format!(r#"{base}, "n_embed": 32, "head_dim": 4"#))).unwrap();
+    assert_eq!((legacy.hidden_size, legacy.head_dim), (32, 8));
     assert_eq!(
         (seven.intermediate_size, seven.names.input_norm),
         (256, "input_layernorm")

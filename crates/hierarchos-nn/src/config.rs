@@ -821,7 +821,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         }
     };
     let vocab_size = positive("vocab_size")?;
-    let hidden_size = positive(key("hidden_size"))?;
+    // Falcon's config class takes a legacy `n_embed` over `hidden_size`.
+    let hidden_size = match family {
+        Family::Falcon if f.map.contains_key("n_embed") => positive("n_embed")?,
+        _ => positive(key("hidden_size"))?,
+    };
     // GPT-2's and Falcon's MLPs are 4 x hidden unless n_inner / ffn_hidden_size say otherwise.
     let width_key = match family {
         Family::Gpt2 => Some("n_inner"),
@@ -844,6 +848,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Falcon if falcon_new => f.or("num_kv_heads", None, USIZE)?.unwrap_or(num_attention_heads),
         Family::Falcon if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
         Family::Falcon => num_attention_heads,
+        // One key/value head per query head, whatever a stray `num_key_value_heads` says (transformers reads none).
+        Family::GptNeox | Family::Gpt2 => num_attention_heads,
         _ => f
             .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
             .unwrap_or(num_attention_heads),
@@ -864,8 +870,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             ),
         ));
     }
-    // (DeepSeek-V3's config.json calls its rotary part `head_dim`.)
-    let head_dim = match f.or("head_dim", d.head_dim, USIZE)? {
+    // (DeepSeek-V3's config.json calls its rotary part `head_dim`; the attention of StableLM, GPT-NeoX, GPT-2 and
+    // Falcon splits hidden_size evenly whatever `head_dim` says.)
+    let head_dim_key = match family {
+        Family::Stablelm | Family::GptNeox | Family::Gpt2 | Family::Falcon => None,
+        _ => f.or("head_dim", d.head_dim, USIZE)?,
+    };
+    let head_dim = match head_dim_key {
         _ if let Some(m) = latent_attention => (m.nope_dim + m.rope_dim).max(m.v_dim),
         Some(0) => return Err(f.error("head_dim", "must be positive")),
         Some(h) => h,
@@ -1086,7 +1097,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         }
     };
     let gemma2 = family == Family::Gemma2;
-    let attention_softcap = softcap("attn_logit_softcapping", gemma2.then_some(50.0))?;
+    // Gemma 3's config class keeps an `attn_logit_softcapping` that its attention never applies.
+    let attention_softcap = match family {
+        Family::Gemma3Text => None,
+        _ => softcap("attn_logit_softcapping", gemma2.then_some(50.0))?,
+    };
     let final_logit_softcap = softcap("final_logit_softcapping", gemma2.then_some(30.0))?;
     let logits_scaling = multiplier("logits_scaling")?;
     // EXAONE 4's layers rotate only when they slide or when the config sets no window at all (transformers

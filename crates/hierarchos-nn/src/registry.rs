@@ -312,7 +312,8 @@ pub const ARCHITECTURES: [Architecture; 31] = [
         family: Family::Gemma3Text,
         status: Status::Validated,
         fixtures: &["gemma3_text"],
-        features: "Gemma 2's layers with per-head q/k RMSNorm (1 + weight), no soft-capping by default, sliding \
+        features: "Gemma 2's layers with per-head q/k RMSNorm (1 + weight), final logits soft-capped only when \
+                   set (attention scores never: transformers ignores attn_logit_softcapping for Gemma 3), sliding \
                    layers (five of every six by default) with their own rotary base (rope_local_base_freq or \
                    per-layer-type rope_parameters), the full-attention layers' rope scaling",
         gap: None,
