@@ -520,6 +520,43 @@ fn the_cache_grows_as_generation_goes_on() {
     assert_eq!(g.ids, want);
 }
 
+/// Phi-3 under LongRoPE: when the sequence passes the pretraining length (16 in the fixture) during generation,
+/// transformers throws the cache away and runs the whole sequence again, so that the cached keys too rotate by
+/// the long factors; each token is then the greedy token of a forward over the whole prefix.
+#[test]
+fn phi3_recomputes_its_cache_past_the_pretraining_length() {
+    let dev = dev();
+    let model = Model::from_dir(&fixture("phi3_longrope"), &dev).unwrap();
+    assert_eq!(model.config.cache_reset_length(), Some(17));
+    let full = &rows(&reference("phi3_longrope")["input_ids"])[0];
+    let no_stop = StopConditions {
+        eos_ids: vec![],
+        stop_strings: vec![],
+        tokenizer: None,
+    };
+    // Past the reset too: 20 positions in all.
+    for prompt_len in [5, 16] {
+        let prompt = &full[..prompt_len];
+        let n = 20 - prompt_len;
+        let mut seq = prompt.to_vec();
+        for _ in 0..n {
+            let ids = Tensor::from_slice(&seq, &[1, seq.len()], &dev).unwrap();
+            let logits = hierarchos::core::no_grad(|| model.lm.forward_last(&ids, None)).unwrap();
+            seq.push(argmax(&logits.to_vec::<f32>().unwrap()) as u32);
+        }
+        let g = generate(
+            &model.lm,
+            prompt,
+            n,
+            &SamplingConfig::default(),
+            &no_stop,
+            |_, _| Ok(()),
+        )
+        .unwrap();
+        assert_eq!(g.ids, seq[prompt_len..], "prompt of {prompt_len}");
+    }
+}
+
 #[test]
 fn seeded_generation_is_reproducible() {
     let dev = dev();

@@ -362,6 +362,19 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// The sequence length at which generation throws the KV cache away and runs the whole sequence again, as
+    /// transformers' Phi-3 does under LongRoPE: once the sequence passes the pretraining length, the keys cached
+    /// under the short factors are rotated again with the long ones, as a forward over the whole sequence would.
+    pub fn cache_reset_length(&self) -> Option<usize> {
+        match &self.rope.scaling {
+            RopeScaling::LongRope {
+                original_max_position_embeddings,
+                ..
+            } if self.model_type == "phi3" => Some(original_max_position_embeddings + 1),
+            _ => None,
+        }
+    }
+
     /// A plain Llama of this shape (`head_dim` = hidden / heads, rope theta 10000, RMSNorm eps 1e-6, untied,
     /// every other option neutral): what GGUF files and tests build on with struct update syntax.
     pub fn llama(

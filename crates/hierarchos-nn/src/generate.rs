@@ -127,9 +127,11 @@ fn greedy_pick(logits: &Tensor) -> Result<(Tensor, PendingVec<f32>)> {
 }
 
 impl Chooser {
-    async fn new(sampling: &SamplingConfig, logits: Tensor) -> Result<Chooser> {
+    /// The host path where `host` asks for it (the GPU path feeds tokens the host has not read yet, so it cannot
+    /// run the whole sequence again at a cache reset).
+    async fn new(sampling: &SamplingConfig, logits: Tensor, host: bool) -> Result<Chooser> {
         let sampler = Sampler::new(sampling.clone())?;
-        if sampling.is_sampling() || sampling.repetition_penalty != 1.0 {
+        if host || sampling.is_sampling() || sampling.repetition_penalty != 1.0 {
             return Ok(Chooser::Host {
                 sampler,
                 logits: logits.to_vec_async().await?,
@@ -175,11 +177,19 @@ impl Chooser {
         }
     }
 
-    /// After token `id` was accepted and more are wanted: the host path computes the logits that follow it (the
-    /// GPU path already did).
-    async fn advance(&mut self, lm: &CausalLm, cache: &mut KvCache, id: u32) -> Result<()> {
+    /// After the last token of `history` was accepted and more are wanted: the host path computes the logits
+    /// that follow it (the GPU path already did), over the whole sequence again where the model resets its cache
+    /// at this length ([`crate::ModelConfig::cache_reset_length`]).
+    async fn advance(&mut self, lm: &CausalLm, cache: &mut KvCache, history: &[u32]) -> Result<()> {
         if let Chooser::Host { logits, .. } = self {
-            let ids = Tensor::from_slice(&[id], &[1, 1], lm.device())?;
+            let reset = lm.config().cache_reset_length();
+            let feed = if reset.is_some_and(|at| history.len() >= at && cache.len() < at) {
+                cache.truncate(0);
+                history
+            } else {
+                &history[history.len() - 1..]
+            };
+            let ids = Tensor::from_slice(feed, &[1, feed.len()], lm.device())?;
             *logits = next_logits(lm, &ids, cache)?.to_vec_async().await?;
         }
         Ok(())
@@ -251,7 +261,11 @@ pub async fn generate_async(
 
     let start = Instant::now();
     let prompt = Tensor::from_slice(prompt_ids, &[1, prompt_ids.len()], lm.device())?;
-    let mut chooser = Chooser::new(sampling, next_logits(lm, &prompt, &mut cache)?).await?;
+    let resets = lm
+        .config()
+        .cache_reset_length()
+        .is_some_and(|at| prompt_ids.len() < at && prompt_ids.len().saturating_add(max_new_tokens) > at);
+    let mut chooser = Chooser::new(sampling, next_logits(lm, &prompt, &mut cache)?, resets).await?;
     // The prefill ends when its token reaches the host.
     let mut prefill_secs = None;
     let mut decode_start = Instant::now();
@@ -280,7 +294,7 @@ pub async fn generate_async(
             break StopReason::StopString;
         }
         if ids.len() < max_new_tokens {
-            chooser.advance(lm, &mut cache, id).await?;
+            chooser.advance(lm, &mut cache, &history).await?;
         }
     };
     let prefill_secs = match prefill_secs {

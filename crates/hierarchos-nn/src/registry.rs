@@ -346,7 +346,8 @@ pub const ARCHITECTURES: [Architecture; 31] = [
                    computed as one product and adapted as one layer; sliding window on every layer when set, \
                    partial_rotary_factor (Phi-4-mini); the LongRoPE of the 128k models, Phi-3.5 and Phi-4-mini \
                    (short factors within the pretraining length, long ones past it, chosen per forward as \
-                   transformers does); the residual dropout of training is not applied",
+                   transformers does, and the cache computed again when generation passes that length); the \
+                   residual dropout of training is not applied",
         gap: None,
     },
     Architecture {
