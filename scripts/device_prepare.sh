@@ -26,11 +26,16 @@ if ! ls .gl/libvulkan1_*.deb .gl/libglvnd0_*.deb >/dev/null 2>&1; then
     apt-get $apt update -qq && (cd .gl && apt-get $apt download -qq libvulkan1 libglvnd0 libglx0 libegl1)
 fi
 cargo build -q --release -p hierarchos-cli
+# Stripped: a device call carries the tracked tree (53 MiB) and these folders within 64 MiB.
+tmp="$(mktemp -d)"
 for test in ops_matmul ops_flash_attention; do
     bin="$(cargo test --release --test "$test" --no-run 2>&1 | grep -m1 -o "/[^ )]*/$test-[0-9a-f]*")"
-    xz -T2 -6 -c "$bin" >".bench/$test.xz"
+    strip -o "$tmp/$test" "$bin"
+    xz -T2 -6 -c "$tmp/$test" >".bench/$test.xz"
 done
-xz -T2 -6 -c "$CARGO_TARGET_DIR/release/hierarchos" >.bench/hierarchos.xz
+strip -o "$tmp/hierarchos" "$CARGO_TARGET_DIR/release/hierarchos"
+xz -T2 -6 -c "$tmp/hierarchos" >.bench/hierarchos.xz
+rm -rf "$tmp"
 cat >.bench/run.sh <<'RUN'
 # Made by scripts/device_prepare.sh: bash .bench/run.sh tests|train|sass
 set -u
