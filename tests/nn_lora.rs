@@ -10,6 +10,7 @@ use common::*;
 use hierarchos::core::Tensor;
 use hierarchos::nn::lora::{LoraConfig, TargetModules};
 use hierarchos::nn::optim::{AdamW, AdamWConfig};
+use hierarchos::nn::weights::save_f32;
 use hierarchos::nn::{CausalLm, ModelConfig, Weights};
 use std::path::Path;
 
@@ -194,6 +195,18 @@ fn a_new_adapter_starts_as_a_no_op_on_the_targeted_layers_only() {
         .add_lora(&LoraConfig::new(4, 8.0, 0.0, TargetModules::parse("nothing_proj")), 1)
         .unwrap_err();
     assert!(err.to_string().contains("no linear layer"), "{err}");
+    // The head is PEFT's `lm_head` module in every family, GPT-NeoX's too (its checkpoint says `embed_out`).
+    let mut neox = base(&fixture("gpt_neox"));
+    neox.add_lora(&LoraConfig::new(4, 8.0, 0.0, TargetModules::parse("lm_head")), 1)
+        .unwrap();
+    let names: Vec<String> = neox.adapter_parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        [
+            "base_model.model.lm_head.lora_A.weight",
+            "base_model.model.lm_head.lora_B.weight"
+        ]
+    );
 }
 
 #[test]
@@ -333,6 +346,10 @@ fn bad_adapter_folders_name_the_file_and_tensor() {
     };
     let cases: Vec<(Edit, &str)> = vec![
         (Box::new(set("use_dora", serde_json::json!(true))), "use_dora"),
+        (
+            Box::new(set("init_lora_weights", serde_json::json!("pissa_niter_4"))),
+            "init_lora_weights 'pissa_niter_4'",
+        ),
         (Box::new(set("bias", serde_json::json!("all"))), "bias 'all'"),
         (Box::new(set("peft_type", serde_json::json!("IA3"))), "IA3"),
         (Box::new(set("r", serde_json::json!(8))), "lora_A.weight"),
@@ -358,6 +375,53 @@ fn bad_adapter_folders_name_the_file_and_tensor() {
         let err = base(&dir).load_adapter(&out, false).unwrap_err().to_string();
         assert!(err.contains(want), "expected '{want}' in: {err}");
     }
+}
+
+/// PEFT saves a targeted head's own weights beside its adapter (`save_embedding_layers="auto"`): the same weights
+/// as the base's load; others, and LoRA on embeddings, are refused naming the tensor.
+#[test]
+fn base_weight_copies_in_an_adapter_must_be_the_base_weights() {
+    let dir = fixture("llama");
+    let adapter = Weights::open_file(&dir.join("lora/adapter_model.safetensors")).unwrap();
+    let model = Weights::open(&dir).unwrap();
+    let head_shape = model.shape("lm_head.weight").unwrap();
+    let head = model.read_f32("lm_head.weight", &head_shape).unwrap();
+    let with_extra = |name: &str, shape: &[usize], data: &[f32]| {
+        let out = tmpdir("lora-extra");
+        std::fs::copy(dir.join("lora/adapter_config.json"), out.join("adapter_config.json")).unwrap();
+        let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = adapter
+            .names()
+            .into_iter()
+            .map(|n| {
+                let shape = adapter.shape(&n).unwrap();
+                let data = adapter.read_f32(&n, &shape).unwrap();
+                (n, shape, data)
+            })
+            .collect();
+        tensors.push((name.to_string(), shape.to_vec(), data.to_vec()));
+        let refs: Vec<(&str, &[usize], &[f32])> = tensors
+            .iter()
+            .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
+            .collect();
+        save_f32(&out.join("adapter_model.safetensors"), &refs).unwrap();
+        let loaded = base(&dir).load_adapter(&out, false).map(|_| ());
+        std::fs::remove_dir_all(&out).unwrap();
+        loaded
+    };
+    let copy = "base_model.model.lm_head.base_layer.weight";
+    with_extra(copy, &head_shape, &head).unwrap();
+    let mut changed = head.clone();
+    changed[7] += 1.0;
+    let err = with_extra(copy, &head_shape, &changed).unwrap_err().to_string();
+    assert!(err.contains(copy) && err.contains("differs"), "{err}");
+    let err = with_extra(
+        "base_model.model.model.embed_tokens.lora_embedding_A",
+        &[4, 300],
+        &vec![0.0; 1200],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("LoRA on embeddings"), "{err}");
 }
 
 #[test]

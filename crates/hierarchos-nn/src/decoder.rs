@@ -192,6 +192,10 @@ pub struct CausalLm {
     pub(crate) adapter: Option<Box<LoraConfig>>,
 }
 
+/// The output head's module path, which adapters name: `lm_head` in every family under transformers 5, GPT-NeoX's
+/// too, whose checkpoints call its weight `embed_out` (renamed on load).
+pub(crate) const HEAD_MODULE: &str = "lm_head";
+
 impl CausalLm {
     /// Loads every tensor the config implies from `weights`, each with the shape it must have.
     pub fn load(config: &ModelConfig, weights: &Weights, device: &Device) -> Result<CausalLm> {
@@ -633,7 +637,7 @@ impl CausalLm {
             v.extend(prefixed(&self.config.names.layer(i), layer.linears()));
         }
         if let Some(head) = &self.lm_head {
-            v.push((self.config.names.head.to_string(), head));
+            v.push((HEAD_MODULE.to_string(), head));
         }
         v
     }
@@ -641,7 +645,7 @@ impl CausalLm {
     /// Whether PEFT's `all-linear` leaves out the layer at `path`, as it does with transformers 5: the output head,
     /// and a mixture of experts' router and routed experts (parameters there, not linear modules).
     pub(crate) fn outside_all_linear(&self, path: &str) -> bool {
-        if path == self.config.names.head {
+        if path == HEAD_MODULE {
             return true;
         }
         self.config.moe.as_ref().is_some_and(|moe| {
@@ -659,7 +663,7 @@ impl CausalLm {
             v.extend(prefixed(&names.layer(i), layer.linears_mut()));
         }
         if let Some(head) = &mut self.lm_head {
-            v.push((self.config.names.head.to_string(), head));
+            v.push((HEAD_MODULE.to_string(), head));
         }
         v
     }

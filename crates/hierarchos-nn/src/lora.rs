@@ -272,6 +272,17 @@ impl LoraConfig {
                 return Err(format!("{key} = {value} is not supported (Hierarchos runs plain LoRA)"));
             }
         }
+        // PiSSA, OLoRA, CorDA and LoftQ take their starting update out of the base weights: PEFT does it again when
+        // it loads such an adapter, so its tensors mean something else on the unchanged base here.
+        if let Some(Value::String(init)) = self.other.get("init_lora_weights")
+            && ["pissa", "olora", "corda", "loftq"].iter().any(|m| init.starts_with(m))
+        {
+            return Err(format!(
+                "init_lora_weights '{init}' changes the base weights when PEFT loads the adapter, which is not \
+                 supported (save it with PEFT's path_initial_model_for_weight_conversion, a plain LoRA of the \
+                 original model)"
+            ));
+        }
         // Which decoder layer a module is in is the first number of its path (`model.layers.N.`, GPT-2's
         // `transformer.h.N.`): what PEFT's default pattern, or a pattern naming the list of layers, finds.
         match self.other.get("layers_pattern") {
@@ -495,17 +506,43 @@ impl CausalLm {
             claimed.extend([a, b]);
             Ok(tensors)
         })?;
-        if let Some(extra) = weights.names().into_iter().find(|n| !claimed.contains(n)) {
-            return Err(Error::Weights {
-                path,
-                message: format!(
+        for extra in weights.names().into_iter().filter(|n| !claimed.contains(n)) {
+            let message = if extra.contains(".lora_embedding_") {
+                format!("tensor '{extra}': LoRA on embeddings is not supported")
+            } else if let Some(module) = extra
+                .strip_prefix(PEFT_PREFIX)
+                .and_then(|n| n.strip_suffix(".base_layer.weight"))
+                && self.holds_weight(module, &weights, &extra)?
+            {
+                // PEFT saves a targeted head's or embedding's own weights beside its adapter: the same as here.
+                continue;
+            } else {
+                format!(
                     "tensor '{extra}' belongs to no layer adapter_config.json targets in this model (another base \
-                     model?)"
-                ),
-            });
+                     model?), or its copy of a base weight differs from this model's"
+                )
+            };
+            return Err(Error::Weights { path, message });
         }
         self.install(&config, adapters);
         Ok(config)
+    }
+
+    /// Whether the linear layer at module path `module` holds exactly the weight that tensor `name` of `weights`
+    /// holds (PEFT's copy of a base weight in an adapter).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn holds_weight(&self, module: &str, weights: &Weights, name: &str) -> Result<bool> {
+        let Some((_, layer)) = self.linears().into_iter().find(|(path, _)| path == module) else {
+            return Ok(false);
+        };
+        let LinearWeight::Dense(own) = &layer.weight else {
+            return Ok(false);
+        };
+        if weights.shape(name).as_deref() != Some(own.shape()) {
+            return Ok(false);
+        }
+        let copy = weights.read_f32(name, own.shape())?;
+        Ok(copy == own.to_dtype(DType::F32)?.to_vec::<f32>()?)
     }
 
     /// The adapters of every layer `config` targets, with tensors from `make(module path, [out, in], rank)`
@@ -613,6 +650,20 @@ impl CausalLm {
             path: dir.to_path_buf(),
             source,
         })?;
+        if let Some(moe) = &self.config().moe {
+            let expert_named = self.linears().into_iter().find(|(path, l)| {
+                l.lora.is_some() && moe.expert_names.iter().any(|n| path.ends_with(&format!(".{n}")))
+            });
+            if let Some((path, _)) = expert_named {
+                tracing::warn!(
+                    "{}: {path} and the other adapted modules named as the experts' projections are read by PEFT \
+                     with transformers 5 as LoRA on the fused expert parameters: dense and shared-expert adapters \
+                     of those names are dropped there, and only all three expert projections without rsLoRA load \
+                     as trained (Hierarchos loads this adapter as it is)",
+                    dir.display()
+                );
+            }
+        }
         Weights::save(&dir.join(ADAPTER_WEIGHTS_FILE), &self.adapter_parameters())?;
         let mut config = config.clone();
         if let TargetModules::Pattern(p) = &config.target_modules
