@@ -7,7 +7,9 @@ use common::tmpdir;
 
 use std::path::{Path, PathBuf};
 
-use hierarchos::nn::{CausalLm, ChatMessage, Error, Model, ModelConfig, ModelFiles, Tokenizer, render_chat_template};
+use hierarchos::nn::{
+    CausalLm, ChatMessage, Error, Model, ModelConfig, ModelFiles, SpecialTokens, Tokenizer, render_chat_template,
+};
 use serde_json::{Value, json};
 
 const FAMILIES: [&str; 5] = ["llama", "llama3_tied", "mistral", "qwen2", "qwen3"];
@@ -225,21 +227,25 @@ fn chat_templates_get_python_methods_trimmed_blocks_and_raise_exception() {
         ChatMessage::new("assistant", "Hello "),
         ChatMessage::new("user", "Bye"),
     ];
-    let out = render_chat_template(template, &messages, true, "<s>", "</s>").unwrap();
+    let bos_eos = SpecialTokens {
+        named: vec![("bos_token".into(), "<s>".into()), ("eos_token".into(), "</s>".into())],
+        additional: vec![],
+    };
+    let out = render_chat_template(template, &messages, true, &bos_eos).unwrap();
     // What Jinja2 renders with transformers' settings (trim_blocks, lstrip_blocks).
     let want = "        <s>[INST] Be brief. Hi [/INST]\n         Hello </s>\n        <s>[INST] Bye [/INST]\n>";
     assert_eq!(out, want);
 
     let bad = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
-    let err = render_chat_template(template, &bad, false, "<s>", "</s>").unwrap_err();
+    let err = render_chat_template(template, &bad, false, &bos_eos).unwrap_err();
     assert!(err.contains("roles must alternate"), "{err}");
-    let err = render_chat_template("{% for %}", &bad, false, "", "").unwrap_err();
+    let err = render_chat_template("{% for %}", &bad, false, &SpecialTokens::default()).unwrap_err();
     assert!(err.contains("chat template"), "{err}");
 
     // transformers' additions to Jinja2: `tojson` as Python's json.dumps(ensure_ascii=False) writes it (tool
     // definitions render as in training), `{% generation %}` blocks, `strftime_now`.
     let turn = [ChatMessage::new("user", "a<b> & 'c' \"é\"\n")];
-    let render = |template: &str| render_chat_template(template, &turn, false, "", "").unwrap();
+    let render = |template: &str| render_chat_template(template, &turn, false, &SpecialTokens::default()).unwrap();
     assert_eq!(
         render("{{ messages[0] | tojson }}"),
         r#"{"role": "user", "content": "a<b> & 'c' \"é\"\n"}"#
@@ -333,4 +339,59 @@ fn model_files_in_memory_give_what_the_folder_gives() {
     assert!(err.to_string().contains("config.json"), "{err}");
     let files = ModelFiles::from_named(&dir, vec![("config.json".into(), b"{}".to_vec())]).unwrap();
     assert!(Tokenizer::from_model_files(&dir, &files).unwrap().is_none());
+}
+
+/// Special tokens as transformers reads them: named ones from tokenizer_config.json, else from
+/// special_tokens_map.json; additional ones made special (a text holding one maps to its id; one missing from the
+/// vocabulary gets the next id); `added_tokens_decoder` entries tokenizer.json lacks; the template's variables
+/// (only the tokens set, `tools` and `documents` as none); the config's template over chat_template.json.
+#[test]
+fn special_tokens_and_template_variables_come_as_transformers_gives_them() {
+    let dir = tmpdir("special-tokens");
+    std::fs::copy(fixture("llama").join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let base = Tokenizer::from_dir(&dir).unwrap();
+    let size = base.vocab_size() as u32;
+    assert_eq!(base.bos_token(), None);
+    write_json(
+        &dir,
+        "tokenizer_config.json",
+        &serde_json::json!({
+            "eos_token": "</s>",
+            "additional_special_tokens": ["<|im_end|>"],
+            "added_tokens_decoder": {size.to_string(): {"content": "<tool>", "special": false}},
+            "chat_template": "{{ bos_token }}|{{ eos_token }}|{{ pad_token is defined }}|{{ tools is none }}\
+                              |{{ documents is none }}|{{ additional_special_tokens }}",
+        }),
+    );
+    write_json(
+        &dir,
+        "special_tokens_map.json",
+        &serde_json::json!({"bos_token": "<s>", "eos_token": "<x>"}),
+    );
+    write_json(
+        &dir,
+        "chat_template.json",
+        &serde_json::json!({"chat_template": "processor's"}),
+    );
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!((tok.bos_token(), tok.eos_tokens()[0].as_str()), (Some("<s>"), "</s>"));
+    assert_eq!(tok.token_to_id("<tool>"), Some(size));
+    let im_end = tok.token_to_id("<|im_end|>").unwrap();
+    assert_eq!(im_end, size + 1);
+    let ids = tok.encode("a<|im_end|>b say<tool>", false).unwrap();
+    assert!(ids.contains(&im_end) && ids.contains(&size), "{ids:?}");
+    assert_eq!(
+        tok.apply_chat_template(&[], false).unwrap(),
+        "<s>|</s>|False|True|True|['<|im_end|>']"
+    );
+    let tools = SpecialTokens::default();
+    let json =
+        r#"{{ {"b": 1, "a": "é", "c": [1, 2]} | tojson(sort_keys=true, separators=(",", ":"), ensure_ascii=true) }}"#;
+    assert_eq!(
+        render_chat_template(json, &[], false, &tools).unwrap(),
+        r#"{"a":"\u00e9","b":1,"c":[1,2]}"#
+    );
+    let err = render_chat_template("{{ bos_token + 'x' }}", &[], false, &tools).unwrap_err();
+    assert!(err.contains("chat template"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

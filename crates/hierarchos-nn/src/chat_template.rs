@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use minijinja::value::{Kwargs, ValueKind};
-use minijinja::{Environment, ErrorKind, Value, context, syntax::SyntaxConfig};
+use minijinja::{Environment, ErrorKind, Value, syntax::SyntaxConfig};
 use serde::Serialize;
 
 /// One turn of a conversation, as chat templates expect it (`role` is `system`, `user` or `assistant`).
@@ -27,14 +27,32 @@ impl ChatMessage {
     }
 }
 
+/// The special tokens a tokenizer's config names, which transformers hands a chat template by name: only those
+/// set, so that a template's `bos_token is defined` sees what it sees in transformers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SpecialTokens {
+    /// `(name, text)`: `bos_token`, `eos_token`, `unk_token`, `sep_token`, `pad_token`, `cls_token`,
+    /// `mask_token`, and extra named ones.
+    pub named: Vec<(String, String)>,
+    /// `additional_special_tokens` (transformers 5's `extra_special_tokens`).
+    pub additional: Vec<String>,
+}
+
+impl SpecialTokens {
+    /// The text of the special token called `name` (`bos_token`, ...), if set.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.named.iter().find(|(n, _)| n == name).map(|(_, t)| t.as_str())
+    }
+}
+
 /// Renders a Hugging Face chat template with the environment transformers uses: blocks trimmed, Python string
-/// methods available, `raise_exception` for templates that reject a conversation.
+/// methods available, `raise_exception` for templates that reject a conversation, and the variables it passes
+/// (`messages`, `add_generation_prompt`, `tools` and `documents` as none, the special tokens set).
 pub fn render_chat_template(
     template: &str,
     messages: &[ChatMessage],
     add_generation_prompt: bool,
-    bos_token: &str,
-    eos_token: &str,
+    special_tokens: &SpecialTokens,
 ) -> std::result::Result<String, String> {
     let describe = |e: minijinja::Error| {
         let mut message = format!("chat template: {e}");
@@ -63,14 +81,20 @@ pub fn render_chat_template(
     env.add_filter("tojson", tojson);
     let source = without_generation_tags(template);
     let template = env.template_from_str(&source).map_err(describe)?;
-    template
-        .render(context! {
-            messages => Value::from(minijinja::value::Serde(messages)),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => bos_token,
-            eos_token => eos_token,
-        })
-        .map_err(describe)
+    let mut variables: std::collections::BTreeMap<String, Value> = special_tokens
+        .named
+        .iter()
+        .map(|(name, text)| (name.clone(), Value::from(text.as_str())))
+        .collect();
+    variables.insert(
+        "additional_special_tokens".into(),
+        Value::from(special_tokens.additional.clone()),
+    );
+    variables.insert("messages".into(), Value::from(minijinja::value::Serde(messages)));
+    variables.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
+    variables.insert("tools".into(), Value::from(()));
+    variables.insert("documents".into(), Value::from(()));
+    template.render(Value::from(variables)).map_err(describe)
 }
 
 /// transformers' `strftime_now(format)`: the current time through `strftime` (here in UTC, where Python takes
@@ -123,18 +147,46 @@ fn without_generation_tags(template: &str) -> String {
     out
 }
 
-/// transformers' `tojson` filter: Python's `json.dumps(value, ensure_ascii=False, indent=indent)`, whose
+/// transformers' `tojson` filter: Python's `json.dumps(value, ensure_ascii=False, indent=indent, ...)`, whose
 /// separators (`", "`, `": "`) and unescaped text differ from minijinja's own filter (compact, HTML characters
-/// escaped), so that tool definitions render as the model saw them in training.
+/// escaped), so that tool definitions render as the model saw them in training. Takes `json.dumps`' `indent`,
+/// `separators`, `sort_keys` and `ensure_ascii`, as templates pass them.
 fn tojson(value: Value, kwargs: Kwargs) -> Result<String, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    let options = JsonOptions {
+        indent,
+        item_separator: match &separators {
+            Some(s) if s.len() == 2 => s[0].clone(),
+            Some(_) => {
+                return Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: separators must be (item_separator, key_separator)",
+                ));
+            }
+            None if indent.is_some() => ",".into(),
+            None => ", ".into(),
+        },
+        key_separator: separators.as_ref().map_or_else(|| ": ".into(), |s| s[1].clone()),
+        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+    };
     kwargs.assert_all_used()?;
     let mut out = String::new();
-    python_json(&value, indent, 0, &mut out)?;
+    python_json(&value, &options, 0, &mut out)?;
     Ok(out)
 }
 
-fn python_json(value: &Value, indent: Option<usize>, level: usize, out: &mut String) -> Result<(), minijinja::Error> {
+/// `json.dumps`' layout settings.
+struct JsonOptions {
+    indent: Option<usize>,
+    item_separator: String,
+    key_separator: String,
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+fn python_json(value: &Value, options: &JsonOptions, level: usize, out: &mut String) -> Result<(), minijinja::Error> {
     match value.kind() {
         ValueKind::Undefined | ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
@@ -144,22 +196,23 @@ fn python_json(value: &Value, indent: Option<usize>, level: usize, out: &mut Str
             }
             _ => out.push_str(&python_float(f64::try_from(value.clone())?)),
         },
-        ValueKind::String => json_string(value.as_str().unwrap_or_default(), out),
+        ValueKind::String => json_string(value.as_str().unwrap_or_default(), options.ensure_ascii, out),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
-            json_container(out, ['[', ']'], items.len(), indent, level, |i, out| {
-                python_json(&items[i], indent, level + 1, out)
+            json_container(out, ['[', ']'], items.len(), options, level, |i, out| {
+                python_json(&items[i], options, level + 1, out)
             })?;
         }
         ValueKind::Map => {
-            let keys: Vec<Value> = value.try_iter()?.collect();
-            json_container(out, ['{', '}'], keys.len(), indent, level, |i, out| {
-                match keys[i].as_str() {
-                    Some(k) => json_string(k, out),
-                    None => json_string(&keys[i].to_string(), out),
-                }
-                out.push_str(": ");
-                python_json(&value.get_item(&keys[i])?, indent, level + 1, out)
+            let mut keys: Vec<Value> = value.try_iter()?.collect();
+            let text = |k: &Value| k.as_str().map_or_else(|| k.to_string(), str::to_string);
+            if options.sort_keys {
+                keys.sort_by_key(|k| text(k));
+            }
+            json_container(out, ['{', '}'], keys.len(), options, level, |i, out| {
+                json_string(&text(&keys[i]), options.ensure_ascii, out);
+                out.push_str(&options.key_separator);
+                python_json(&value.get_item(&keys[i])?, options, level + 1, out)
             })?;
         }
         _ => {
@@ -172,18 +225,18 @@ fn python_json(value: &Value, indent: Option<usize>, level: usize, out: &mut Str
     Ok(())
 }
 
-/// A list or an object as `json.dumps` lays it out: `item(i, out)` writes element `i`; between them `", "`, or
-/// with an indent `","` and a new line indented one level deeper than the brackets'.
+/// A list or an object as `json.dumps` lays it out: `item(i, out)` writes element `i`; between them the item
+/// separator, and with an indent a new line indented one level deeper than the brackets'.
 fn json_container(
     out: &mut String,
     [open, close]: [char; 2],
     count: usize,
-    indent: Option<usize>,
+    options: &JsonOptions,
     level: usize,
     mut item: impl FnMut(usize, &mut String) -> Result<(), minijinja::Error>,
 ) -> Result<(), minijinja::Error> {
     let newline = |out: &mut String, level: usize| {
-        if let Some(n) = indent {
+        if let Some(n) = options.indent {
             out.push('\n');
             out.extend(std::iter::repeat_n(' ', n * level));
         }
@@ -191,7 +244,7 @@ fn json_container(
     out.push(open);
     for i in 0..count {
         if i > 0 {
-            out.push_str(if indent.is_some() { "," } else { ", " });
+            out.push_str(&options.item_separator);
         }
         newline(out, level + 1);
         item(i, out)?;
@@ -208,10 +261,25 @@ fn is_float(value: &Value) -> bool {
     value.as_i64().is_none() || value.to_string().contains(['.', 'e', 'E', 'i', 'N'])
 }
 
-/// A string as `json.dumps` writes it with `ensure_ascii=False`, which is how serde_json writes one: quotes,
-/// backslashes and control characters escaped (`\n`, `\u001f`), everything else as it is.
-fn json_string(s: &str, out: &mut String) {
-    out.push_str(&serde_json::Value::from(s).to_string());
+/// A string as `json.dumps` writes it: with `ensure_ascii=False` as serde_json writes one (quotes, backslashes
+/// and control characters escaped, `\n`, `\u001f`, everything else as it is); with `ensure_ascii` every
+/// character past ASCII as `\uXXXX` too (a surrogate pair past the first plane).
+fn json_string(s: &str, ensure_ascii: bool, out: &mut String) {
+    let escaped = serde_json::Value::from(s).to_string();
+    if !ensure_ascii {
+        out.push_str(&escaped);
+        return;
+    }
+    for c in escaped.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                let _ = write!(out, "\\u{unit:04x}");
+            }
+        }
+    }
 }
 
 /// A float as Python's `repr` writes it: the shortest digits that read back, positional for exponents from -4 to

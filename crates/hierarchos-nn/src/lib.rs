@@ -34,7 +34,7 @@ mod tokenizer;
 pub mod train;
 pub mod weights;
 
-pub use chat_template::{ChatMessage, render_chat_template};
+pub use chat_template::{ChatMessage, SpecialTokens, render_chat_template};
 pub use config::{
     Activation, LatentAttentionConfig, ModelConfig, ModuleNames, MoeConfig, NormPlacement, QkvLayout, RopeConfig,
     RopeScaling, RouterScoring, SharedExpertConfig,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::chat_template::{ChatMessage, render_chat_template};
+use crate::chat_template::{ChatMessage, SpecialTokens, render_chat_template};
 use crate::error::{Error, Result};
 use crate::generation_config::GenerationConfig;
 use crate::model_files::{Folder, ModelFiles};
@@ -16,9 +16,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
     config_path: PathBuf,
-    bos_token: Option<String>,
+    special: SpecialTokens,
     eos_tokens: Vec<String>,
-    pad_token: Option<String>,
     eos_ids: Vec<u32>,
     chat_template: Option<String>,
 }
@@ -28,7 +27,7 @@ impl std::fmt::Debug for Tokenizer {
         f.debug_struct("Tokenizer")
             .field("path", &self.path)
             .field("vocab_size", &self.vocab_size())
-            .field("bos_token", &self.bos_token)
+            .field("special", &self.special)
             .field("eos_tokens", &self.eos_tokens)
             .finish()
     }
@@ -48,6 +47,77 @@ fn token_text(v: &Value) -> Option<String> {
         Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
         _ => None,
     }
+}
+
+/// The special tokens transformers reads for a folder: each named one from `tokenizer_config.json`, else from
+/// `special_tokens_map.json`, and the additional ones (`additional_special_tokens`, transformers 5's
+/// `extra_special_tokens`, a list or named entries).
+fn special_tokens(config: &Value, map: &Value) -> SpecialTokens {
+    let lookup = |key: &str| match config.get(key) {
+        Some(v) if !v.is_null() => Some(v),
+        _ => map.get(key),
+    };
+    let mut special = SpecialTokens::default();
+    for name in [
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "sep_token",
+        "pad_token",
+        "cls_token",
+        "mask_token",
+    ] {
+        if let Some(text) = lookup(name).and_then(token_text) {
+            special.named.push((name.to_string(), text));
+        }
+    }
+    for key in ["additional_special_tokens", "extra_special_tokens"] {
+        match lookup(key) {
+            Some(Value::Array(list)) => special.additional.extend(list.iter().filter_map(token_text)),
+            Some(Value::Object(named)) => {
+                for (name, v) in named {
+                    if let Some(text) = token_text(v) {
+                        special.named.push((name.clone(), text.clone()));
+                        special.additional.push(text);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    special
+}
+
+/// Makes the config's special tokens special in `inner` (text holding one maps to its id, as transformers
+/// splits it out), and adds the `added_tokens_decoder` entries `tokenizer.json` lacks at the ids they name, where
+/// those come next; a special token missing from the vocabulary gets the next id, as transformers gives it.
+fn add_missing_tokens(inner: &mut tokenizers::Tokenizer, config: &Value, special: &SpecialTokens) {
+    let mut decoder: Vec<(u32, &Value)> = config
+        .get("added_tokens_decoder")
+        .and_then(Value::as_object)
+        .map(|m| m.iter().filter_map(|(id, v)| Some((id.parse().ok()?, v))).collect())
+        .unwrap_or_default();
+    decoder.sort_by_key(|(id, _)| *id);
+    for (id, entry) in decoder {
+        let Some(content) = entry.get("content").and_then(Value::as_str) else {
+            continue;
+        };
+        if inner.token_to_id(content).is_none() && id as usize == inner.get_vocab_size(true) {
+            let is_special = entry.get("special").and_then(Value::as_bool).unwrap_or(false);
+            let token = tokenizers::AddedToken::from(content.to_string(), is_special);
+            if is_special {
+                inner.add_special_tokens(&[token]);
+            } else {
+                inner.add_tokens(&[token]);
+            }
+        }
+    }
+    let texts = special.named.iter().map(|(_, t)| t).chain(&special.additional);
+    let tokens: Vec<tokenizers::AddedToken> = texts
+        .filter(|t| !t.is_empty())
+        .map(|t| tokenizers::AddedToken::from(t.clone(), true))
+        .collect();
+    inner.add_special_tokens(&tokens);
 }
 
 /// `chat_template` is a string, or a list of `{name, template}` of which transformers uses `default`.
@@ -100,17 +170,20 @@ impl Tokenizer {
             path: path.clone(),
             source: std::io::ErrorKind::NotFound.into(),
         })?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| tokenizer_error(&path, e))?;
+        let mut inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| tokenizer_error(&path, e))?;
 
-        let config_path = folder.path("tokenizer_config.json");
-        let config = match folder.text("tokenizer_config.json")? {
-            Some(text) => parse_json(&text, &config_path)?,
-            None => Value::Null,
+        let json_file = |name: &str| -> Result<Value> {
+            match folder.text(name)? {
+                Some(text) => parse_json(&text, &folder.path(name)),
+                None => Ok(Value::Null),
+            }
         };
+        let config_path = folder.path("tokenizer_config.json");
+        let config = json_file("tokenizer_config.json")?;
+        let special = special_tokens(&config, &json_file("special_tokens_map.json")?);
+        add_missing_tokens(&mut inner, &config, &special);
 
-        let bos_token = config.get("bos_token").and_then(token_text);
-        let pad_token = config.get("pad_token").and_then(token_text);
-        let mut eos_tokens: Vec<String> = config.get("eos_token").and_then(token_text).into_iter().collect();
+        let mut eos_tokens: Vec<String> = special.get("eos_token").map(str::to_string).into_iter().collect();
         let mut eos_ids = GenerationConfig::read(folder)?.eos_ids.unwrap_or_default();
         for token in &eos_tokens {
             if let Some(id) = inner.token_to_id(token)
@@ -127,14 +200,15 @@ impl Tokenizer {
             }
         }
 
-        let json_path = folder.path("chat_template.json");
+        // As transformers' tokenizer takes it: chat_template.jinja, else the config's; chat_template.json (a
+        // processor's file, which the tokenizer ignores) only where neither has one.
         let chat_template = match folder.text("chat_template.jinja")? {
             Some(t) => Some(t),
-            None => match folder.text("chat_template.json")? {
-                Some(text) => parse_json(&text, &json_path)?
+            None => match config.get("chat_template").and_then(chat_template_of) {
+                Some(t) => Some(t),
+                None => json_file("chat_template.json")?
                     .get("chat_template")
                     .and_then(chat_template_of),
-                None => config.get("chat_template").and_then(chat_template_of),
             },
         };
 
@@ -142,9 +216,8 @@ impl Tokenizer {
             inner,
             path,
             config_path,
-            bos_token,
+            special,
             eos_tokens,
-            pad_token,
             eos_ids,
             chat_template,
         })
@@ -161,13 +234,24 @@ impl Tokenizer {
         eos_ids: Vec<u32>,
         chat_template: Option<String>,
     ) -> Tokenizer {
+        let named = [
+            ("bos_token", bos_token),
+            ("eos_token", eos_tokens.first().cloned()),
+            ("pad_token", pad_token),
+        ];
+        let special = SpecialTokens {
+            named: named
+                .into_iter()
+                .filter_map(|(name, text)| Some((name.to_string(), text?)))
+                .collect(),
+            additional: Vec::new(),
+        };
         Tokenizer {
             inner,
             path: path.to_path_buf(),
             config_path: path.to_path_buf(),
-            bos_token,
+            special,
             eos_tokens,
-            pad_token,
             eos_ids,
             chat_template,
         }
@@ -217,7 +301,12 @@ impl Tokenizer {
 
     /// The text of the beginning-of-sequence token, if the tokenizer has one.
     pub fn bos_token(&self) -> Option<&str> {
-        self.bos_token.as_deref()
+        self.special.get("bos_token")
+    }
+
+    /// The special tokens the tokenizer's config names (what a chat template sees).
+    pub fn special_tokens(&self) -> &SpecialTokens {
+        &self.special
     }
 
     /// The texts of the end-of-sequence tokens (tokenizer_config.json's `eos_token` and generation_config.json's).
@@ -232,7 +321,7 @@ impl Tokenizer {
 
     /// The padding token's id, if one is configured.
     pub fn pad_id(&self) -> Option<u32> {
-        self.pad_token.as_deref().and_then(|t| self.inner.token_to_id(t))
+        self.special.get("pad_token").and_then(|t| self.inner.token_to_id(t))
     }
 
     /// The Jinja chat template, if the model has one.
@@ -247,16 +336,11 @@ impl Tokenizer {
             path: self.config_path.clone(),
             message: "no chat_template (nor chat_template.jinja / chat_template.json beside it)".into(),
         })?;
-        render_chat_template(
-            template,
-            messages,
-            add_generation_prompt,
-            self.bos_token.as_deref().unwrap_or(""),
-            self.eos_tokens.first().map(String::as_str).unwrap_or(""),
-        )
-        .map_err(|message| Error::Tokenizer {
-            path: self.config_path.clone(),
-            message,
+        render_chat_template(template, messages, add_generation_prompt, &self.special).map_err(|message| {
+            Error::Tokenizer {
+                path: self.config_path.clone(),
+                message,
+            }
         })
     }
 }
