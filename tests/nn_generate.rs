@@ -494,20 +494,7 @@ fn the_cache_grows_as_generation_goes_on() {
     let model = Model::from_dir(&fixture("llama"), &dev).unwrap();
     let prompt = &rows(&reference("llama")["input_ids"])[0];
     let n = 300;
-    let no_stop = StopConditions {
-        eos_ids: vec![],
-        stop_strings: vec![],
-        tokenizer: None,
-    };
-    let g = generate(
-        &model.lm,
-        prompt,
-        n,
-        &SamplingConfig::default(),
-        &no_stop,
-        |_, _| Ok(()),
-    )
-    .unwrap();
+    let g = greedy_without_stops(&model, prompt, n);
     let mut cache = model.lm.new_cache(1, prompt.len() + n).unwrap();
     let mut ids = Tensor::from_slice(prompt, &[1, prompt.len()], &dev).unwrap();
     let mut want = Vec::new();
@@ -517,7 +504,26 @@ fn the_cache_grows_as_generation_goes_on() {
         want.push(id);
         ids = Tensor::from_slice(&[id], &[1, 1], &dev).unwrap();
     }
-    assert_eq!(g.ids, want);
+    assert_eq!(g, want);
+}
+
+/// `n` greedy tokens after `prompt` through `generate`, with nothing to stop them.
+fn greedy_without_stops(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let no_stop = StopConditions {
+        eos_ids: vec![],
+        stop_strings: vec![],
+        tokenizer: None,
+    };
+    generate(
+        &model.lm,
+        prompt,
+        n,
+        &SamplingConfig::default(),
+        &no_stop,
+        |_, _| Ok(()),
+    )
+    .unwrap()
+    .ids
 }
 
 /// Phi-3 under LongRoPE: when the sequence passes the pretraining length (16 in the fixture) during generation,
@@ -529,11 +535,6 @@ fn phi3_recomputes_its_cache_past_the_pretraining_length() {
     let model = Model::from_dir(&fixture("phi3_longrope"), &dev).unwrap();
     assert_eq!(model.config.cache_reset_length(), Some(17));
     let full = &rows(&reference("phi3_longrope")["input_ids"])[0];
-    let no_stop = StopConditions {
-        eos_ids: vec![],
-        stop_strings: vec![],
-        tokenizer: None,
-    };
     // Past the reset too: 20 positions in all.
     for prompt_len in [5, 16] {
         let prompt = &full[..prompt_len];
@@ -544,16 +545,11 @@ fn phi3_recomputes_its_cache_past_the_pretraining_length() {
             let logits = hierarchos::core::no_grad(|| model.lm.forward_last(&ids, None)).unwrap();
             seq.push(argmax(&logits.to_vec::<f32>().unwrap()) as u32);
         }
-        let g = generate(
-            &model.lm,
-            prompt,
-            n,
-            &SamplingConfig::default(),
-            &no_stop,
-            |_, _| Ok(()),
-        )
-        .unwrap();
-        assert_eq!(g.ids, seq[prompt_len..], "prompt of {prompt_len}");
+        assert_eq!(
+            greedy_without_stops(&model, prompt, n),
+            seq[prompt_len..],
+            "prompt of {prompt_len}"
+        );
     }
 }
 

@@ -395,3 +395,28 @@ fn special_tokens_and_template_variables_come_as_transformers_gives_them() {
     assert!(err.contains("chat template"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Python string and list methods Hub templates call beyond minijinja's: what Python returns.
+#[test]
+fn templates_have_more_python_methods() {
+    let render = |t: &str| render_chat_template(t, &[], false, &SpecialTokens::default());
+    let cases = [
+        ("{{ 'a,b,c'.rsplit(',', 1) }}", "['a,b', 'c']"),
+        ("{{ '  a b  c '.rsplit() }}", "['a', 'b', 'c']"),
+        ("{{ '  a b  '.rsplit(none, 1) }}", "['  a', 'b']"),
+        ("{{ 'a,,b'.rsplit(',') }}", "['a', '', 'b']"),
+        (
+            "{{ 'tool_call'.removeprefix('tool_') }}|{{ 'x.py'.removesuffix('.py') }}|{{ 'ab'.removeprefix('z') }}",
+            "call|x|ab",
+        ),
+        (
+            "{{ '42'.zfill(5) }}|{{ '-7'.zfill(4) }}|{{ 'long'.zfill(2) }}",
+            "00042|-007|long",
+        ),
+        ("{{ ['u', 'a', 'u'].index('a') }}", "1"),
+    ];
+    for (template, want) in cases {
+        assert_eq!(render(template).unwrap(), want, "{template}");
+    }
+    assert!(render("{{ [1].index(2) }}").unwrap_err().contains("not in the list"));
+}

@@ -70,7 +70,7 @@ pub fn render_chat_template(
         .build()
         .map_err(describe)?;
     env.set_syntax(syntax);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(python_methods);
     env.add_function(
         "raise_exception",
         |message: String| -> std::result::Result<String, minijinja::Error> {
@@ -95,6 +95,87 @@ pub fn render_chat_template(
     variables.insert("tools".into(), Value::from(()));
     variables.insert("documents".into(), Value::from(()));
     template.render(Value::from(variables)).map_err(describe)
+}
+
+/// Python methods templates call: minijinja-contrib's, and `rsplit`, `removeprefix`, `removesuffix` and `zfill`
+/// on strings and `index` on lists, which it lacks.
+fn python_methods(
+    state: &mut minijinja::State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, minijinja::Error> {
+    let error = |message: String| minijinja::Error::new(ErrorKind::InvalidOperation, message);
+    if let Some(s) = value.as_str() {
+        match method {
+            "removeprefix" | "removesuffix" => {
+                let (affix,): (&str,) = minijinja::value::from_args(args)?;
+                let kept = match method {
+                    "removeprefix" => s.strip_prefix(affix),
+                    _ => s.strip_suffix(affix),
+                };
+                return Ok(Value::from(kept.unwrap_or(s)));
+            }
+            "zfill" => {
+                let (width,): (usize,) = minijinja::value::from_args(args)?;
+                let len = s.chars().count();
+                if len >= width {
+                    return Ok(Value::from(s));
+                }
+                let sign = if s.starts_with(['+', '-']) { 1 } else { 0 };
+                return Ok(Value::from(format!(
+                    "{}{}{}",
+                    &s[..sign],
+                    "0".repeat(width - len),
+                    &s[sign..]
+                )));
+            }
+            "rsplit" => {
+                let (sep, maxsplit): (Option<&str>, Option<i64>) = minijinja::value::from_args(args)?;
+                let limit = maxsplit.filter(|&m| m >= 0).map(|m| m as usize);
+                let mut parts: Vec<&str> = Vec::new();
+                match sep {
+                    Some("") => return Err(error("rsplit: empty separator".into())),
+                    Some(sep) => {
+                        let mut rest = s;
+                        while limit.is_none_or(|l| parts.len() < l)
+                            && let Some(at) = rest.rfind(sep)
+                        {
+                            parts.push(&rest[at + sep.len()..]);
+                            rest = &rest[..at];
+                        }
+                        parts.push(rest);
+                    }
+                    None => {
+                        let mut rest = s.trim_end();
+                        while !rest.is_empty() && limit.is_none_or(|l| parts.len() < l) {
+                            match rest.rfind(char::is_whitespace) {
+                                Some(at) => {
+                                    let width = rest[at..].chars().next().map_or(1, char::len_utf8);
+                                    parts.push(&rest[at + width..]);
+                                    rest = rest[..at].trim_end();
+                                }
+                                None => break,
+                            }
+                        }
+                        if !rest.is_empty() {
+                            parts.push(rest);
+                        }
+                    }
+                }
+                return Ok(Value::from_iter(parts.into_iter().rev().map(Value::from)));
+            }
+            _ => {}
+        }
+    }
+    if value.kind() == ValueKind::Seq && method == "index" {
+        let (wanted,): (Value,) = minijinja::value::from_args(args)?;
+        return match value.try_iter()?.position(|item| item == wanted) {
+            Some(at) => Ok(Value::from(at)),
+            None => Err(error(format!("index: {wanted} is not in the list"))),
+        };
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
 }
 
 /// transformers' `strftime_now(format)`: the current time through `strftime` (here in UTC, where Python takes
