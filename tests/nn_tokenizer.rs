@@ -420,3 +420,31 @@ fn templates_have_more_python_methods() {
     }
     assert!(render("{{ [1].index(2) }}").unwrap_err().contains("not in the list"));
 }
+
+/// A Llama (SentencePiece-style BPE) tokenizer encodes as transformers 5 builds it from its config, not as its
+/// tokenizer.json normalizes: "▁" before the first piece (`legacy: false`), before every piece between special
+/// tokens (`legacy: true`), or nowhere (`add_prefix_space: false`); under another class, as saved. The ids and
+/// text are transformers' (tests/fixtures/llama_tokenizer, made by its two scripts).
+#[test]
+fn llama_tokenizers_encode_as_transformers_builds_them() {
+    let src = fixture("llama_tokenizer");
+    let expected: Value = serde_json::from_str(&std::fs::read_to_string(src.join("expected.json")).unwrap()).unwrap();
+    let texts: Vec<&str> = expected["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    for (name, case) in expected["cases"].as_object().unwrap() {
+        let dir = tmpdir("llama-tokenizer");
+        std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+        write_json(&dir, "tokenizer_config.json", &case["config"]);
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        for (text, want) in texts.iter().zip(case["encoded"].as_array().unwrap()) {
+            assert_eq!(tok.encode(text, true).unwrap(), ids_of(want), "{name}: {text:?}");
+        }
+        let decoded = tok.decode(&ids_of(&case["decode_ids"]), true).unwrap();
+        assert_eq!(decoded, case["decoded"].as_str().unwrap(), "{name}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

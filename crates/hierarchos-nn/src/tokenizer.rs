@@ -49,6 +49,41 @@ fn token_text(v: &Value) -> Option<String> {
     }
 }
 
+/// transformers 5 builds a Llama tokenizer's pipeline from its config, not from tokenizer.json: no normalizer, a
+/// Metaspace pre-tokenizer that puts "▁" before the first piece of text (`legacy: false`, the default), before
+/// every piece between special tokens (`legacy: true`) or nowhere (`add_prefix_space: false`), and the matching
+/// decoder. Older Llama 2 exports normalize in their tokenizer.json instead, and encode otherwise as saved.
+fn llama_pipeline(inner: &mut tokenizers::Tokenizer, config: &Value) -> std::result::Result<(), String> {
+    use tokenizers::decoders::{DecoderWrapper, byte_fallback::ByteFallback, fuse::Fuse, strip::Strip};
+    use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+    let class = config.get("tokenizer_class").and_then(Value::as_str);
+    if !matches!(class, Some("LlamaTokenizer" | "LlamaTokenizerFast"))
+        || !matches!(inner.get_model(), tokenizers::ModelWrapper::BPE(_))
+    {
+        return Ok(());
+    }
+    let flag = |key: &str, default: bool| config.get(key).and_then(Value::as_bool).unwrap_or(default);
+    let add_prefix_space = flag("add_prefix_space", true);
+    let scheme = match (add_prefix_space, flag("legacy", false)) {
+        (false, _) => PrependScheme::Never,
+        (true, true) => PrependScheme::Always,
+        (true, false) => PrependScheme::First,
+    };
+    let space = tokenizers::normalizers::Replace::new("▁", " ").map_err(|e| e.to_string())?;
+    let mut decoders = vec![
+        DecoderWrapper::Replace(space),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+    ];
+    if add_prefix_space {
+        decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    }
+    inner.with_normalizer(None::<tokenizers::NormalizerWrapper>);
+    inner.with_pre_tokenizer(Some(Metaspace::new('▁', scheme, false)));
+    inner.with_decoder(Some(tokenizers::decoders::sequence::Sequence::new(decoders)));
+    Ok(())
+}
+
 /// The special tokens transformers reads for a folder: each named one from `tokenizer_config.json`, else from
 /// `special_tokens_map.json`, and the additional ones (`additional_special_tokens`, transformers 5's
 /// `extra_special_tokens`, a list or named entries).
@@ -180,6 +215,7 @@ impl Tokenizer {
         };
         let config_path = folder.path("tokenizer_config.json");
         let config = json_file("tokenizer_config.json")?;
+        llama_pipeline(&mut inner, &config).map_err(|e| tokenizer_error(&config_path, e))?;
         let special = special_tokens(&config, &json_file("special_tokens_map.json")?);
         add_missing_tokens(&mut inner, &config, &special);
 
