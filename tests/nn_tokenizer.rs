@@ -414,6 +414,15 @@ fn templates_have_more_python_methods() {
             "00042|-007|long",
         ),
         ("{{ ['u', 'a', 'u'].index('a') }}", "1"),
+        (
+            "{{ \"o'neil x 1st\".title() }}|{{ 'hELLO wORLD'.title() }}",
+            "O'Neil X 1St|Hello World",
+        ),
+        (
+            "[{{ '\x1c hi \x1f'.strip() }}][{{ ' \x1dhi '.lstrip() }}][{{ 'hi\x1e '.rstrip() }}]",
+            "[hi][hi ][hi]",
+        ),
+        ("{{ 'xxhixx'.strip('x') }}", "hi"),
     ];
     for (template, want) in cases {
         assert_eq!(render(template).unwrap(), want, "{template}");

@@ -98,7 +98,9 @@ pub fn render_chat_template(
 }
 
 /// Python methods templates call: minijinja-contrib's, and `rsplit`, `removeprefix`, `removesuffix` and `zfill`
-/// on strings and `index` on lists, which it lacks.
+/// on strings and `index` on lists, which it lacks; `title` and the argument-less `strip`, `lstrip` and
+/// `rstrip` as Python's (minijinja-contrib lowercases after an apostrophe, and keeps Python's whitespace
+/// `\x1c`-`\x1f`).
 fn python_methods(
     state: &mut minijinja::State,
     value: &Value,
@@ -107,7 +109,32 @@ fn python_methods(
 ) -> Result<Value, minijinja::Error> {
     let error = |message: String| minijinja::Error::new(ErrorKind::InvalidOperation, message);
     if let Some(s) = value.as_str() {
+        // Python's `str.isspace`: Unicode's white space and the four separators `\x1c`-`\x1f`.
+        let space = |c: char| c.is_whitespace() || ('\x1c'..='\x1f').contains(&c);
         match method {
+            "strip" | "lstrip" | "rstrip" if args.is_empty() => {
+                let kept = match method {
+                    "strip" => s.trim_matches(space),
+                    "lstrip" => s.trim_start_matches(space),
+                    _ => s.trim_end_matches(space),
+                };
+                return Ok(Value::from(kept));
+            }
+            "title" => {
+                let () = minijinja::value::from_args(args)?;
+                // Each cased character after an uncased one goes up, every other one down.
+                let mut out = String::with_capacity(s.len());
+                let mut after_cased = false;
+                for c in s.chars() {
+                    if after_cased {
+                        out.extend(c.to_lowercase());
+                    } else {
+                        out.extend(c.to_uppercase());
+                    }
+                    after_cased = c.is_lowercase() || c.is_uppercase();
+                }
+                return Ok(Value::from(out));
+            }
             "removeprefix" | "removesuffix" => {
                 let (affix,): (&str,) = minijinja::value::from_args(args)?;
                 let kept = match method {
