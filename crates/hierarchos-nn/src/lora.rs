@@ -476,7 +476,26 @@ impl CausalLm {
             ))
         })?;
         self.install(config, adapters);
+        self.warn_of_expert_names();
         Ok(())
+    }
+
+    /// Warns, once an adapter is made here, when it adapts modules named as a mixture's expert projections: PEFT
+    /// with transformers 5 reads those as LoRA on the fused expert parameters.
+    fn warn_of_expert_names(&self) {
+        let Some(moe) = &self.config().moe else { return };
+        let expert_named = self
+            .linears()
+            .into_iter()
+            .find(|(path, l)| l.lora.is_some() && moe.expert_names.iter().any(|n| path.ends_with(&format!(".{n}"))));
+        if let Some((path, _)) = expert_named {
+            tracing::warn!(
+                "{path} and the other adapted modules named as the experts' projections are read by PEFT with \
+                 transformers 5 as LoRA on the fused expert parameters: dense and shared-expert adapters of those \
+                 names are dropped there, and only all three expert projections without rsLoRA load as trained \
+                 (Hierarchos loads the adapter as it is)"
+            );
+        }
     }
 
     /// Attaches the PEFT adapter in folder `dir` (`adapter_config.json`, `adapter_model.safetensors`);
@@ -650,20 +669,6 @@ impl CausalLm {
             path: dir.to_path_buf(),
             source,
         })?;
-        if let Some(moe) = &self.config().moe {
-            let expert_named = self.linears().into_iter().find(|(path, l)| {
-                l.lora.is_some() && moe.expert_names.iter().any(|n| path.ends_with(&format!(".{n}")))
-            });
-            if let Some((path, _)) = expert_named {
-                tracing::warn!(
-                    "{}: {path} and the other adapted modules named as the experts' projections are read by PEFT \
-                     with transformers 5 as LoRA on the fused expert parameters: dense and shared-expert adapters \
-                     of those names are dropped there, and only all three expert projections without rsLoRA load \
-                     as trained (Hierarchos loads this adapter as it is)",
-                    dir.display()
-                );
-            }
-        }
         Weights::save(&dir.join(ADAPTER_WEIGHTS_FILE), &self.adapter_parameters())?;
         let mut config = config.clone();
         if let TargetModules::Pattern(p) = &config.target_modules

@@ -606,9 +606,9 @@ impl Gpu {
     /// Frees every pooled (unused) buffer.
     pub fn trim_pool(&self) {
         let mut st = self.lock();
-        let freed: u64 = st.free.iter().map(|(class, list)| class * list.len() as u64).sum();
+        let freed = pool_bytes(&st.free);
         st.free.clear();
-        let staged: u64 = st.staging.iter().map(|(class, list)| class * list.len() as u64).sum();
+        let staged = pool_bytes(&st.staging);
         st.staging.clear();
         st.stats.staging_bytes -= staged;
         // Cached bind groups would keep the freed buffers alive.
@@ -1100,14 +1100,11 @@ impl Gpu {
                 })
             }
         };
+        self.encoder(&mut st)
+            .copy_buffer_to_buffer(buf.raw(), lo, &staging, 0, read.len);
+        read.submission = self.submit_locked(&mut st);
+        read.serial = st.submitted;
         drop(st);
-        {
-            let mut st = self.lock();
-            self.encoder(&mut st)
-                .copy_buffer_to_buffer(buf.raw(), lo, &staging, 0, read.len);
-            read.submission = self.submit_locked(&mut st);
-            read.serial = st.submitted;
-        }
         read.staging = Some(staging);
         self.check_errors("readback")?;
         self.save_pipeline_cache();
@@ -1180,6 +1177,11 @@ impl Drop for PendingRead {
             self.gpu.return_staging(self.class, staging);
         }
     }
+}
+
+/// Bytes of the buffers a pool keeps, by size class.
+fn pool_bytes<T>(pool: &FxHashMap<u64, Vec<T>>) -> u64 {
+    pool.iter().map(|(class, list)| class * list.len() as u64).sum()
 }
 
 /// The storage buffers a kernel's WGSL declares (group 0), as (binding, read-only) pairs: read-only unless
