@@ -79,8 +79,8 @@ pub struct TrainArgs {
     pub seed: u64,
     /// Mixed precision: the dtype of the matrix products (f32, f16 or bf16; master weights, optimizer and every
     /// other op stay f32). f16 runs products, and attention with heads of 64, on tensor cores where the GPU has
-    /// cooperative matrices, with dynamic loss scaling; bf16 needs no loss scaling but runs on the portable
-    /// kernels (several times slower where f16 has tensor cores).
+    /// cooperative matrices, with dynamic loss scaling; bf16 needs no loss scaling, and its products run on
+    /// tensor cores only where the driver also has `VK_KHR_shader_bfloat16` (else on the portable kernels).
     #[arg(long, default_value = "f32", conflicts_with = "resume")]
     pub dtype: Precision,
     /// Hold out this fraction of the sequences (the last ones) for evaluation.
