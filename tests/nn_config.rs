@@ -1133,3 +1133,33 @@ fn glm_options() {
     .unwrap();
     assert_eq!(null.eos_token_ids, vec![151329, 151336, 151338]);
 }
+
+/// transformers builds every family's token embedding but GPT-2's, GPT-NeoX's and Falcon's with
+/// `padding_idx = pad_token_id` (the config class's default where config.json has none; negative ids count from
+/// the end); an id outside the vocabulary keeps no row.
+#[test]
+fn padding_rows_follow_pad_token_id_and_the_family_defaults() {
+    let row = |text: String| parse(&text).unwrap().padding_idx;
+    assert_eq!(row(tiny("llama", "")), None, "Llama's config has no pad_token_id");
+    assert_eq!(row(tiny("llama", r#""pad_token_id": 7"#)), Some(7));
+    assert_eq!(row(tiny("llama", r#""pad_token_id": -1"#)), Some(99));
+    assert_eq!(row(tiny("llama", r#""pad_token_id": 100"#)), None);
+    let kv = r#""num_key_value_heads": 4"#;
+    assert_eq!(row(tiny("gemma", kv)), Some(0));
+    assert_eq!(row(tiny("gemma", &format!(r#"{kv}, "pad_token_id": null"#))), None);
+    assert_eq!(row(tiny("olmo2", "")), Some(1));
+    assert_eq!(
+        row(tiny("phi3", "")),
+        None,
+        "Phi-3's default 32000 is past a vocabulary of 100"
+    );
+    assert_eq!(row(tiny("phi3", r#""vocab_size": 32064"#)), Some(32000));
+    assert_eq!(row(tiny("gpt_neox", r#""pad_token_id": 7"#)), None);
+    let gpt2 = r#"{"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 1, "n_head": 4,
+        "pad_token_id": 7}"#;
+    assert_eq!(parse(gpt2).unwrap().padding_idx, None);
+    err(
+        &tiny("llama", r#""pad_token_id": "<pad>""#),
+        &["pad_token_id", "integer"],
+    );
+}

@@ -874,6 +874,53 @@ fn parameters_carry_hugging_face_names_and_shapes() {
     assert_eq!(lm.config().head_dim, 16);
 }
 
+/// transformers' token embedding has `padding_idx`: the padding token's row takes no gradient from the lookup
+/// (a tied head still reaches it) and starts at zero when a model is trained from scratch.
+#[test]
+fn the_padding_row_takes_no_lookup_gradient_and_starts_at_zero() {
+    let dv = dev();
+    let mut rng = Rng::new("padding");
+    for tied in [false, true] {
+        let mut c = tiny_config("qwen2");
+        c.tie_word_embeddings = tied;
+        c.padding_idx = Some(3);
+        let lm = CausalLm::build(&c, &mut |_, shape| {
+            let n = shape.iter().product();
+            Ok(Tensor::from_slice(&rng.vec(n, -0.3, 0.3), shape, &dv)?.requires_grad_())
+        })
+        .unwrap();
+        let ids = ids_tensor(&[vec![5, 3, 7, 3, 9]]);
+        let weight = &lm.embed_tokens.weight;
+        let plain = Tensor::embedding(&weight.detach(), &ids).unwrap();
+        let rows = lm.embed_tokens.forward(&ids).unwrap();
+        assert_eq!(rows.to_f32_vec().unwrap(), plain.to_f32_vec().unwrap());
+        lm.forward(&ids, None).unwrap().sum_all().unwrap().backward().unwrap();
+        let grad = weight.grad().unwrap().to_f32_vec().unwrap();
+        let row = |r: usize| grad[r * 32..(r + 1) * 32].iter().any(|&g| g != 0.0);
+        assert!(row(5) && row(7) && row(9), "looked-up rows are trained");
+        assert_eq!(row(3), tied, "the padding row only through a tied head (tied: {tied})");
+    }
+    let mut c = tiny_config("qwen2");
+    c.padding_idx = Some(3);
+    let lm = CausalLm::init_random(&c, 7, &dv).unwrap();
+    let table = lm.embed_tokens.weight.to_f32_vec().unwrap();
+    assert!(
+        table[3 * 32..4 * 32].iter().all(|&w| w == 0.0),
+        "the padding row starts at zero"
+    );
+    assert!(table[4 * 32..5 * 32].iter().all(|&w| w != 0.0));
+    let head = lm
+        .parameters()
+        .into_iter()
+        .find(|(n, _)| n == "lm_head.weight")
+        .unwrap()
+        .1;
+    assert!(
+        head.to_f32_vec().unwrap()[3 * 32..4 * 32].iter().all(|&w| w != 0.0),
+        "the head is not an embedding"
+    );
+}
+
 #[test]
 fn bad_inputs_are_errors() {
     let mut rng = Rng::new("errors");

@@ -852,3 +852,30 @@ fn sgd_momentum_nesterov_and_weight_decay_follow_torch() {
         p.zero_grad();
     }
 }
+
+/// `no_decay_1d` leaves out what transformers' Trainer leaves out by name, which adds Cohere's 2-D per-head query
+/// and key norm weights to the 1-D parameters (with weight decay 0.5, decaying them put k_norm 108% of an
+/// update off).
+#[test]
+fn no_decay_names_follow_transformers_trainer() {
+    use hierarchos::nn::optim::trainer_leaves_undecayed;
+    for name in [
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.3.self_attn.k_norm.weight",
+        "model.norm.weight",
+        "model.layers.1.input_layernorm.weight",
+        "gpt_neox.final_layer_norm.weight",
+        "model.layers.0.self_attn.q_layernorm.norms.0.weight",
+        "model.layers.0.self_attn.q_proj.bias",
+    ] {
+        assert!(trainer_leaves_undecayed(name), "{name}");
+    }
+    for name in [
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.0.self_attn.normal_proj.weight",
+    ] {
+        assert!(!trainer_leaves_undecayed(name), "{name}");
+    }
+}

@@ -56,7 +56,7 @@ pub struct TrainArgs {
     /// Decoupled weight decay.
     #[arg(long, default_value_t = 0.0)]
     pub weight_decay: f64,
-    /// Leave biases and norm weights (1-D parameters) undecayed, as transformers' Trainer does.
+    /// Leave biases and norm weights undecayed, as transformers' Trainer does.
     #[arg(long)]
     pub no_decay_1d: bool,
     /// Steps of linear warmup.

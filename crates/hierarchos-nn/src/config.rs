@@ -113,6 +113,11 @@ pub struct ModuleNames {
 }
 
 impl ModuleNames {
+    /// The token embedding's weight (`model.embed_tokens.weight`, GPT-2's `transformer.wte.weight`).
+    pub fn embedding_weight(&self) -> String {
+        format!("{}.{}.weight", self.model, self.embed)
+    }
+
     /// The module path of layer `i` (`model.layers.3`, GPT-2's `transformer.h.3`).
     pub fn layer(&self, i: usize) -> String {
         format!("{}.{}.{i}", self.model, self.layers)
@@ -340,6 +345,10 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens (config.json may list several).
     pub eos_token_ids: Vec<u32>,
+    /// The embedding row of the padding token (`pad_token_id`), which transformers' `nn.Embedding(padding_idx)`
+    /// leaves out of the lookup's gradient and initializes to zero: every family but GPT-2, GPT-NeoX and Falcon.
+    /// Training must match that, or the row moves wherever the id occurs in the data.
+    pub padding_idx: Option<usize>,
     /// Standard deviation of the normal initialization of weight matrices (for training from scratch).
     pub initializer_range: f64,
     /// The token embeddings are multiplied by it (Granite's `embedding_multiplier`, Gemma's `sqrt(hidden_size)`;
@@ -437,6 +446,7 @@ impl ModelConfig {
             hidden_act: Activation::Silu,
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
+            padding_idx: None,
             initializer_range: 0.02,
             embedding_multiplier: 1.0,
             residual_multiplier: 1.0,
@@ -558,6 +568,34 @@ struct Defaults {
     bos_token_id: Option<u32>,
     eos_token_ids: &'static [u32],
     tie_word_embeddings: bool,
+}
+
+/// `pad_token_id` where config.json has none: the config classes' defaults (None for the families not listed).
+fn default_pad_token_id(family: Family) -> Option<i64> {
+    match family {
+        Family::Cohere | Family::Gemma | Family::Gemma2 | Family::Gemma3Text => Some(0),
+        Family::Olmo | Family::Olmo2 | Family::Olmo3 | Family::Olmoe | Family::SeedOss => Some(1),
+        Family::Glm => Some(151329),
+        Family::Phi3 => Some(32000),
+        Family::Smollm3 => Some(128004),
+        _ => None,
+    }
+}
+
+/// The embedding row `pad_token_id` names, as `nn.Embedding` reads a padding index: negative ids count from the
+/// end. An id outside the vocabulary (transformers refuses to build such a model) leaves every row trainable,
+/// with a warning.
+fn padding_row(pad_token_id: Option<i64>, vocab_size: usize, path: &Path) -> Option<usize> {
+    let id = pad_token_id?;
+    let vocab = vocab_size as i64;
+    if (-vocab..vocab).contains(&id) {
+        return Some(id.rem_euclid(vocab) as usize);
+    }
+    tracing::warn!(
+        "{}: pad_token_id {id} is outside the vocabulary of {vocab_size}: no embedding row is kept from training",
+        path.display()
+    );
+    None
 }
 
 fn defaults(family: Family) -> Defaults {
@@ -1171,6 +1209,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         return Err(f.error("initializer_range", "must be a finite non-negative number"));
     }
     let bos_token_id = f.or("bos_token_id", d.bos_token_id, U32)?;
+    let padding_idx = match family {
+        Family::Gpt2 | Family::GptNeox | Family::Falcon => None,
+        _ => padding_row(
+            f.or("pad_token_id", default_pad_token_id(family), I64)?,
+            vocab_size,
+            f.path,
+        ),
+    };
     let eos_token_ids = match f.map.get("eos_token_id") {
         None => d.eos_token_ids.to_vec(),
         // GLM's config class puts its three end tokens where config.json says null too.
@@ -1298,6 +1344,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         full_attention_layers: windows.full_layers,
         hidden_act,
         bos_token_id,
+        padding_idx,
         eos_token_ids,
         initializer_range,
         embedding_multiplier,
@@ -2078,6 +2125,10 @@ const USIZE: Kind<usize> = Kind {
 const U32: Kind<u32> = Kind {
     read: |v| v.as_u64().and_then(|n| u32::try_from(n).ok()),
     expected: "a token id",
+};
+const I64: Kind<i64> = Kind {
+    read: Value::as_i64,
+    expected: "an integer",
 };
 const F64: Kind<f64> = Kind {
     read: Value::as_f64,

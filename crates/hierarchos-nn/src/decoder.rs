@@ -233,7 +233,7 @@ impl CausalLm {
             )));
         }
         let names = c.names;
-        let embed_name = format!("{}.{}.weight", names.model, names.embed);
+        let embed_name = names.embedding_weight();
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let p = names.layer(i);
@@ -348,6 +348,7 @@ impl CausalLm {
         }
         let embed_tokens = Embedding {
             weight: tensor(&embed_name, &[c.vocab_size, hidden])?,
+            padding_idx: c.padding_idx,
         };
         let embed_positions = c
             .position_embeddings
@@ -355,6 +356,7 @@ impl CausalLm {
                 let name = format!("{}.{}.weight", names.model, names.positions);
                 Ok(Embedding {
                     weight: tensor(&name, &[c.max_position_embeddings, hidden])?,
+                    padding_idx: None,
                 })
             })
             .transpose()?;

@@ -35,12 +35,13 @@ impl ParamRng {
 
 impl CausalLm {
     /// A new model of `config` with every parameter trainable, initialized as transformers initializes one
-    /// (weight matrices and embeddings from N(0, `initializer_range`), norm weights 1 (0 for Gemma's norms, which
-    /// scale by `1 + weight`), biases 0), drawn from
+    /// (weight matrices and embeddings from N(0, `initializer_range`), the padding token's embedding row 0, norm
+    /// weights 1 (0 for Gemma's norms, which scale by `1 + weight`), biases 0), drawn from
     /// `seed`: training from scratch. The draws use the device's `log` and `cos`, so another GPU may differ in
     /// the last bits.
     pub fn init_random(config: &ModelConfig, seed: u64, device: &Device) -> crate::Result<CausalLm> {
         let mut rng = ParamRng::new(seed);
+        let embedding = config.names.embedding_weight();
         CausalLm::build(config, &mut |name, shape| {
             let t = if name.ends_with(".bias") {
                 Tensor::zeros(shape, DType::F32, device)?
@@ -48,7 +49,15 @@ impl CausalLm {
                 let one = if config.norm_unit_offset { 0.0 } else { 1.0 };
                 Tensor::full(shape, one, DType::F32, device)?
             } else {
-                rng.normal(shape, config.initializer_range, device)?
+                let w = rng.normal(shape, config.initializer_range, device)?;
+                match config.padding_idx {
+                    Some(pad) if name == embedding => {
+                        let keep: Vec<f32> = (0..shape[0]).map(|row| (row != pad) as u32 as f32).collect();
+                        let keep = Tensor::from_slice(&keep, &[shape[0], 1], device)?;
+                        no_grad(|| w.mul(&keep))?
+                    }
+                    _ => w,
+                }
             };
             Ok(t.requires_grad_())
         })

@@ -18,8 +18,8 @@ pub struct AdamWConfig {
     pub eps: f64,
     /// Decoupled weight decay.
     pub weight_decay: f64,
-    /// Leave 1-D parameters (biases and norm weights) undecayed, as transformers' `Trainer` does; PyTorch's
-    /// default (off) decays every parameter.
+    /// Leave biases and norm weights undecayed, as transformers' `Trainer` does (see [`trainer_leaves_undecayed`]);
+    /// PyTorch's default (off) decays every parameter.
     pub no_decay_1d: bool,
 }
 
@@ -33,6 +33,18 @@ impl Default for AdamWConfig {
             no_decay_1d: false,
         }
     }
+}
+
+/// Whether transformers' `Trainer` leaves the parameter called `name` out of weight decay by its name: `bias`,
+/// `layernorm`, `rmsnorm`, a `norm` module or one ending in `_norm`. Its other rule, every parameter of an
+/// `nn.LayerNorm`, covers 1-D parameters only, which are left undecayed anyway; the names catch the 2-D norm
+/// weights of Cohere's per-head query and key norms.
+pub fn trainer_leaves_undecayed(name: &str) -> bool {
+    let name = name.to_lowercase();
+    ["bias", "layernorm", "rmsnorm"].iter().any(|w| name.contains(w))
+        || name
+            .split('.')
+            .any(|module| module == "norm" || module.ends_with("_norm"))
 }
 
 /// The state AdamW keeps for one parameter.
@@ -111,7 +123,7 @@ impl AdamW {
                         step: 0,
                     }),
                 };
-                let decay = if self.config.no_decay_1d && p.rank() <= 1 {
+                let decay = if self.config.no_decay_1d && (p.rank() <= 1 || trainer_leaves_undecayed(name)) {
                     0.0
                 } else {
                     self.config.weight_decay
