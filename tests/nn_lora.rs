@@ -207,6 +207,21 @@ fn a_new_adapter_starts_as_a_no_op_on_the_targeted_layers_only() {
             "base_model.model.lm_head.lora_B.weight"
         ]
     );
+    // PEFT adapts a tied head and embeddings, which Hierarchos cannot: refused by name, not silently left out
+    // while the other targets train.
+    let mut tied = base(&fixture("llama3_tied"));
+    for (targets, words) in [
+        ("q_proj,lm_head", ["lm_head", "tied"]),
+        ("q_proj,embed_tokens", ["model.embed_tokens", "embeddings"]),
+    ] {
+        let err = tied
+            .add_lora(&LoraConfig::new(4, 8.0, 0.0, TargetModules::parse(targets)), 1)
+            .unwrap_err()
+            .to_string();
+        assert!(words.iter().all(|w| err.contains(w)), "{targets}: {err}");
+    }
+    tied.add_lora(&LoraConfig::new(4, 8.0, 0.0, TargetModules::parse("all-linear")), 1)
+        .unwrap();
 }
 
 #[test]

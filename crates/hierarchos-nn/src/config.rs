@@ -113,9 +113,14 @@ pub struct ModuleNames {
 }
 
 impl ModuleNames {
-    /// The token embedding's weight (`model.embed_tokens.weight`, GPT-2's `transformer.wte.weight`).
+    /// The token embedding's module path (`model.embed_tokens`, GPT-2's `transformer.wte`).
+    pub fn embedding(&self) -> String {
+        format!("{}.{}", self.model, self.embed)
+    }
+
+    /// The token embedding's weight (`model.embed_tokens.weight`).
     pub fn embedding_weight(&self) -> String {
-        format!("{}.{}.weight", self.model, self.embed)
+        format!("{}.weight", self.embedding())
     }
 
     /// The module path of layer `i` (`model.layers.3`, GPT-2's `transformer.h.3`).

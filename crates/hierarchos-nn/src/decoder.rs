@@ -694,10 +694,7 @@ impl CausalLm {
     /// output head is listed once, as `model.embed_tokens.weight`.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
         let names = self.config.names;
-        let mut p = prefixed(
-            &format!("{}.{}", names.model, names.embed),
-            self.embed_tokens.parameters(),
-        );
+        let mut p = prefixed(&names.embedding(), self.embed_tokens.parameters());
         if let Some(positions) = &self.embed_positions {
             p.extend(prefixed(
                 &format!("{}.{}", names.model, names.positions),
