@@ -481,6 +481,12 @@ fn bad_moe_settings_are_refused_with_the_field() {
     .unwrap();
     let refusal = c.moe.unwrap().training_unsupported.unwrap();
     assert!(refusal.contains("output_router_logits"), "{refusal}");
+    // transformers adds the load-balancing loss times router_aux_loss_coef: with 0 training is the same.
+    let c = parse(&format!(
+        r#"{{"model_type": "olmoe", {BASE}, "output_router_logits": true, "router_aux_loss_coef": 0}}"#
+    ))
+    .unwrap();
+    assert_eq!(c.moe.unwrap().training_unsupported, None);
     // Layers past the last one name no layer, as in transformers.
     let c = parse(&format!(
         r#"{{"model_type": "qwen2_moe", {BASE}, "num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [1, 9]}}"#

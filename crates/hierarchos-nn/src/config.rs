@@ -1577,10 +1577,19 @@ fn moe(f: &Fields, family: Family, layers: usize, intermediate_size: usize) -> R
             "router_jitter_noise",
             "router noise in training is not supported; set it to 0",
         ))
-    } else if f.or("output_router_logits", Some(false), BOOL)? == Some(true) {
+    } else if family != Family::DeepseekV3
+        && f.or("output_router_logits", Some(false), BOOL)? == Some(true)
+        && f.or(
+            "router_aux_loss_coef",
+            Some(if family == Family::Olmoe { 0.01 } else { 0.001 }),
+            F64,
+        )? != Some(0.0)
+    {
+        // transformers adds the loss times router_aux_loss_coef: a coefficient of 0 trains as without it.
         Some(f.error(
             "output_router_logits",
-            "the router's load-balancing loss is not supported in training; set it to false",
+            "the router's load-balancing loss is not supported in training; set it to false (or \
+             router_aux_loss_coef to 0)",
         ))
     } else {
         None
