@@ -20,9 +20,9 @@ impl Embedding {
         let rows = Tensor::embedding(&self.weight, ids)?;
         let rows = match self.padding_idx {
             Some(pad) if grad_enabled() && self.weight.requires_grad() => {
-                // The same values either way; only the padding positions' come from a detached table.
+                // The same values either way; the padding positions' are taken detached.
                 let trained = ids.compare_scalar(pad as f64, CmpOp::Ne)?.unsqueeze(-1)?;
-                trained.where_cond(&rows, &Tensor::embedding(&self.weight.detach(), ids)?)?
+                trained.where_cond(&rows, &rows.detach())?
             }
             _ => rows,
         };

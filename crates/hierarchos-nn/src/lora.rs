@@ -571,22 +571,21 @@ impl CausalLm {
         if self.adapter.is_some() {
             return Err(Error::Invalid("the model already has an adapter".into()));
         }
-        // PEFT adapts both, which Hierarchos cannot: refused by name rather than left out.
-        let embedding = self.config().names.embedding();
-        if !config.all_linear() && config.targets(&embedding, None)? {
-            return Err(Error::Invalid(format!(
-                "{embedding}: LoRA on embeddings is not supported"
-            )));
-        }
-        if self.config().tie_word_embeddings
-            && self.lm_head.is_none()
-            && !config.all_linear()
-            && config.targets(HEAD_MODULE, None)?
-        {
-            return Err(Error::Invalid(format!(
-                "{HEAD_MODULE}: the output head is the token embedding (tie_word_embeddings); LoRA on a tied head \
-                 is not supported"
-            )));
+        // PEFT adapts both (all-linear leaves them out), which Hierarchos cannot: refused by name rather than
+        // left out.
+        if !config.all_linear() {
+            let embedding = self.config().names.embedding();
+            if config.targets(&embedding, None)? {
+                return Err(Error::Invalid(format!(
+                    "{embedding}: LoRA on embeddings is not supported"
+                )));
+            }
+            if self.config().tie_word_embeddings && self.lm_head.is_none() && config.targets(HEAD_MODULE, None)? {
+                return Err(Error::Invalid(format!(
+                    "{HEAD_MODULE}: the output head is the token embedding (tie_word_embeddings); LoRA on a tied \
+                     head is not supported"
+                )));
+            }
         }
         let stream = Arc::new(DropoutStream::default());
         let mut adapters = Vec::new();
