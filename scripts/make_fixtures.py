@@ -95,12 +95,14 @@ LORA = {
     "cohere": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
     "phi": dict(r=4, lora_alpha=8, target_modules=["q_proj", "dense", "fc1"]),
     "cohere_qk_norm": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "up_proj"]),
+    "phi_qk_layernorm": dict(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj", "fc2"]),
     "phi3": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj", "o_proj"]),
     "phi3_longrope": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "down_proj"]),
     "gpt_neox": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "gpt_neox_sequential": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     # PEFT turns fan_in_fan_out on for GPT-2's Conv1D layers.
     "gpt2": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
+    "gpt2_inverse_layer_scale": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True),
     "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     "glm": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "gate_up_proj"]),
@@ -444,6 +446,15 @@ FIXTURES = {
         "(partial_rotary_factor 0.5), biases on q, k, v, dense, fc1, fc2 and lm_head, plain MLP fc1 -> tanh GELU "
         "-> fc2, final_layernorm",
     ),
+    "phi_qk_layernorm": (
+        "PhiConfig",
+        dict(COMMON, hidden_act="gelu_new", max_position_embeddings=256, layer_norm_eps=1e-5, qk_layernorm=True,
+             pad_token_id=None,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+        True,
+        "Phi with qk_layernorm: one LayerNorm of head_dim (weight and bias, q_layernorm / k_layernorm) that "
+        "every query head, and another that every key head, passes through before rotary",
+    ),
     "phi3": (
         "Phi3Config",
         dict(COMMON, max_position_embeddings=256, original_max_position_embeddings=256, rms_norm_eps=1e-5,
@@ -492,6 +503,16 @@ FIXTURES = {
         "weights stored [in, out], q, k and v in one matrix (c_attn; the adapter targets it with PEFT's "
         "fan_in_fan_out), tanh-GELU MLP c_fc -> c_proj, the n_embd / n_layer / n_head keys; untied (tied, every "
         "seed repeated tokens)",
+    ),
+    "gpt2_inverse_layer_scale": (
+        "GPT2Config",
+        dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=256,
+             activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+             attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False,
+             scale_attn_by_inverse_layer_idx=True),
+        True,
+        "GPT-2 with scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2s): layer i's scores are further divided "
+        "by i + 1",
     ),
     "falcon": (
         "FalconConfig",

@@ -957,8 +957,8 @@ fn gemma2_and_gemma3_options() {
     );
 }
 
-/// Cohere and Phi: parallel blocks, their norms, rotary forms, names and logit scaling; the q/k norms they may
-/// ask for fail closed.
+/// Cohere and Phi: parallel blocks, their norms, rotary forms, names and logit scaling; Cohere's q/k LayerNorm
+/// of each head and Phi's one shared by the heads.
 #[test]
 fn cohere_and_phi_options() {
     let cohere = parse(&tiny("cohere", "")).unwrap();
@@ -983,7 +983,10 @@ fn cohere_and_phi_options() {
     );
     assert!(phi.lm_head_bias && phi.attention_bias && phi.o_proj_bias && phi.mlp_bias && !phi.mlp_gated);
     assert_eq!(phi.hidden_act, Activation::GeluTanh);
-    err(&tiny("phi", r#""qk_layernorm": true"#), &["qk_layernorm"]);
+    assert!(!phi.qk_norm);
+    let phi_qk = parse(&tiny("phi", r#""qk_layernorm": true"#)).unwrap();
+    assert!(phi_qk.qk_norm && phi_qk.qk_norm_shared_layer && !phi_qk.qk_norm_per_head_layer);
+    assert_eq!(phi_qk.qk_norm_names, ["q_layernorm", "k_layernorm"]);
 }
 
 /// Phi-3: fused q/k/v and gate/up matrices, a window on every layer, Phi-4-mini's partial rotary; the longrope
@@ -1034,7 +1037,7 @@ fn gpt_neox_options() {
 }
 
 /// GPT-2: its own key names, the MLP width from n_inner (4 x n_embd when null), Conv1D weights, learned
-/// positions and no rotary on any layer; per-layer score scaling is refused.
+/// positions and no rotary on any layer; unscaled scores and scores scaled down layer by layer.
 #[test]
 fn gpt2_options() {
     let c = parse(
@@ -1063,12 +1066,14 @@ fn gpt2_options() {
         r#"{"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 1, "n_head": 4,
             "scale_attn_weights": false}"#,
     );
-    assert_eq!(unscaled.unwrap().attention_multiplier, Some(1.0));
-    err(
+    let unscaled = unscaled.unwrap();
+    assert_eq!(unscaled.attention_multiplier, Some(1.0));
+    assert!(!unscaled.attention_scale_by_inverse_layer);
+    let by_layer = parse(
         r#"{"model_type": "gpt2", "vocab_size": 100, "n_embd": 32, "n_layer": 1, "n_head": 4,
             "scale_attn_by_inverse_layer_idx": true}"#,
-        &["scale_attn_by_inverse_layer_idx"],
     );
+    assert!(by_layer.unwrap().attention_scale_by_inverse_layer);
 }
 
 /// Falcon's three layer layouts: multi-query with one LayerNorm in parallel (7B), the new decoder architecture's

@@ -309,6 +309,9 @@ pub struct ModelConfig {
     pub qk_norm_per_head_layer: bool,
     /// Each head's q/k norm weight is its own parameter (StableLM's `q_layernorm.norms.N.weight`).
     pub qk_norm_split: bool,
+    /// The q/k norms are one LayerNorm of `head_dim` with weight and bias that every head shares (Phi's
+    /// `qk_layernorm`).
+    pub qk_norm_shared_layer: bool,
     /// The module names of the q/k norms (`q_norm`, `k_norm`; StableLM: `q_layernorm`, `k_layernorm`).
     pub qk_norm_names: [&'static str; 2],
     /// Where the layers norm the residual stream's branches.
@@ -363,6 +366,9 @@ pub struct ModelConfig {
     pub residual_multiplier: f64,
     /// The attention score scale in place of `1 / sqrt(head_dim)` (Granite's `attention_multiplier`).
     pub attention_multiplier: Option<f64>,
+    /// Layer i's score scale is further divided by i + 1 (GPT-2's `scale_attn_by_inverse_layer_idx`), which keeps
+    /// deep stacks' scores small.
+    pub attention_scale_by_inverse_layer: bool,
     /// The logits are divided by it (Granite's `logits_scaling`; 1 elsewhere).
     pub logits_scaling: f64,
     /// Layers that take no rotary embedding (SmolLM3's `no_rope_layers` zeros), ascending.
@@ -433,6 +439,7 @@ impl ModelConfig {
             qk_norm_over_heads: false,
             qk_norm_per_head_layer: false,
             qk_norm_split: false,
+            qk_norm_shared_layer: false,
             qk_norm_names: ["q_norm", "k_norm"],
             norm_placement: NormPlacement::Pre,
             interleaved_rope: false,
@@ -456,6 +463,7 @@ impl ModelConfig {
             embedding_multiplier: 1.0,
             residual_multiplier: 1.0,
             attention_multiplier: None,
+            attention_scale_by_inverse_layer: false,
             logits_scaling: 1.0,
             nope_layers: Vec::new(),
             norm_unit_offset: false,
@@ -506,7 +514,7 @@ impl ModelConfig {
         let bias = |on: bool, n: u128| if on { n } else { 0 };
         let qk_norm = match (self.qk_norm, self.qk_norm_over_heads || self.qk_norm_per_head_layer) {
             (false, _) => 0,
-            (true, false) => 2 * self.head_dim as u128,
+            (true, false) => 2 * self.head_dim as u128 + bias(self.qk_norm_shared_layer, 2 * self.head_dim as u128),
             (true, true) => q + kv,
         };
         let attention = match self.latent_attention {
@@ -1126,10 +1134,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     if family == Family::Falcon && f.or("alibi", Some(false), BOOL)? == Some(true) {
         return Err(f.error("alibi", "ALiBi position biases are not supported yet"));
     }
-    // GPT-2 may leave its scores unscaled, or scale them down layer by layer (not supported).
-    if gpt2 && f.or("scale_attn_by_inverse_layer_idx", Some(false), BOOL)? == Some(true) {
-        return Err(f.error("scale_attn_by_inverse_layer_idx", "is not supported yet"));
-    }
+    // GPT-2 may leave its scores unscaled, or scale them down layer by layer.
+    let attention_scale_by_inverse_layer =
+        gpt2 && f.or("scale_attn_by_inverse_layer_idx", Some(false), BOOL)? == Some(true);
     let attention_multiplier = match family {
         Family::Granite => Some(multiplier("attention_multiplier")?),
         Family::Gpt2 if f.or("scale_attn_weights", Some(true), BOOL)? == Some(false) => Some(1.0),
@@ -1174,19 +1181,6 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     if gemmas && f.or("use_bidirectional_attention", Some(false), BOOL)? == Some(true) {
         return Err(f.error("use_bidirectional_attention", "only causal attention is supported"));
     }
-    // StableLM's and Phi's q/k LayerNorms, StableLM's parallel residual (StableLM 2 12B) and Cohere's per-head
-    // q/k LayerNorm are not built yet.
-    let unsupported: &[&str] = match family {
-        Family::Stablelm => &[],
-        Family::Phi => &["qk_layernorm"],
-        Family::Cohere => &[],
-        _ => &[],
-    };
-    for key in unsupported {
-        if f.or(key, Some(false), BOOL)? == Some(true) {
-            return Err(f.error(key, "is not supported yet"));
-        }
-    }
     // Phi ties only the head's weight, not its bias: not built.
     if family == Family::Phi && tie_word_embeddings {
         return Err(f.error(
@@ -1196,6 +1190,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     }
     let cohere_qk_norm = family == Family::Cohere && f.or("use_qk_norm", Some(false), BOOL)? == Some(true);
     let stablelm_qk_norm = family == Family::Stablelm && f.or("qk_layernorm", Some(false), BOOL)? == Some(true);
+    let phi_qk_norm = family == Family::Phi && f.or("qk_layernorm", Some(false), BOOL)? == Some(true);
     let logit_scale = match family {
         Family::Cohere => match f.or("logit_scale", Some(0.0625), F64)?.unwrap_or(1.0) {
             s if s.is_finite() && s > 0.0 => s,
@@ -1260,12 +1255,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::Olmo3
                 | Family::Gemma3Text
         ) || cohere_qk_norm
-            || stablelm_qk_norm,
+            || stablelm_qk_norm
+            || phi_qk_norm,
         qk_norm_over_heads: matches!(family, Family::Olmo2 | Family::Olmoe | Family::Olmo3),
         qk_norm_per_head_layer: cohere_qk_norm || stablelm_qk_norm,
         qk_norm_split: stablelm_qk_norm,
+        qk_norm_shared_layer: phi_qk_norm,
         qk_norm_names: match family {
-            Family::Stablelm => ["q_layernorm", "k_layernorm"],
+            Family::Stablelm | Family::Phi => ["q_layernorm", "k_layernorm"],
             _ => ["q_norm", "k_norm"],
         },
         norm_placement: match family {
@@ -1355,6 +1352,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         embedding_multiplier,
         residual_multiplier,
         attention_multiplier,
+        attention_scale_by_inverse_layer,
         logits_scaling,
         nope_layers,
         norm_unit_offset: matches!(

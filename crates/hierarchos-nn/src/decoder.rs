@@ -507,13 +507,19 @@ impl CausalLm {
         }
         let c = &self.config;
         let scale = c.attention_multiplier.unwrap_or(1.0 / (c.head_dim as f64).sqrt());
-        // Each layer attends with or without the sliding window (hybrid models mix them) and rotates its
-        // queries and keys or not (SmolLM3's and EXAONE 4's layers without rotary): one context per kind present.
+        // Each layer attends with or without the sliding window (hybrid models mix them), rotates its queries
+        // and keys or not (SmolLM3's and EXAONE 4's layers without rotary) and scales its scores (GPT-2's scale
+        // by inverse layer index): one context per kind present.
         let kind_of = |i: usize| {
             let window = c.sliding_window.filter(|_| !c.full_attention_layers.contains(&i));
-            (window, !c.nope_layers.contains(&i))
+            let layer_scale = if c.attention_scale_by_inverse_layer {
+                scale / (i + 1) as f64
+            } else {
+                scale
+            };
+            (window, !c.nope_layers.contains(&i), layer_scale)
         };
-        let mut kinds: Vec<(Option<usize>, bool)> = Vec::new();
+        let mut kinds: Vec<(Option<usize>, bool, f64)> = Vec::new();
         let layer_kinds: Vec<usize> = (0..self.layers.len())
             .map(|i| {
                 let kind = kind_of(i);
@@ -523,35 +529,41 @@ impl CausalLm {
                 })
             })
             .collect();
-        // The rotary tables the kinds present read, each built once: identity (no rotary), the sliding layers'
-        // own (OLMo 3, Gemma 3), or the model's.
-        let table_of = |&(window, rotary): &(Option<usize>, bool)| match (rotary, &self.sliding_rotary) {
+        // The rotary tables the kinds present read, each built once per scale: identity (no rotary), the
+        // sliding layers' own (OLMo 3, Gemma 3), or the model's.
+        let table_of = |&(window, rotary, _): &(Option<usize>, bool, f64)| match (rotary, &self.sliding_rotary) {
             (false, _) => 0,
             (true, Some(_)) if window.is_some() => 1,
             _ => 2,
         };
-        let mut tables: [Option<RopeTables>; 3] = [None, None, None];
+        let mut tables: Vec<(usize, f64, RopeTables)> = Vec::new();
         for kind in &kinds {
-            let at = table_of(kind);
-            if tables[at].is_none() {
-                tables[at] = Some(match (at, &self.sliding_rotary) {
-                    (0, _) => self.rotary.identity_tables(t, scale, self.device())?,
-                    (1, Some(sliding)) => sliding.device_tables(start, t, scale, self.device())?,
-                    _ => self.rotary.device_tables(start, t, scale, self.device())?,
-                });
+            let (at, layer_scale) = (table_of(kind), kind.2);
+            if !tables.iter().any(|&(a, s, _)| (a, s) == (at, layer_scale)) {
+                let built = match (at, &self.sliding_rotary) {
+                    (0, _) => self.rotary.identity_tables(t, layer_scale, self.device())?,
+                    (1, Some(sliding)) => sliding.device_tables(start, t, layer_scale, self.device())?,
+                    _ => self.rotary.device_tables(start, t, layer_scale, self.device())?,
+                };
+                tables.push((at, layer_scale, built));
             }
         }
         let contexts: Vec<AttentionContext> = kinds
             .iter()
-            .map(|&(window, rotary)| {
+            .map(|kind @ &(window, _, layer_scale)| {
                 // With a cache, keys no query of this step can see are left out of the product entirely.
                 let key_start = match (&cache, window) {
                     (Some(_), Some(w)) => (start + 1).saturating_sub(w),
                     _ => 0,
                 };
                 let (q_start, k_start) = if cache.is_some() { (start, key_start) } else { (0, 0) };
-                let tables = tables[table_of(&(window, rotary))].clone().expect("built above");
-                AttentionContext::new(tables, q_start, k_start, window, scale)
+                let at = table_of(kind);
+                let tables = tables
+                    .iter()
+                    .find(|&&(a, s, _)| (a, s) == (at, layer_scale))
+                    .map(|(_, _, built)| built.clone())
+                    .expect("built above");
+                AttentionContext::new(tables, q_start, k_start, window, layer_scale)
             })
             .collect();
         let ctx_of = |i: usize| &contexts[layer_kinds[i]];
@@ -1036,7 +1048,7 @@ fn block_norm(tensor: TensorSource, name: String, dim: usize, c: &ModelConfig) -
 
 /// The norm `name` of queries or keys (always with weights): an RMSNorm, or with `qk_norm_per_head_layer` a
 /// LayerNorm of each head whose `[heads, head_dim]` weight is one parameter or, with `qk_norm_split`, one per head
-/// (`name.norms.N.weight`).
+/// (`name.norms.N.weight`), or with `qk_norm_shared_layer` one LayerNorm with a bias that every head shares.
 fn qk_norm(tensor: TensorSource, name: String, shape: &[usize], c: &ModelConfig) -> Result<Norm> {
     let (weight, head_weights) = match (c.qk_norm_split, shape) {
         (true, &[heads, d]) => (
@@ -1047,14 +1059,18 @@ fn qk_norm(tensor: TensorSource, name: String, shape: &[usize], c: &ModelConfig)
         ),
         _ => (Some(tensor(&format!("{name}.weight"), shape)?), Vec::new()),
     };
+    let bias = match c.qk_norm_shared_layer {
+        true => Some(tensor(&format!("{name}.bias"), shape)?),
+        false => None,
+    };
     Ok(Norm {
-        kind: if c.qk_norm_per_head_layer {
+        kind: if c.qk_norm_per_head_layer || c.qk_norm_shared_layer {
             NormKind::Layer
         } else {
             NormKind::Rms
         },
         weight,
-        bias: None,
+        bias,
         eps: c.rms_norm_eps,
         unit_offset: c.norm_unit_offset,
         head_weights,

@@ -331,11 +331,11 @@ pub const ARCHITECTURES: [Architecture; 31] = [
     Architecture {
         family: Family::Phi,
         status: Status::Validated,
-        fixtures: &["phi"],
+        fixtures: &["phi", "phi_qk_layernorm"],
         features: "a parallel block, LayerNorm with weight and bias, rotary on the first partial_rotary_factor of \
                    each head (default 0.5), biases on every projection and the head, a plain MLP fc1 -> tanh GELU \
-                   -> fc2, the output projection named dense and the final norm final_layernorm; q/k LayerNorm \
-                   (qk_layernorm) fails closed",
+                   -> fc2, the output projection named dense and the final norm final_layernorm; with qk_layernorm, \
+                   one LayerNorm with weight and bias that every query head shares and another for the keys",
         gap: None,
     },
     Architecture {
@@ -364,12 +364,13 @@ pub const ARCHITECTURES: [Architecture; 31] = [
     Architecture {
         family: Family::Gpt2,
         status: Status::Validated,
-        fixtures: &["gpt2"],
+        fixtures: &["gpt2", "gpt2_inverse_layer_scale"],
         features: "learned absolute position embeddings (wpe) added to the token embeddings and no rotary, \
                    LayerNorm with weight and bias (ln_1, ln_2, ln_f), Conv1D weights kept as stored ([in, out]), \
                    q, k and v in one matrix (c_attn), a plain tanh-GELU MLP (c_fc, c_proj), biases everywhere, \
                    tied head, the transformer.h.N names and the n_embd / n_layer / n_head / n_positions / n_inner \
-                   keys; scale_attn_by_inverse_layer_idx fails closed",
+                   keys; scale_attn_weights false leaves the scores unscaled, scale_attn_by_inverse_layer_idx \
+                   divides layer i's by i + 1",
         gap: None,
     },
     Architecture {
