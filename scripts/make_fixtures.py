@@ -105,6 +105,7 @@ LORA = {
     "gpt2_inverse_layer_scale": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True),
     "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
+    "falcon_alibi": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_h_to_4h"]),
     "glm": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "gate_up_proj"]),
     "deepseek_v3": dict(r=4, lora_alpha=8, target_modules=["q_a_proj", "kv_b_proj", "o_proj"]),
     "deepseek_v3_lite": dict(r=8, lora_alpha=12, target_modules=["q_proj", "kv_a_proj_with_mqa", "o_proj"]),
@@ -527,6 +528,16 @@ FIXTURES = {
         True,
         "Falcon's new decoder architecture (40B/180B layout): q, k and v grouped by each of 2 key/value heads in "
         "one matrix, attention and MLP in parallel each with its LayerNorm (ln_attn, ln_mlp), biases everywhere",
+    ),
+    "falcon_alibi": (
+        "FalconConfig",
+        dict(FALCON, alibi=True, new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True,
+             hidden_size=96, num_attention_heads=12),
+        True,
+        "Falcon-RW: ALiBi in place of rotary (12 heads of 8: BLOOM's slopes, powers of 2^-1 and odd powers of "
+        "2^-0.5, multiplied by the key's position in bf16 as transformers does), a sequential block, one key/value "
+        "head per query head, biases everywhere; the reference runs transformers' SDPA attention, which adds ALiBi "
+        "once (its eager Falcon attention adds it twice in 5.17)",
     ),
     "glm": (
         "GlmConfig",
@@ -960,7 +971,10 @@ def tokenizer_report(tok, out):
 def eager(config):
     """Loading arguments for the plain PyTorch code paths, which also run in float64 (the default grouped-matmul
     experts do not)."""
-    kwargs = dict(attn_implementation="eager", dtype=torch.float32)
+    # transformers 5.17's eager Falcon attention adds ALiBi twice (its causal mask carries it too); SDPA adds it
+    # once, as Falcon-RW was trained.
+    attention = "sdpa" if getattr(config, "alibi", False) else "eager"
+    kwargs = dict(attn_implementation=attention, dtype=torch.float32)
     if any(hasattr(config, k) for k in ("num_experts", "num_local_experts")):
         kwargs["experts_implementation"] = "eager"
     return kwargs

@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use hierarchos::nn::{Activation, Error, ModelConfig, NormKind, NormPlacement, QkvLayout, RopeScaling};
+use hierarchos::nn::{
+    Activation, Error, ModelConfig, NormKind, NormPlacement, QkvLayout, RopeScaling, alibi_bias, alibi_slopes,
+};
 
 const PATH: &str = "models/x/config.json";
 
@@ -1077,7 +1079,7 @@ fn gpt2_options() {
 }
 
 /// Falcon's three layer layouts: multi-query with one LayerNorm in parallel (7B), the new decoder architecture's
-/// grouped key/value heads with two LayerNorms, and a sequential block; ALiBi is refused.
+/// grouped key/value heads with two LayerNorms, and a sequential block; ALiBi in place of rotary (Falcon-RW).
 #[test]
 fn falcon_layouts() {
     let base = r#""num_hidden_layers": 2, "alibi": false"#;
@@ -1116,7 +1118,10 @@ fn falcon_layouts() {
         (sequential.num_key_value_heads, sequential.norm_placement),
         (4, NormPlacement::Pre)
     );
-    err(&tiny("falcon", r#""alibi": true"#), &["alibi"]);
+    assert!(!sequential.alibi && sequential.nope_layers.is_empty());
+    let alibi = parse(&tiny("falcon", r#""alibi": true, "num_hidden_layers": 3"#)).unwrap();
+    assert!(alibi.alibi);
+    assert_eq!(alibi.nope_layers, vec![0, 1, 2]);
 }
 
 /// GLM-4: interleaved rotary on half of each head, q/k/v biases without an output bias, fused gate/up, its
@@ -1167,4 +1172,42 @@ fn padding_rows_follow_pad_token_id_and_the_family_defaults() {
         &tiny("llama", r#""pad_token_id": "<pad>""#),
         &["pad_token_id", "integer"],
     );
+}
+
+/// ALiBi's bias of a key at a position, per head, as transformers' `build_alibi_tensor` gives it (values taken
+/// from transformers 5.17: powers of two and other head counts, positions whose bf16 casts round).
+#[test]
+fn alibi_biases_match_transformers() {
+    let cases: &[(usize, usize, usize, f64)] = &[
+        (1, 0, 255, 0.99609375),
+        (1, 0, 2049, 8.0),
+        (3, 0, 7, 0.4375),
+        (3, 1, 1000, 3.90625),
+        (3, 2, 257, 64.0),
+        (4, 2, 255, 3.984375),
+        (6, 5, 7, 0.875),
+        (6, 5, 1000, 125.0),
+        (12, 11, 1, 0.08837890625),
+        (12, 11, 7, 0.6171875),
+        (12, 11, 255, 22.5),
+        (12, 11, 257, 22.625),
+        (12, 11, 2049, 181.0),
+        (32, 0, 1, 0.83984375),
+        (32, 0, 255, 214.0),
+        (32, 0, 257, 215.0),
+        (32, 16, 1, 0.052490234375),
+        (32, 16, 1000, 52.5),
+        (71, 0, 2049, 1880.0),
+        (71, 35, 257, 11.3125),
+        (71, 70, 1, 0.5703125),
+        (71, 70, 7, 4.0),
+        (71, 70, 1000, 572.0),
+    ];
+    for &(heads, head, pos, want) in cases {
+        let slopes = alibi_slopes(heads);
+        assert_eq!(slopes.len(), heads);
+        let got = alibi_bias(slopes[head], pos) as f64;
+        assert_eq!(got, want, "{heads} heads, head {head}, position {pos}");
+    }
+    assert_eq!(alibi_bias(alibi_slopes(8)[0], 0), 0.0);
 }

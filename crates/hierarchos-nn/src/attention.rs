@@ -8,7 +8,7 @@ use hierarchos_core::ops::attention::{MAX_HEAD_DIM, NewKeys, STEP_MAX_QUERIES};
 use hierarchos_core::ops::flash_attention::{flash_attention_fits, rotary_flash_attention_fits};
 use hierarchos_core::{Device, Tensor, grad_enabled};
 
-use crate::config::QkvLayout;
+use crate::config::{QkvLayout, alibi_bias};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, linear_parameters, prefixed};
@@ -74,7 +74,7 @@ pub struct Attention {
 pub const FUSED_ATTENTION_MAX_QUERIES: usize = 64;
 
 /// What every layer of one forward shares: the rotary tables of the new positions, where queries and keys
-/// start, the sliding window, and the additive mask (built on first use, once for all layers).
+/// start, the sliding window, and the additive mask and ALiBi biases (built on first use, once for all layers).
 #[derive(Debug)]
 pub struct AttentionContext {
     /// Rotary tables of the new positions.
@@ -89,6 +89,9 @@ pub struct AttentionContext {
     /// multiplied by).
     pub score_scale: f64,
     mask: OnceCell<Option<Tensor>>,
+    /// ALiBi's slope of each query head (Falcon-RW), `None` without ALiBi.
+    alibi_slopes: Option<Vec<f32>>,
+    alibi: OnceCell<Tensor>,
 }
 
 impl AttentionContext {
@@ -108,7 +111,34 @@ impl AttentionContext {
             window,
             score_scale,
             mask: OnceCell::new(),
+            alibi_slopes: None,
+            alibi: OnceCell::new(),
         }
+    }
+
+    /// This context with ALiBi: head h's score over the key at position p gains `alibi_bias(slopes[h], p)` times
+    /// the score scale, as transformers adds it.
+    pub fn with_alibi(mut self, slopes: Vec<f32>) -> Self {
+        self.alibi_slopes = Some(slopes);
+        self
+    }
+
+    /// The `[heads, S]` ALiBi biases of `s` keys from `key_start`, times the score scale; `None` without ALiBi.
+    pub fn alibi(&self, s: usize, device: &Device) -> Result<Option<&Tensor>> {
+        let Some(slopes) = &self.alibi_slopes else {
+            return Ok(None);
+        };
+        if self.alibi.get().is_none() {
+            let biases: Vec<f32> = slopes
+                .iter()
+                .flat_map(|&slope| {
+                    (self.key_start..self.key_start + s)
+                        .map(move |pos| (alibi_bias(slope, pos) as f64 * self.score_scale) as f32)
+                })
+                .collect();
+            let _ = self.alibi.set(Tensor::from_slice(&biases, &[slopes.len(), s], device)?);
+        }
+        Ok(self.alibi.get())
     }
 
     /// The `[T, S]` additive mask (0 or -inf) of `t` queries over `s` keys, `None` when every key is visible.
@@ -281,8 +311,8 @@ impl Attention {
 
 /// Rotary, the cache and attention for heads already projected: queries `[B, T, H, D]`, keys and values
 /// `[B, T, KVH, D]`, of which the leading `rotary_dim` dimensions of each head rotate (the rest of the queries'
-/// take the score scale). Scores are soft-capped by `softcap`; `differentiable` says whether gradients will flow,
-/// which rules out the fused inference kernels. Returns `[B, T, H, D]`.
+/// take the score scale). Scores are soft-capped by `softcap` and biased by the context's ALiBi; `differentiable`
+/// says whether gradients will flow, which rules out the fused inference kernels. Returns `[B, T, H, D]`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_heads(
     q: Tensor,
@@ -296,9 +326,11 @@ pub(crate) fn attend_heads(
 ) -> Result<Tensor> {
     let (t, d) = (q.shape()[1], q.shape()[3]);
     let differentiable = differentiable || (grad_enabled() && [&q, &k, &v].iter().any(|y| y.requires_grad()));
-    // The fused kernels rotate whole heads and do not soft-cap; such layers take the composed path.
+    // The fused kernels rotate whole heads and neither soft-cap nor bias the scores; such layers take the
+    // composed path.
     let partial = rotary_dim < d;
-    let fused = !partial && softcap.is_none();
+    let biased = softcap.is_some() || ctx.alibi_slopes.is_some();
+    let fused = !partial && !biased;
     let rotate = |x: Tensor, cos: &Tensor, sin: &Tensor, pass_scale: f64| -> Result<Tensor> {
         if !partial {
             return Ok(x.rope(cos, sin)?);
@@ -361,11 +393,12 @@ pub(crate) fn attend_heads(
                 }
             };
             // Anything else (16-bit activations, larger heads) takes the composed path.
-            if softcap.is_none() && flash_attention_fits(&q, &k, &v) {
+            if !biased && flash_attention_fits(&q, &k, &v) {
                 q.flash_attention(&k, &v, ctx.query_start, ctx.key_start, ctx.window)?
             } else {
-                let mask = ctx.mask(t, k.shape()[2], q.device())?;
-                attend(&q, &k, &v, mask, softcap)?.permute(&[0, 2, 1, 3])?
+                let s = k.shape()[2];
+                let (mask, alibi) = (ctx.mask(t, s, q.device())?, ctx.alibi(s, q.device())?);
+                attend(&q, &k, &v, mask, alibi, softcap)?.permute(&[0, 2, 1, 3])?
             }
         }
     })
@@ -409,11 +442,19 @@ pub(crate) fn qkv_views(qkv: &Linear, layout: QkvLayout, rows: [usize; 3]) -> Re
 /// are stacked into the rows of one product, so grouped keys and values are never repeated in memory. `mask` is
 /// `[T, S]`, added to the scores of every head. Returns `[B, H, T, D]`.
 pub fn scaled_dot_product(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
-    attend(q, k, v, mask, None)
+    attend(q, k, v, mask, None, None)
 }
 
-/// [`scaled_dot_product`], the scores soft-capped to `c · tanh(s / c)` first when `softcap` is `Some(c)`.
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, softcap: Option<f64>) -> Result<Tensor> {
+/// [`scaled_dot_product`], the scores soft-capped to `c · tanh(s / c)` first when `softcap` is `Some(c)`, then
+/// each head's biases `[H, S]` (ALiBi) added.
+fn attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
     let bad = || {
         Error::Invalid(format!(
             "attention: queries {:?}, keys {:?}, values {:?}, mask {:?} do not fit",
@@ -431,7 +472,7 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, softcap: Op
     if k.shape()[0] != b || k.shape()[3] != d || kvh == 0 || !h.is_multiple_of(kvh) {
         return Err(bad());
     }
-    if mask.is_some_and(|m| m.shape() != [t, s]) {
+    if mask.is_some_and(|m| m.shape() != [t, s]) || bias.is_some_and(|a| a.shape() != [h, s]) {
         return Err(bad());
     }
     let g = h / kvh;
@@ -440,13 +481,18 @@ fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, softcap: Op
         Some(c) => scores.div_scalar(c)?.tanh()?.mul_scalar(c)?,
         None => scores,
     };
-    let probs = match mask {
-        Some(m) => scores
-            .reshape(&[b, kvh, g, t, s])?
-            .add(m)?
-            .softmax(-1)?
-            .reshape(&[b, kvh, g * t, s])?,
-        None => scores.softmax(-1)?,
+    let probs = match (mask, bias) {
+        (None, None) => scores.softmax(-1)?,
+        _ => {
+            let mut scores = scores.reshape(&[b, kvh, g, t, s])?;
+            if let Some(a) = bias {
+                scores = scores.add(&a.reshape(&[kvh, g, 1, s])?)?;
+            }
+            if let Some(m) = mask {
+                scores = scores.add(m)?;
+            }
+            scores.softmax(-1)?.reshape(&[b, kvh, g * t, s])?
+        }
     };
     Ok(probs.matmul(v)?.reshape(&[b, h, t, d])?)
 }

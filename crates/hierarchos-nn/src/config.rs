@@ -369,6 +369,9 @@ pub struct ModelConfig {
     /// Layer i's score scale is further divided by i + 1 (GPT-2's `scale_attn_by_inverse_layer_idx`), which keeps
     /// deep stacks' scores small.
     pub attention_scale_by_inverse_layer: bool,
+    /// ALiBi in place of rotary (Falcon's `alibi`): each head's scores get a bias linear in the key's position,
+    /// with BLOOM's slopes (see [`alibi_slopes`]).
+    pub alibi: bool,
     /// The logits are divided by it (Granite's `logits_scaling`; 1 elsewhere).
     pub logits_scaling: f64,
     /// Layers that take no rotary embedding (SmolLM3's `no_rope_layers` zeros), ascending.
@@ -464,6 +467,7 @@ impl ModelConfig {
             residual_multiplier: 1.0,
             attention_multiplier: None,
             attention_scale_by_inverse_layer: false,
+            alibi: false,
             logits_scaling: 1.0,
             nope_layers: Vec::new(),
             norm_unit_offset: false,
@@ -1131,9 +1135,6 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         _ if f.or("parallel_attn", Some(true), BOOL)? == Some(true) => NormPlacement::Parallel,
         _ => NormPlacement::Pre,
     };
-    if family == Family::Falcon && f.or("alibi", Some(false), BOOL)? == Some(true) {
-        return Err(f.error("alibi", "ALiBi position biases are not supported yet"));
-    }
     // GPT-2 may leave its scores unscaled, or scale them down layer by layer.
     let attention_scale_by_inverse_layer =
         gpt2 && f.or("scale_attn_by_inverse_layer_idx", Some(false), BOOL)? == Some(true);
@@ -1169,7 +1170,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let logits_scaling = multiplier("logits_scaling")?;
     // EXAONE 4's layers rotate only when they slide or when the config sets no window at all (transformers
     // checks the config's `sliding_window`, not the layer's): with a window and no sliding layer, none rotates.
+    let alibi = family == Family::Falcon && f.or("alibi", Some(false), BOOL)? == Some(true);
     let nope_layers = match family {
+        // ALiBi biases the scores by position instead of rotating queries and keys.
+        _ if alibi => (0..num_hidden_layers).collect(),
         Family::Exaone4 if windows.window.is_some() => windows.full_layers.clone(),
         Family::Exaone4 if windows.configured => (0..num_hidden_layers).collect(),
         // GPT-2 has positions in its embeddings, no rotary anywhere.
@@ -1353,6 +1357,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         residual_multiplier,
         attention_multiplier,
         attention_scale_by_inverse_layer,
+        alibi,
         logits_scaling,
         nope_layers,
         norm_unit_offset: matches!(
@@ -2158,3 +2163,29 @@ const STRING: Kind<String> = Kind {
     read: |v| v.as_str().map(str::to_string),
     expected: "a string",
 };
+
+/// ALiBi's slope of each of `heads` heads, as transformers' `build_alibi_tensor` (BLOOM, Falcon) computes them: the
+/// powers 1, 2, ... of `2^(-8 / n)` for the largest power of two `n <= heads`, then the odd powers of
+/// `2^(-4 / n)` for the rest, each rounded to f32 and then to bf16 (the bias is formed in bf16; see
+/// [`alibi_bias`]).
+pub fn alibi_slopes(heads: usize) -> Vec<f32> {
+    let closest = 1usize << heads.max(1).ilog2();
+    let base = |n: usize| 2f64.powf(-(2f64.powf(-((n as f64).log2() - 3.0)))) as f32;
+    let power = |b: f32, k: usize| (b as f64).powi(k as i32) as f32;
+    let first = (1..=closest).map(|k| power(base(closest), k));
+    let extra = (0..heads - closest.min(heads)).map(|i| power(base(2 * closest), 2 * i + 1));
+    first.chain(extra).take(heads).map(bf16_round).collect()
+}
+
+/// The ALiBi bias of a key at position `pos` for a head of slope `slope` (from [`alibi_slopes`]): transformers
+/// multiplies the bf16 slope by the position cast to bf16, in bf16, so positions past 256 and the product are
+/// rounded as there.
+pub fn alibi_bias(slope: f32, pos: usize) -> f32 {
+    bf16_round(slope * bf16_round(pos as f32))
+}
+
+/// `x` rounded to the nearest bf16 (ties to even), as an f32.
+fn bf16_round(x: f32) -> f32 {
+    let b = x.to_bits();
+    f32::from_bits((b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
+}

@@ -6,7 +6,7 @@ use hierarchos_core::quant::QTensor;
 use hierarchos_core::{DType, Device, Tensor};
 
 use crate::attention::{Attention, AttentionContext, qkv_views};
-use crate::config::{LatentAttentionConfig, ModelConfig, NormPlacement, RouterScoring};
+use crate::config::{LatentAttentionConfig, ModelConfig, NormPlacement, RouterScoring, alibi_slopes};
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
 use crate::feed_forward::FeedForward;
@@ -563,7 +563,11 @@ impl CausalLm {
                     .find(|&&(a, s, _)| (a, s) == (at, layer_scale))
                     .map(|(_, _, built)| built.clone())
                     .expect("built above");
-                AttentionContext::new(tables, q_start, k_start, window, layer_scale)
+                let ctx = AttentionContext::new(tables, q_start, k_start, window, layer_scale);
+                match c.alibi {
+                    true => ctx.with_alibi(alibi_slopes(c.num_attention_heads)),
+                    false => ctx,
+                }
             })
             .collect();
         let ctx_of = |i: usize| &contexts[layer_kinds[i]];

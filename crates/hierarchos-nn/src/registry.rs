@@ -376,12 +376,13 @@ pub const ARCHITECTURES: [Architecture; 31] = [
     Architecture {
         family: Family::Falcon,
         status: Status::Validated,
-        fixtures: &["falcon", "falcon_new"],
+        fixtures: &["falcon", "falcon_new", "falcon_alibi"],
         features: "q, k and v in one matrix grouped by key/value head (multi_query: one key/value head; the new \
                    decoder architecture: num_kv_heads), a parallel block with one LayerNorm (Falcon-7B) or two \
                    (ln_attn, ln_mlp) or a sequential block (parallel_attn false), LayerNorm with bias, biases as \
-                   bias says, a plain GELU MLP (ffn_hidden_size), the transformer.h.N.self_attention names; ALiBi \
-                   (alibi) fails closed",
+                   bias says, a plain GELU MLP (ffn_hidden_size), the transformer.h.N.self_attention names; with \
+                   alibi (Falcon-RW), ALiBi biases in place of rotary, formed in bf16 as transformers forms them \
+                   (its composed attention path, not the fused kernels)",
         gap: None,
     },
     Architecture {
