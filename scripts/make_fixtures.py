@@ -100,6 +100,7 @@ LORA = {
     "phi3_longrope": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "down_proj"]),
     "gpt_neox": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "gpt_neox_sequential": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
+    "gpt_neox_odd_rotary": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_h_to_4h"]),
     # PEFT turns fan_in_fan_out on for GPT-2's Conv1D layers.
     "gpt2": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
     "gpt2_inverse_layer_scale": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True),
@@ -493,6 +494,14 @@ FIXTURES = {
         True,
         "GPT-NeoX with use_parallel_residual false: the MLP's LayerNorm reads the stream after the attention's "
         "residual add",
+    ),
+    "gpt_neox_odd_rotary": (
+        "GPTNeoXConfig",
+        dict(NEOX, use_parallel_residual=True,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.3125}),
+        True,
+        "GPT-NeoX with an odd rotary dim: rotary_pct 0.3125 of 16 is 5, whose frequencies (base^(-2i/5), i < 3) "
+        "rotate 6 dimensions, as transformers' cos table is that wide",
     ),
     "gpt2": (
         "GPT2Config",

@@ -1211,3 +1211,23 @@ fn alibi_biases_match_transformers() {
     }
     assert_eq!(alibi_bias(alibi_slopes(8)[0], 0), 0.0);
 }
+
+/// An odd number of rotated dimensions: GPT-NeoX, Phi-3, Nemotron and GLM rotate one more (transformers slices
+/// their heads by the cos table's width); StableLM and Phi slice by the odd number and fail in transformers, so
+/// they are refused.
+#[test]
+fn odd_rotary_dims() {
+    let neox = parse(&tiny("gpt_neox", r#""rotary_pct": 0.3125"#)).unwrap();
+    assert_eq!((neox.rotary_dim, neox.head_dim), (5, 16));
+    err(
+        &tiny(
+            "stablelm",
+            r#""partial_rotary_factor": 0.3125, "num_key_value_heads": 4"#,
+        ),
+        &["partial_rotary_factor"],
+    );
+    err(
+        &tiny("phi", r#""partial_rotary_factor": 0.3125"#),
+        &["partial_rotary_factor"],
+    );
+}

@@ -207,14 +207,22 @@ fn dynamic_rope_rescales_only_past_the_original_context() {
     assert_eq!(long[0], 1.0);
 }
 
+/// An odd rotary dim has a frequency for each pair from 0 with the odd dim in the exponent, and rotates one
+/// dimension more (transformers' `arange(0, dim, 2) / dim` and its cos table's width); none is refused.
 #[test]
-fn rotary_embedding_rejects_odd_head_dims() {
+fn rotary_embedding_of_an_odd_dim_rotates_one_more() {
     let rope = RopeConfig {
         theta: 10000.0,
         scaling: RopeScaling::Default,
     };
-    assert!(matches!(RotaryEmbedding::new(7, &rope), Err(Error::Invalid(_))));
-    assert!(RotaryEmbedding::new(0, &rope).is_err());
+    let odd = RotaryEmbedding::new(5, &rope).unwrap();
+    assert_eq!(odd.head_dim(), 6);
+    let inv = odd.inv_freq(1);
+    assert_eq!(inv.len(), 3);
+    for (got, want) in inv.iter().zip([1.0, 10000f64.powf(-0.4), 10000f64.powf(-0.8)]) {
+        assert!((got - want).abs() <= want * 1e-6, "{got} against {want}");
+    }
+    assert!(matches!(RotaryEmbedding::new(0, &rope), Err(Error::Invalid(_))));
 }
 
 // ----- the rope and write_at ops -----

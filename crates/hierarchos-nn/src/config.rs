@@ -290,7 +290,8 @@ pub struct ModelConfig {
     /// full-attention layers' frequencies).
     pub sliding_rope: Option<RopeConfig>,
     /// The leading dimensions of each head that rotate (`head_dim`, or StableLM's and Nemotron's
-    /// `partial_rotary_factor` of it).
+    /// `partial_rotary_factor` of it), as transformers' rotary `dim`: an odd one rotates one dimension more (see
+    /// `RotaryEmbedding::new`).
     pub rotary_dim: usize,
     /// The output projection shares the embedding matrix.
     pub tie_word_embeddings: bool,
@@ -1000,13 +1001,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             long_factor,
             ..
         } = scaling
-            && (short_factor.len() != rotary_dim / 2 || long_factor.len() != rotary_dim / 2)
+            && (short_factor.len() != rotary_dim.div_ceil(2) || long_factor.len() != rotary_dim.div_ceil(2))
         {
             return Err(f.error(
                 "rope_scaling",
                 &format!(
                     "longrope needs one short and one long factor per rotated pair ({}), found {} and {}",
-                    rotary_dim / 2,
+                    rotary_dim.div_ceil(2),
                     short_factor.len(),
                     long_factor.len()
                 ),
@@ -1817,7 +1818,10 @@ fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
             "partial rotary embeddings are not supported for this family",
         ));
     }
-    if !(factor > 0.0 && factor < 1.0) || dim < 2 || !dim.is_multiple_of(2) {
+    // An odd number rotates one dimension more where transformers slices the heads by the width of its cos
+    // table; StableLM and Phi slice them by the odd number and fail.
+    let odd_ok = matches!(family, Family::Nemotron | Family::Phi3 | Family::GptNeox | Family::Glm);
+    if !(factor > 0.0 && factor < 1.0) || dim == 0 || (!dim.is_multiple_of(2) && !odd_ok) {
         return Err(f.error(
             "partial_rotary_factor",
             &format!("{factor} of heads of {head_dim} is not an even number of rotated dimensions"),

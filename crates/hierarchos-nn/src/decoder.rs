@@ -849,7 +849,7 @@ fn standard_attention(tensor: TensorSource, quantized: QuantSource, a: &str, c: 
         fused_qkv: c.fused_qkv,
         norm_names: c.qk_norm_names,
         module: c.names.attention,
-        rotary_dim: c.rotary_dim,
+        rotary_dim: c.rotary_dim.next_multiple_of(2),
         num_heads: h,
         num_kv_heads: kvh,
         head_dim: d,

@@ -353,12 +353,12 @@ pub const ARCHITECTURES: [Architecture; 31] = [
     Architecture {
         family: Family::GptNeox,
         status: Status::Validated,
-        fixtures: &["gpt_neox", "gpt_neox_sequential"],
+        fixtures: &["gpt_neox", "gpt_neox_sequential", "gpt_neox_odd_rotary"],
         features: "the parallel residual (use_parallel_residual: attention and MLP each with its own LayerNorm of \
                    the layer's input, both added to it), LayerNorm with weight and bias, rotary on the first \
-                   rotary_pct of each head (default 0.25), q, k and v in one matrix with each head's rows \
-                   together (query_key_value), biases everywhere, a plain GELU MLP, the gpt_neox.* and \
-                   embed_out names",
+                   rotary_pct of each head (default 0.25; an odd number rotates one more), q, k and v in one \
+                   matrix with each head's rows together (query_key_value), biases everywhere, a plain GELU MLP, \
+                   the gpt_neox.* and embed_out names",
         gap: None,
     },
     Architecture {

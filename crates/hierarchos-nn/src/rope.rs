@@ -14,7 +14,8 @@ use crate::error::{Error, Result};
 /// The rotary frequencies of one model.
 #[derive(Clone, Debug)]
 pub struct RotaryEmbedding {
-    head_dim: usize,
+    /// Transformers' rotary `dim`: the frequencies are `base^(-2i / dim)` for `2i < dim`.
+    dim: usize,
     rope: RopeConfig,
 }
 
@@ -45,15 +46,15 @@ impl RopeTables {
 }
 
 impl RotaryEmbedding {
-    /// Frequencies for heads of `head_dim` (even) under `rope`.
-    pub fn new(head_dim: usize, rope: &RopeConfig) -> Result<Self> {
-        if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(Error::Invalid(format!(
-                "rotary embedding: head_dim {head_dim} must be even and positive"
-            )));
+    /// Frequencies for `dim` rotating dimensions under `rope`. An odd `dim` (a partial rotary factor of an odd
+    /// number of dimensions) still has a frequency for each pair from 0, so `dim + 1` dimensions rotate, as
+    /// transformers' cos/sin tables are that wide.
+    pub fn new(dim: usize, rope: &RopeConfig) -> Result<Self> {
+        if dim == 0 {
+            return Err(Error::Invalid("rotary embedding: no dimension rotates".into()));
         }
         Ok(RotaryEmbedding {
-            head_dim,
+            dim,
             rope: rope.clone(),
         })
     }
@@ -61,11 +62,11 @@ impl RotaryEmbedding {
     /// `inv_freq` (the `D/2` angular frequencies, f32-rounded as transformers stores them) for a forward whose
     /// largest position is `seq_len - 1`; only dynamic and longrope scaling depend on `seq_len`.
     pub fn inv_freq(&self, seq_len: usize) -> Vec<f64> {
-        let d = self.head_dim;
+        let (d, pairs) = (self.dim, self.head_dim() / 2);
         let theta = self.rope.theta;
         // base ** (2i / d) with the exponent formed in f32, as `torch.arange(0, d, 2).float() / d` does.
         let exponent = |i: usize| ((2 * i) as f32 / d as f32) as f64;
-        let default = |base: f64| -> Vec<f64> { (0..d / 2).map(|i| 1.0 / base.powf(exponent(i))).collect() };
+        let default = |base: f64| -> Vec<f64> { (0..pairs).map(|i| 1.0 / base.powf(exponent(i))).collect() };
         let f = match &self.rope.scaling {
             RopeScaling::Default => default(theta),
             RopeScaling::Linear { factor } => default(theta).into_iter().map(|v| v / factor).collect(),
@@ -116,7 +117,7 @@ impl RotaryEmbedding {
                     short_factor
                 };
                 // `1 / (factor * base ** exponent)` with each step rounded to f32, as transformers computes it.
-                (0..d / 2)
+                (0..pairs)
                     .map(|i| 1.0 / round32(round32(factors[i]) * round32(theta.powf(exponent(i)))))
                     .collect()
             }
@@ -135,7 +136,7 @@ impl RotaryEmbedding {
                 let low = correction_dim(*beta_fast).floor().max(0.0);
                 let high = correction_dim(*beta_slow).ceil().min(dd - 1.0);
                 let high = if low == high { high + 0.001 } else { high };
-                (0..d / 2)
+                (0..pairs)
                     .map(|i| {
                         let pos_freq = theta.powf(exponent(i));
                         let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
@@ -187,16 +188,16 @@ impl RotaryEmbedding {
     /// Tables of `len` positions that rotate by nothing (cosines 1, sines 0; the queries' still carry the score
     /// scale): layers without rotary embeddings (SmolLM3's) run the same kernels with these.
     pub fn identity_tables(&self, len: usize, score_scale: f64, device: &Device) -> Result<RopeTables> {
-        let n = len * self.head_dim / 2;
+        let n = len * self.head_dim() / 2;
         self.upload(vec![1.0; n], vec![0.0; n], score_scale, device)
     }
 
     fn upload(&self, cos: Vec<f32>, sin: Vec<f32>, score_scale: f64, device: &Device) -> Result<RopeTables> {
-        let len = cos.len() / (self.head_dim / 2);
+        let len = cos.len() / (self.head_dim() / 2);
         let scaled = |v: &[f32]| v.iter().map(|&x| (x as f64 * score_scale) as f32).collect::<Vec<_>>();
         let (cos_q, sin_q) = (scaled(&cos), scaled(&sin));
         let all: Vec<f32> = [cos, sin, cos_q, sin_q].concat();
-        let half = self.head_dim / 2;
+        let half = self.head_dim() / 2;
         let t = Tensor::from_slice(&all, &[4, len, half], device)?;
         let part = |k: usize| -> Result<Tensor> { Ok(t.narrow(0, k, 1)?.squeeze(0)?) };
         Ok(RopeTables {
@@ -207,9 +208,9 @@ impl RotaryEmbedding {
         })
     }
 
-    /// Head size the tables are for.
+    /// The dimensions that rotate, which the tables are for: `dim` rounded up to even.
     pub fn head_dim(&self) -> usize {
-        self.head_dim
+        self.dim.next_multiple_of(2)
     }
 }
 
