@@ -107,6 +107,7 @@ LORA = {
     "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     "falcon_alibi": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_h_to_4h"]),
+    "bloom": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "glm": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "gate_up_proj"]),
     "deepseek_v3": dict(r=4, lora_alpha=8, target_modules=["q_a_proj", "kv_b_proj", "o_proj"]),
     "deepseek_v3_lite": dict(r=8, lora_alpha=12, target_modules=["q_proj", "kv_a_proj_with_mqa", "o_proj"]),
@@ -547,6 +548,16 @@ FIXTURES = {
         "2^-0.5, multiplied by the key's position in bf16 as transformers does), a sequential block, one key/value "
         "head per query head, biases everywhere; the reference runs transformers' SDPA attention, which adds ALiBi "
         "once (its eager Falcon attention adds it twice in 5.17)",
+    ),
+    "bloom": (
+        "BloomConfig",
+        dict(vocab_size=VOCAB, hidden_size=96, n_layer=2, n_head=12, layer_norm_epsilon=1e-5, bos_token_id=0,
+             eos_token_id=1, pad_token_id=None, tie_word_embeddings=False),
+        True,
+        "BLOOM: ALiBi (12 heads of 8: slopes powers of 2^-1 and odd powers of 2^-0.5, times the key's position in "
+        "f32, added after the score scale), a LayerNorm of the embeddings (word_embeddings_layernorm), q, k and v "
+        "in one matrix with each head's rows together, LayerNorm with bias, biases everywhere, tanh-GELU MLP 4 x "
+        "hidden, the n_layer / n_head keys; untied (tied, as BLOOM's checkpoints are, every seed repeated tokens)",
     ),
     "glm": (
         "GlmConfig",

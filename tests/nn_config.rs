@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use hierarchos::nn::{
-    Activation, Error, ModelConfig, NormKind, NormPlacement, QkvLayout, RopeScaling, alibi_bias, alibi_slopes,
+    Activation, Alibi, Error, ModelConfig, NormKind, NormPlacement, QkvLayout, RopeScaling, alibi_slopes,
 };
 
 const PATH: &str = "models/x/config.json";
@@ -528,9 +528,9 @@ fn malformed_configs() {
     err("{not json", &["not valid JSON"]);
     err("[1, 2]", &["not a JSON object"]);
     err(r#"{"vocab_size": 10}"#, &["model_type", "missing"]);
-    match err(&tiny("bloom", ""), &["bloom", "llama", "mistral", "qwen2", "qwen3"]) {
+    match err(&tiny("mpt", ""), &["mpt", "llama", "mistral", "qwen2", "qwen3"]) {
         Error::UnknownModelType { found, supported, .. } => {
-            assert_eq!(found, "bloom");
+            assert_eq!(found, "mpt");
             assert_eq!(supported, hierarchos::nn::supported_model_types().join(", "));
             assert!(supported.starts_with("llama, mistral, qwen2, qwen3, "), "{supported}");
         }
@@ -1118,9 +1118,9 @@ fn falcon_layouts() {
         (sequential.num_key_value_heads, sequential.norm_placement),
         (4, NormPlacement::Pre)
     );
-    assert!(!sequential.alibi && sequential.nope_layers.is_empty());
+    assert!(sequential.alibi.is_none() && sequential.nope_layers.is_empty());
     let alibi = parse(&tiny("falcon", r#""alibi": true, "num_hidden_layers": 3"#)).unwrap();
-    assert!(alibi.alibi);
+    assert_eq!(alibi.alibi, Some(Alibi::Falcon));
     assert_eq!(alibi.nope_layers, vec![0, 1, 2]);
 }
 
@@ -1174,8 +1174,8 @@ fn padding_rows_follow_pad_token_id_and_the_family_defaults() {
     );
 }
 
-/// ALiBi's bias of a key at a position, per head, as transformers' `build_alibi_tensor` gives it (values taken
-/// from transformers 5.17: powers of two and other head counts, positions whose bf16 casts round).
+/// ALiBi's bias of a key at a position, per head, as Falcon's `build_alibi_tensor` gives it (values taken from
+/// transformers 5.17: powers of two and other head counts, positions whose bf16 casts round).
 #[test]
 fn alibi_biases_match_transformers() {
     let cases: &[(usize, usize, usize, f64)] = &[
@@ -1206,10 +1206,14 @@ fn alibi_biases_match_transformers() {
     for &(heads, head, pos, want) in cases {
         let slopes = alibi_slopes(heads);
         assert_eq!(slopes.len(), heads);
-        let got = alibi_bias(slopes[head], pos) as f64;
+        let got = Alibi::Falcon.bias(slopes[head], pos, 1.0) as f64;
         assert_eq!(got, want, "{heads} heads, head {head}, position {pos}");
     }
-    assert_eq!(alibi_bias(alibi_slopes(8)[0], 0), 0.0);
+    assert_eq!(Alibi::Falcon.bias(alibi_slopes(8)[0], 0, 0.5), 0.0);
+    // Falcon adds the bias before the score scale, BLOOM after it, in f32.
+    assert_eq!(Alibi::Falcon.bias(0.5, 3, 0.25), 0.375);
+    let slope = alibi_slopes(12)[11];
+    assert_eq!(Alibi::Bloom.bias(slope, 1000, 0.25), slope * 1000.0);
 }
 
 /// An odd number of rotated dimensions: GPT-NeoX, Phi-3, Nemotron and GLM rotate one more (transformers slices
@@ -1229,5 +1233,41 @@ fn odd_rotary_dims() {
     err(
         &tiny("phi", r#""partial_rotary_factor": 0.3125"#),
         &["partial_rotary_factor"],
+    );
+}
+
+/// BLOOM: its own key names, the 4 x hidden MLP, one key/value head per query head, ALiBi in place of rotary, the
+/// embeddings' LayerNorm; the residual from the normed input is refused.
+#[test]
+fn bloom_options() {
+    let c = parse(
+        r#"{"model_type": "bloom", "vocab_size": 100, "n_embed": 48, "n_layer": 3, "n_head": 6,
+            "num_key_value_heads": 2, "head_dim": 4}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.num_key_value_heads
+        ),
+        (48, 3, 6, 6)
+    );
+    assert_eq!((c.intermediate_size, c.head_dim), (192, 8));
+    assert_eq!(c.alibi, Some(Alibi::Bloom));
+    assert_eq!(c.nope_layers, vec![0, 1, 2]);
+    assert_eq!(c.embedding_norm, Some("word_embeddings_layernorm"));
+    assert_eq!(c.hidden_act, Activation::GeluTanh);
+    assert!(c.tie_word_embeddings && c.attention_bias && c.o_proj_bias && c.mlp_bias && c.padding_idx.is_none());
+    assert_eq!(c.fused_qkv, Some(("query_key_value", QkvLayout::Grouped)));
+    assert_eq!(
+        (c.names.model, c.names.layers, c.names.final_norm),
+        ("transformer", "h", "ln_f")
+    );
+    err(
+        r#"{"model_type": "bloom", "vocab_size": 100, "hidden_size": 48, "n_layer": 1, "n_head": 6,
+            "apply_residual_connection_post_layernorm": true}"#,
+        &["apply_residual_connection_post_layernorm"],
     );
 }

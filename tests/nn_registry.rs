@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 34] = [
+    let cases: [(&str, &str, u64); 35] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -365,6 +365,15 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "multi_query": true, "parallel_attn": true, "new_decoder_architecture": false, "bias": false,
                 "alibi": false, "layer_norm_epsilon": 1e-05, "bos_token_id": 11, "eos_token_id": 11}"#,
             6_921_720_704,
+        ),
+        (
+            "bigscience/bloom-560m",
+            r#"{"architectures": ["BloomForCausalLM"], "model_type": "bloom", "vocab_size": 250880,
+                "hidden_size": 1024, "n_layer": 24, "n_head": 16, "n_inner": null, "layer_norm_epsilon": 1e-05,
+                "apply_residual_connection_post_layernorm": false, "offset_alibi": 100, "pretraining_tp": 1,
+                "slow_but_exact": false, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
+                "unk_token_id": 0}"#,
+            559_214_592,
         ),
         (
             "CohereForAI/c4ai-command-r-plus",

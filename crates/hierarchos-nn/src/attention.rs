@@ -8,7 +8,7 @@ use hierarchos_core::ops::attention::{MAX_HEAD_DIM, NewKeys, STEP_MAX_QUERIES};
 use hierarchos_core::ops::flash_attention::{flash_attention_fits, rotary_flash_attention_fits};
 use hierarchos_core::{Device, Tensor, grad_enabled};
 
-use crate::config::{QkvLayout, alibi_bias};
+use crate::config::{Alibi, QkvLayout};
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, linear_parameters, prefixed};
@@ -89,8 +89,8 @@ pub struct AttentionContext {
     /// multiplied by).
     pub score_scale: f64,
     mask: OnceCell<Option<Tensor>>,
-    /// ALiBi's slope of each query head (Falcon-RW), `None` without ALiBi.
-    alibi_slopes: Option<Vec<f32>>,
+    /// ALiBi's form and slope of each query head (BLOOM, Falcon-RW), `None` without ALiBi.
+    alibi_slopes: Option<(Alibi, Vec<f32>)>,
     alibi: OnceCell<Tensor>,
 }
 
@@ -116,24 +116,24 @@ impl AttentionContext {
         }
     }
 
-    /// This context with ALiBi: head h's score over the key at position p gains `alibi_bias(slopes[h], p)` times
-    /// the score scale, as transformers adds it.
-    pub fn with_alibi(mut self, slopes: Vec<f32>) -> Self {
-        self.alibi_slopes = Some(slopes);
+    /// This context with ALiBi: head h's score over the key at position p gains `form.bias(slopes[h], p, ..)`,
+    /// as transformers adds it.
+    pub fn with_alibi(mut self, form: Alibi, slopes: Vec<f32>) -> Self {
+        self.alibi_slopes = Some((form, slopes));
         self
     }
 
-    /// The `[heads, S]` ALiBi biases of `s` keys from `key_start`, times the score scale; `None` without ALiBi.
+    /// The `[heads, S]` ALiBi biases of `s` keys from `key_start` on the scale of the scaled scores; `None`
+    /// without ALiBi.
     pub fn alibi(&self, s: usize, device: &Device) -> Result<Option<&Tensor>> {
-        let Some(slopes) = &self.alibi_slopes else {
+        let Some((form, slopes)) = &self.alibi_slopes else {
             return Ok(None);
         };
         if self.alibi.get().is_none() {
             let biases: Vec<f32> = slopes
                 .iter()
                 .flat_map(|&slope| {
-                    (self.key_start..self.key_start + s)
-                        .map(move |pos| (alibi_bias(slope, pos) as f64 * self.score_scale) as f32)
+                    (self.key_start..self.key_start + s).map(move |pos| form.bias(slope, pos, self.score_scale))
                 })
                 .collect();
             let _ = self.alibi.set(Tensor::from_slice(&biases, &[slopes.len(), s], device)?);

@@ -370,9 +370,12 @@ pub struct ModelConfig {
     /// Layer i's score scale is further divided by i + 1 (GPT-2's `scale_attn_by_inverse_layer_idx`), which keeps
     /// deep stacks' scores small.
     pub attention_scale_by_inverse_layer: bool,
-    /// ALiBi in place of rotary (Falcon's `alibi`): each head's scores get a bias linear in the key's position,
-    /// with BLOOM's slopes (see [`alibi_slopes`]).
-    pub alibi: bool,
+    /// ALiBi in place of rotary (BLOOM; Falcon's `alibi`): each head's scores get a bias linear in the key's
+    /// position, in the family's arithmetic.
+    pub alibi: Option<Alibi>,
+    /// The embeddings pass through a LayerNorm of this name under the model's module before the first layer
+    /// (BLOOM's `word_embeddings_layernorm`).
+    pub embedding_norm: Option<&'static str>,
     /// The logits are divided by it (Granite's `logits_scaling`; 1 elsewhere).
     pub logits_scaling: f64,
     /// Layers that take no rotary embedding (SmolLM3's `no_rope_layers` zeros), ascending.
@@ -468,7 +471,8 @@ impl ModelConfig {
             residual_multiplier: 1.0,
             attention_multiplier: None,
             attention_scale_by_inverse_layer: false,
-            alibi: false,
+            alibi: None,
+            embedding_norm: None,
             logits_scaling: 1.0,
             nope_layers: Vec::new(),
             norm_unit_offset: false,
@@ -573,7 +577,14 @@ impl ModelConfig {
         } else {
             0
         };
-        let total = layers * (attention + norms * norm) + feed_forward + vocab * hidden + positions + norm + head;
+        let embedding_norm = if self.embedding_norm.is_some() { norm } else { 0 };
+        let total = layers * (attention + norms * norm)
+            + feed_forward
+            + vocab * hidden
+            + positions
+            + embedding_norm
+            + norm
+            + head;
         u64::try_from(total).unwrap_or(u64::MAX)
     }
 }
@@ -850,6 +861,15 @@ fn defaults(family: Family) -> Defaults {
             eos_token_ids: &[11],
             tie_word_embeddings: true,
         },
+        // BLOOM has no position limit of its own (ALiBi); 2048 is its training length.
+        Family::Bloom => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: Some(1),
+            eos_token_ids: &[2],
+            tie_word_embeddings: true,
+        },
         Family::Glm => Defaults {
             num_key_value_heads: Some(2),
             head_dim: Some(128),
@@ -879,20 +899,22 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Ok(v)
     };
     let gpt2 = family == Family::Gpt2;
-    // GPT-2's config.json keeps its own names (transformers maps them as attributes).
+    let bloom = family == Family::Bloom;
+    // GPT-2's and BLOOM's config.json keep their own names (transformers maps them as attributes).
     let key = |name: &'static str| -> &'static str {
-        match (gpt2, name) {
-            (true, "hidden_size") => "n_embd",
+        match (gpt2 || bloom, name) {
+            (true, "hidden_size") if gpt2 => "n_embd",
             (true, "num_hidden_layers") => "n_layer",
             (true, "num_attention_heads") => "n_head",
-            (true, "max_position_embeddings") => "n_positions",
+            (true, "max_position_embeddings") if gpt2 => "n_positions",
+            (true, "max_position_embeddings") => "seq_length",
             _ => name,
         }
     };
     let vocab_size = positive("vocab_size")?;
-    // Falcon's config class takes a legacy `n_embed` over `hidden_size`.
+    // Falcon's and BLOOM's config classes take a legacy `n_embed` over `hidden_size`.
     let hidden_size = match family {
-        Family::Falcon if f.map.contains_key("n_embed") => positive("n_embed")?,
+        Family::Falcon | Family::Bloom if f.map.contains_key("n_embed") => positive("n_embed")?,
         _ => positive(key("hidden_size"))?,
     };
     // GPT-2's and Falcon's MLPs are 4 x hidden unless n_inner / ffn_hidden_size say otherwise.
@@ -902,6 +924,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         _ => None,
     };
     let intermediate_size = match width_key {
+        // BLOOM's MLP is always 4 x hidden.
+        None if bloom => 4 * hidden_size,
         Some(k) => match f.or(k, None, USIZE)? {
             Some(0) => return Err(f.error(k, "must be positive")),
             Some(n) => n,
@@ -918,7 +942,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Falcon if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
         Family::Falcon => num_attention_heads,
         // One key/value head per query head, whatever a stray `num_key_value_heads` says (transformers reads none).
-        Family::GptNeox | Family::Gpt2 => num_attention_heads,
+        Family::GptNeox | Family::Gpt2 | Family::Bloom => num_attention_heads,
         _ => f
             .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
             .unwrap_or(num_attention_heads),
@@ -939,10 +963,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             ),
         ));
     }
-    // (DeepSeek-V3's config.json calls its rotary part `head_dim`; the attention of StableLM, GPT-NeoX, GPT-2 and
-    // Falcon splits hidden_size evenly whatever `head_dim` says.)
+    // (DeepSeek-V3's config.json calls its rotary part `head_dim`; the attention of StableLM, GPT-NeoX, GPT-2,
+    // Falcon and BLOOM splits hidden_size evenly whatever `head_dim` says.)
     let head_dim_key = match family {
-        Family::Stablelm | Family::GptNeox | Family::Gpt2 | Family::Falcon => None,
+        Family::Stablelm | Family::GptNeox | Family::Gpt2 | Family::Falcon | Family::Bloom => None,
         _ => f.or("head_dim", d.head_dim, USIZE)?,
     };
     let head_dim = match head_dim_key {
@@ -968,7 +992,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let rms_norm_eps = match family {
         Family::Olmo => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
-        Family::Gpt2 | Family::Falcon => f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Gpt2 | Family::Falcon | Family::Bloom => f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Glm => f.or("rms_norm_eps", Some(1.5625e-7), F64)?.unwrap_or(1.5625e-7),
         Family::Stablelm | Family::Cohere | Family::Phi | Family::GptNeox => {
             f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5)
@@ -1038,7 +1062,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
-        Family::Phi | Family::Gpt2 => (true, true, true),
+        Family::Phi | Family::Gpt2 | Family::Bloom => (true, true, true),
         Family::Falcon => {
             let b = flag("bias")?;
             (b, b, b)
@@ -1073,6 +1097,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::GptNeox => "gelu",
         Family::Gpt2 => "gelu_new",
         Family::Falcon => "gelu",
+        Family::Bloom => "gelu_new",
         Family::Arcee | Family::Nemotron => "relu2",
         _ => "silu",
     };
@@ -1083,7 +1108,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Falcon => "activation",
         _ => "hidden_act",
     };
-    let act = f.or(act_key, Some(default_act.to_string()), STRING)?;
+    // BLOOM's MLP has its own tanh GELU (the same formula) and reads no activation key.
+    let act = match family {
+        Family::Bloom => Some(default_act.to_string()),
+        _ => f.or(act_key, Some(default_act.to_string()), STRING)?,
+    };
     let hidden_act = match act.as_deref() {
         Some("silu" | "swish") => Activation::Silu,
         Some("gelu" | "gelu_python") => Activation::Gelu,
@@ -1169,12 +1198,22 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     };
     let final_logit_softcap = softcap("final_logit_softcapping", gemma2.then_some(30.0))?;
     let logits_scaling = multiplier("logits_scaling")?;
+    let alibi = match family {
+        Family::Bloom => Some(Alibi::Bloom),
+        Family::Falcon if f.or("alibi", Some(false), BOOL)? == Some(true) => Some(Alibi::Falcon),
+        _ => None,
+    };
+    if family == Family::Bloom && f.or("apply_residual_connection_post_layernorm", Some(false), BOOL)? == Some(true) {
+        return Err(f.error(
+            "apply_residual_connection_post_layernorm",
+            "residual connections from the normed input are not supported",
+        ));
+    }
     // EXAONE 4's layers rotate only when they slide or when the config sets no window at all (transformers
     // checks the config's `sliding_window`, not the layer's): with a window and no sliding layer, none rotates.
-    let alibi = family == Family::Falcon && f.or("alibi", Some(false), BOOL)? == Some(true);
     let nope_layers = match family {
         // ALiBi biases the scores by position instead of rotating queries and keys.
-        _ if alibi => (0..num_hidden_layers).collect(),
+        _ if alibi.is_some() => (0..num_hidden_layers).collect(),
         Family::Exaone4 if windows.window.is_some() => windows.full_layers.clone(),
         Family::Exaone4 if windows.configured => (0..num_hidden_layers).collect(),
         // GPT-2 has positions in its embeddings, no rotary anywhere.
@@ -1215,7 +1254,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     }
     let bos_token_id = f.or("bos_token_id", d.bos_token_id, U32)?;
     let padding_idx = match family {
-        Family::Gpt2 | Family::GptNeox | Family::Falcon => None,
+        Family::Gpt2 | Family::GptNeox | Family::Falcon | Family::Bloom => None,
         _ => padding_row(
             f.or("pad_token_id", default_pad_token_id(family), I64)?,
             vocab_size,
@@ -1286,7 +1325,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         interleaved_rope: matches!(family, Family::Cohere | Family::Glm)
             || (family == Family::DeepseekV3 && f.or("rope_interleave", Some(true), BOOL)? == Some(true)),
         attention_names: match family {
-            Family::Phi | Family::GptNeox | Family::Falcon => ["q_proj", "k_proj", "v_proj", "dense"],
+            Family::Phi | Family::GptNeox | Family::Falcon | Family::Bloom => ["q_proj", "k_proj", "v_proj", "dense"],
             Family::Gpt2 => ["q_proj", "k_proj", "v_proj", "c_proj"],
             _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
         },
@@ -1321,6 +1360,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 },
                 ..ModuleNames::LLAMA
             },
+            Family::Bloom => ModuleNames {
+                model: "transformer",
+                embed: "word_embeddings",
+                layers: "h",
+                attention: "self_attention",
+                final_norm: "ln_f",
+                ..ModuleNames::LLAMA
+            },
             Family::Gpt2 => ModuleNames {
                 model: "transformer",
                 embed: "wte",
@@ -1338,7 +1385,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         logit_scale,
         fused_qkv: match family {
             Family::Phi3 => Some(("qkv_proj", QkvLayout::Blocks)),
-            Family::GptNeox | Family::Falcon => Some(("query_key_value", QkvLayout::Grouped)),
+            Family::GptNeox | Family::Falcon | Family::Bloom => Some(("query_key_value", QkvLayout::Grouped)),
             Family::Gpt2 => Some(("c_attn", QkvLayout::Blocks)),
             _ => None,
         },
@@ -1359,6 +1406,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         attention_multiplier,
         attention_scale_by_inverse_layer,
         alibi,
+        embedding_norm: (family == Family::Bloom).then_some("word_embeddings_layernorm"),
         logits_scaling,
         nope_layers,
         norm_unit_offset: matches!(
@@ -1374,7 +1422,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             | Family::Phi
             | Family::GptNeox
             | Family::Gpt2
-            | Family::Falcon => NormKind::Layer,
+            | Family::Falcon
+            | Family::Bloom => NormKind::Layer,
             _ => NormKind::Rms,
         },
         norm_weight: family != Family::Olmo,
@@ -1387,6 +1436,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::GptNeox
                 | Family::Gpt2
                 | Family::Falcon
+                | Family::Bloom
         ),
         mlp_gated: !matches!(
             family,
@@ -1397,11 +1447,12 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::GptNeox
                 | Family::Gpt2
                 | Family::Falcon
+                | Family::Bloom
         ),
         mlp_names: match family {
             Family::Starcoder2 | Family::Gpt2 => ["gate_proj", "c_fc", "c_proj"],
             Family::Phi => ["gate_proj", "fc1", "fc2"],
-            Family::GptNeox | Family::Falcon => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
+            Family::GptNeox | Family::Falcon | Family::Bloom => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
             _ => ["gate_proj", "up_proj", "down_proj"],
         },
         moe: moe(f, family, num_hidden_layers, intermediate_size)?,
@@ -1708,6 +1759,7 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::GptNeox
         | Family::Gpt2
         | Family::Falcon
+        | Family::Bloom
         | Family::Glm
         | Family::DeepseekV3 => {
             return none(false);
@@ -2168,24 +2220,40 @@ const STRING: Kind<String> = Kind {
     expected: "a string",
 };
 
-/// ALiBi's slope of each of `heads` heads, as transformers' `build_alibi_tensor` (BLOOM, Falcon) computes them: the
-/// powers 1, 2, ... of `2^(-8 / n)` for the largest power of two `n <= heads`, then the odd powers of
-/// `2^(-4 / n)` for the rest, each rounded to f32 and then to bf16 (the bias is formed in bf16; see
-/// [`alibi_bias`]).
+/// ALiBi's slope of each of `heads` heads, as transformers' `build_alibi_tensor` (BLOOM, Falcon) computes them in
+/// f32: the powers 1, 2, ... of `2^(-8 / n)` for the largest power of two `n <= heads`, then the odd powers of
+/// `2^(-4 / n)` for the rest.
 pub fn alibi_slopes(heads: usize) -> Vec<f32> {
     let closest = 1usize << heads.max(1).ilog2();
     let base = |n: usize| 2f64.powf(-(2f64.powf(-((n as f64).log2() - 3.0)))) as f32;
     let power = |b: f32, k: usize| (b as f64).powi(k as i32) as f32;
     let first = (1..=closest).map(|k| power(base(closest), k));
     let extra = (0..heads - closest.min(heads)).map(|i| power(base(2 * closest), 2 * i + 1));
-    first.chain(extra).take(heads).map(bf16_round).collect()
+    first.chain(extra).take(heads).collect()
 }
 
-/// The ALiBi bias of a key at position `pos` for a head of slope `slope` (from [`alibi_slopes`]): transformers
-/// multiplies the bf16 slope by the position cast to bf16, in bf16, so positions past 256 and the product are
-/// rounded as there.
-pub fn alibi_bias(slope: f32, pos: usize) -> f32 {
-    bf16_round(slope * bf16_round(pos as f32))
+/// How a family forms and adds ALiBi's biases: transformers' two copies of `build_alibi_tensor` differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Alibi {
+    /// BLOOM: the slope times the position in f32, added to the scaled scores.
+    Bloom,
+    /// Falcon: the bf16 slope times the position cast to bf16, rounded to bf16, added to the scores before the
+    /// score scale (so scaled with them).
+    Falcon,
+}
+
+impl Alibi {
+    /// The bias of a key at position `pos` for a head of slope `slope` (from [`alibi_slopes`]), on the scale of
+    /// scores that carry the score scale `score_scale`.
+    pub fn bias(self, slope: f32, pos: usize, score_scale: f64) -> f32 {
+        match self {
+            Alibi::Bloom => slope * pos as f32,
+            Alibi::Falcon => {
+                let bias = bf16_round(bf16_round(slope) * bf16_round(pos as f32));
+                (bias as f64 * score_scale) as f32
+            }
+        }
+    }
 }
 
 /// `x` rounded to the nearest bf16 (ties to even), as an f32.

@@ -177,6 +177,8 @@ pub struct CausalLm {
     pub embed_tokens: Embedding,
     /// Learned absolute position embeddings added to the token embeddings (GPT-2's `transformer.wpe`).
     pub embed_positions: Option<Embedding>,
+    /// The norm of the embeddings before the first layer (BLOOM's `transformer.word_embeddings_layernorm`).
+    pub embed_norm: Option<Norm>,
     /// `model.layers.N`.
     pub layers: Vec<DecoderLayer>,
     /// `model.norm`, the final norm.
@@ -360,6 +362,10 @@ impl CausalLm {
                 })
             })
             .transpose()?;
+        let embed_norm = c
+            .embedding_norm
+            .map(|name| block_norm(tensor, format!("{}.{name}", names.model), hidden, c))
+            .transpose()?;
         let final_norm = block_norm(tensor, format!("{}.{}", names.model, names.final_norm), hidden, c)?;
         let lm_head = if c.tie_word_embeddings {
             // A tied head may still be held quantized (a GGUF file keeps the embedding matrix in a block format,
@@ -385,6 +391,7 @@ impl CausalLm {
             config: c.clone(),
             embed_tokens,
             embed_positions,
+            embed_norm,
             layers,
             norm: final_norm,
             lm_head,
@@ -565,8 +572,8 @@ impl CausalLm {
                     .expect("built above");
                 let ctx = AttentionContext::new(tables, q_start, k_start, window, layer_scale);
                 match c.alibi {
-                    true => ctx.with_alibi(alibi_slopes(c.num_attention_heads)),
-                    false => ctx,
+                    Some(form) => ctx.with_alibi(form, alibi_slopes(c.num_attention_heads)),
+                    None => ctx,
                 }
             })
             .collect();
@@ -585,6 +592,9 @@ impl CausalLm {
             }
             let at: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
             x = x.add(&positions.forward(&Tensor::from_slice(&at, &[t], self.device())?)?)?;
+        }
+        if let Some(norm) = &self.embed_norm {
+            x = norm.forward(&x)?;
         }
         let normed = if !self.layers.is_empty() && self.layers.iter().all(DecoderLayer::fuses) {
             for (i, layer) in self.layers.iter().enumerate() {
@@ -716,6 +726,9 @@ impl CausalLm {
                 &format!("{}.{}", names.model, names.positions),
                 positions.parameters(),
             ));
+        }
+        if let (Some(norm), Some(name)) = (&self.embed_norm, self.config.embedding_norm) {
+            p.extend(prefixed(&format!("{}.{name}", names.model), norm.parameters()));
         }
         for (i, layer) in self.layers.iter().enumerate() {
             p.extend(prefixed(&names.layer(i), layer.parameters()));

@@ -36,8 +36,8 @@ pub mod weights;
 
 pub use chat_template::{ChatMessage, SpecialTokens, render_chat_template};
 pub use config::{
-    Activation, LatentAttentionConfig, ModelConfig, ModuleNames, MoeConfig, NormPlacement, QkvLayout, RopeConfig,
-    RopeScaling, RouterScoring, SharedExpertConfig, alibi_bias, alibi_slopes,
+    Activation, Alibi, LatentAttentionConfig, ModelConfig, ModuleNames, MoeConfig, NormPlacement, QkvLayout,
+    RopeConfig, RopeScaling, RouterScoring, SharedExpertConfig, alibi_slopes,
 };
 pub use decoder::{CausalLm, DecoderLayer, QuantSource};
 pub use embedding::Embedding;

@@ -827,6 +827,9 @@ impl CausalLm {
             positions.weight = positions.weight.detach();
         }
         self.norm.detach();
+        if let Some(norm) = &mut self.embed_norm {
+            norm.detach();
+        }
         for layer in &mut self.layers {
             layer.norms_mut().for_each(Norm::detach);
         }

@@ -72,6 +72,9 @@ pub enum Family {
     /// TII Falcon (fused q/k/v grouped by key/value head, multi-query or grouped, parallel blocks with one or two
     /// LayerNorms).
     Falcon,
+    /// BigScience BLOOM (ALiBi in place of rotary, a LayerNorm of the embeddings, fused q/k/v with heads
+    /// interleaved).
+    Bloom,
     /// THUDM GLM-4 (chat-hf): interleaved partial rotary, q/k/v biases, fused gate/up.
     Glm,
     /// DeepSeek-V3 (and DeepSeek-V2-Lite-style configs of it): multi-head latent attention, a mixture of experts
@@ -119,7 +122,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 31] = [
+pub const ARCHITECTURES: [Architecture; 32] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -386,6 +389,18 @@ pub const ARCHITECTURES: [Architecture; 31] = [
         gap: None,
     },
     Architecture {
+        family: Family::Bloom,
+        status: Status::Validated,
+        fixtures: &["bloom"],
+        features: "ALiBi in place of rotary (the slopes times the key's position in f32, added after the score \
+                   scale; the composed attention path), a LayerNorm of the embeddings \
+                   (word_embeddings_layernorm), q, k and v in one matrix with each head's rows together \
+                   (query_key_value), LayerNorm with bias, biases everywhere, a tanh-GELU MLP 4 x hidden \
+                   (dense_h_to_4h, dense_4h_to_h), tied head, the transformer.h.N.self_attention names and the \
+                   n_layer / n_head / n_embed keys; apply_residual_connection_post_layernorm fails closed",
+        gap: None,
+    },
+    Architecture {
         family: Family::Glm,
         status: Status::Validated,
         fixtures: &["glm"],
@@ -455,6 +470,7 @@ impl Family {
             Family::GptNeox => "gpt_neox",
             Family::Gpt2 => "gpt2",
             Family::Falcon => "falcon",
+            Family::Bloom => "bloom",
             Family::Glm => "glm",
             Family::DeepseekV3 => "deepseek_v3",
         }
