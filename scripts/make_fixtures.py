@@ -108,6 +108,7 @@ LORA = {
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     "falcon_alibi": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_h_to_4h"]),
     "bloom": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
+    "opt": dict(r=4, lora_alpha=8, target_modules=["q_proj", "out_proj", "fc1"]),
     "glm": dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "gate_up_proj"]),
     "deepseek_v3": dict(r=4, lora_alpha=8, target_modules=["q_a_proj", "kv_b_proj", "o_proj"]),
     "deepseek_v3_lite": dict(r=8, lora_alpha=12, target_modules=["q_proj", "kv_a_proj_with_mqa", "o_proj"]),
@@ -558,6 +559,17 @@ FIXTURES = {
         "f32, added after the score scale), a LayerNorm of the embeddings (word_embeddings_layernorm), q, k and v "
         "in one matrix with each head's rows together, LayerNorm with bias, biases everywhere, tanh-GELU MLP 4 x "
         "hidden, the n_layer / n_head keys; untied (tied, as BLOOM's checkpoints are, every seed repeated tokens)",
+    ),
+    "opt": (
+        "OPTConfig",
+        dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+             max_position_embeddings=256, bos_token_id=0, eos_token_id=1, pad_token_id=None,
+             tie_word_embeddings=False),
+        True,
+        "OPT (125m layout): learned positions read at row position + 2 (embed_positions [258, 64]), pre-norm "
+        "LayerNorms self_attn_layer_norm / final_layer_norm with bias, q, k, v and out_proj with biases, plain MLP "
+        "fc1 -> ReLU -> fc2, the model.decoder.* names; untied (tied, as OPT's checkpoints are, every seed repeated "
+        "tokens)",
     ),
     "glm": (
         "GlmConfig",

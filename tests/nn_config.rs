@@ -1271,3 +1271,43 @@ fn bloom_options() {
         &["apply_residual_connection_post_layernorm"],
     );
 }
+
+/// OPT: learned positions two rows on, pre-norm LayerNorms (with or without parameters), biases as enable_bias
+/// says, the MLP's projections in the layer itself; OPT-350m's post-norm layers and projected embeddings, and a
+/// removed final norm, are refused.
+#[test]
+fn opt_options() {
+    let opt = |extra: &str| {
+        format!(
+            r#"{{"model_type": "opt", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "ffn_dim": 96, "max_position_embeddings": 32{extra}}}"#
+        )
+    };
+    let c = parse(&opt("")).unwrap();
+    assert!(c.position_embeddings && c.tie_word_embeddings);
+    assert_eq!(
+        (c.position_offset, c.max_position_embeddings, c.intermediate_size),
+        (2, 32, 96)
+    );
+    assert_eq!((c.num_key_value_heads, c.head_dim, c.padding_idx), (4, 16, Some(1)));
+    assert_eq!(c.hidden_act, Activation::Relu);
+    assert_eq!(c.norm_placement, NormPlacement::Pre);
+    assert!(c.norm_weight && c.norm_bias && c.attention_bias && c.o_proj_bias && c.mlp_bias && !c.mlp_gated);
+    assert_eq!(
+        (c.names.model, c.names.mlp, c.names.input_norm, c.names.mlp_input_norm),
+        ("model.decoder", "", "self_attn_layer_norm", "final_layer_norm")
+    );
+    assert_eq!(c.nope_layers, vec![0, 1]);
+    let bare = parse(&opt(
+        r#", "enable_bias": false, "layer_norm_elementwise_affine": false"#,
+    ))
+    .unwrap();
+    assert!(!bare.norm_weight && !bare.norm_bias && !bare.attention_bias && !bare.mlp_bias);
+    err(&opt(r#", "do_layer_norm_before": false"#), &["do_layer_norm_before"]);
+    err(&opt(r#", "word_embed_proj_dim": 32"#), &["word_embed_proj_dim"]);
+    err(
+        &opt(r#", "_remove_final_layer_norm": true"#),
+        &["_remove_final_layer_norm"],
+    );
+    assert!(parse(&opt(r#", "word_embed_proj_dim": 64"#)).is_ok());
+}

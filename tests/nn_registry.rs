@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 35] = [
+    let cases: [(&str, &str, u64); 36] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -374,6 +374,14 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "slow_but_exact": false, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
                 "unk_token_id": 0}"#,
             559_214_592,
+        ),
+        (
+            "facebook/opt-125m",
+            r#"{"architectures": ["OPTForCausalLM"], "model_type": "opt", "vocab_size": 50272, "hidden_size": 768,
+                "num_hidden_layers": 12, "num_attention_heads": 12, "ffn_dim": 3072, "max_position_embeddings": 2048,
+                "activation_function": "relu", "do_layer_norm_before": true, "word_embed_proj_dim": 768,
+                "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1, "prefix": "</s>"}"#,
+            125_239_296,
         ),
         (
             "CohereForAI/c4ai-command-r-plus",

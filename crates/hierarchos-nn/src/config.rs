@@ -106,6 +106,8 @@ pub struct ModuleNames {
     pub mlp_input_norm: &'static str,
     /// The attention inside each layer (`self_attn`; `attention`).
     pub attention: &'static str,
+    /// The MLP inside each layer (`mlp`; empty for OPT, whose `fc1` and `fc2` sit in the layer itself).
+    pub mlp: &'static str,
     /// The final norm inside the decoder (`norm`; Phi's `final_layernorm`, GPT-NeoX's `final_layer_norm`).
     pub final_norm: &'static str,
     /// The output head (`lm_head`; `embed_out`).
@@ -137,6 +139,7 @@ impl ModuleNames {
         input_norm: "input_layernorm",
         mlp_input_norm: "post_attention_layernorm",
         attention: "self_attn",
+        mlp: "mlp",
         final_norm: "norm",
         head: "lm_head",
     };
@@ -332,8 +335,10 @@ pub struct ModelConfig {
     /// The layers' projection weights are stored `[in, out]` (GPT-2's `Conv1D`).
     pub conv1d: bool,
     /// Learned absolute position embeddings are added to the token embeddings (GPT-2's `wpe`, of
-    /// `max_position_embeddings` rows).
+    /// `max_position_embeddings + position_offset` rows).
     pub position_embeddings: bool,
+    /// Position p reads row p + this of the position embeddings (OPT's 2, a relic of fairseq's padding rows).
+    pub position_offset: usize,
     /// The output head has a bias (Phi).
     pub lm_head_bias: bool,
     /// The logits are multiplied by it (Cohere's `logit_scale`; 1 elsewhere).
@@ -456,6 +461,7 @@ impl ModelConfig {
             names: ModuleNames::LLAMA,
             conv1d: false,
             position_embeddings: false,
+            position_offset: 0,
             lm_head_bias: false,
             logit_scale: 1.0,
             attention_softcap: None,
@@ -573,7 +579,7 @@ impl ModelConfig {
             NormPlacement::Sandwich => 4,
         };
         let positions = if self.position_embeddings {
-            self.max_position_embeddings as u128 * hidden
+            (self.max_position_embeddings + self.position_offset) as u128 * hidden
         } else {
             0
         };
@@ -603,7 +609,7 @@ struct Defaults {
 fn default_pad_token_id(family: Family) -> Option<i64> {
     match family {
         Family::Cohere | Family::Gemma | Family::Gemma2 | Family::Gemma3Text => Some(0),
-        Family::Olmo | Family::Olmo2 | Family::Olmo3 | Family::Olmoe | Family::SeedOss => Some(1),
+        Family::Olmo | Family::Olmo2 | Family::Olmo3 | Family::Olmoe | Family::SeedOss | Family::Opt => Some(1),
         Family::Glm => Some(151329),
         Family::Phi3 => Some(32000),
         Family::Smollm3 => Some(128004),
@@ -870,6 +876,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_ids: &[2],
             tie_word_embeddings: true,
         },
+        Family::Opt => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: Some(2),
+            eos_token_ids: &[2],
+            tie_word_embeddings: true,
+        },
         Family::Glm => Defaults {
             num_key_value_heads: Some(2),
             head_dim: Some(128),
@@ -926,6 +940,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let intermediate_size = match width_key {
         // BLOOM's MLP is always 4 x hidden.
         None if bloom => 4 * hidden_size,
+        None if family == Family::Opt => positive("ffn_dim")?,
         Some(k) => match f.or(k, None, USIZE)? {
             Some(0) => return Err(f.error(k, "must be positive")),
             Some(n) => n,
@@ -942,7 +957,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Falcon if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
         Family::Falcon => num_attention_heads,
         // One key/value head per query head, whatever a stray `num_key_value_heads` says (transformers reads none).
-        Family::GptNeox | Family::Gpt2 | Family::Bloom => num_attention_heads,
+        Family::GptNeox | Family::Gpt2 | Family::Bloom | Family::Opt => num_attention_heads,
         _ => f
             .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
             .unwrap_or(num_attention_heads),
@@ -964,9 +979,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         ));
     }
     // (DeepSeek-V3's config.json calls its rotary part `head_dim`; the attention of StableLM, GPT-NeoX, GPT-2,
-    // Falcon and BLOOM splits hidden_size evenly whatever `head_dim` says.)
+    // Falcon, BLOOM and OPT splits hidden_size evenly whatever `head_dim` says.)
     let head_dim_key = match family {
-        Family::Stablelm | Family::GptNeox | Family::Gpt2 | Family::Falcon | Family::Bloom => None,
+        Family::Stablelm | Family::GptNeox | Family::Gpt2 | Family::Falcon | Family::Bloom | Family::Opt => None,
         _ => f.or("head_dim", d.head_dim, USIZE)?,
     };
     let head_dim = match head_dim_key {
@@ -988,9 +1003,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     if max_position_embeddings == 0 {
         return Err(f.error(key("max_position_embeddings"), "must be positive"));
     }
-    // OLMo's LayerNorm has its epsilon fixed at 1e-5.
+    // OLMo's and OPT's LayerNorms have their epsilon fixed at 1e-5.
     let rms_norm_eps = match family {
-        Family::Olmo => 1e-5,
+        Family::Olmo | Family::Opt => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Gpt2 | Family::Falcon | Family::Bloom => f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
         Family::Glm => f.or("rms_norm_eps", Some(1.5625e-7), F64)?.unwrap_or(1.5625e-7),
@@ -1063,6 +1078,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (b, b, false)
         }
         Family::Phi | Family::Gpt2 | Family::Bloom => (true, true, true),
+        Family::Opt => {
+            let b = f.or("enable_bias", Some(true), BOOL)?.unwrap_or(true);
+            (b, b, b)
+        }
         Family::Falcon => {
             let b = flag("bias")?;
             (b, b, b)
@@ -1096,6 +1115,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Phi => "gelu_new",
         Family::GptNeox => "gelu",
         Family::Gpt2 => "gelu_new",
+        Family::Opt => "relu",
         Family::Falcon => "gelu",
         Family::Bloom => "gelu_new",
         Family::Arcee | Family::Nemotron => "relu2",
@@ -1104,7 +1124,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // Gemma 2's and 3's MLPs take `hidden_activation`, GPT-2's `activation_function`.
     let act_key = match family {
         Family::Gemma2 | Family::Gemma3Text => "hidden_activation",
-        Family::Gpt2 => "activation_function",
+        Family::Gpt2 | Family::Opt => "activation_function",
         Family::Falcon => "activation",
         _ => "hidden_act",
     };
@@ -1156,7 +1176,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     };
     let residual_multiplier = multiplier("residual_multiplier")?;
     // Falcon's layers: the new decoder architecture's two parallel LayerNorms (or one), else a parallel block with
-    // one LayerNorm (Falcon-7B) or a sequential one; ALiBi positions are not supported.
+    // one LayerNorm (Falcon-7B) or a sequential one.
     let falcon_placement = match f.or("num_ln_in_parallel_attn", None, USIZE)? {
         _ if family != Family::Falcon => NormPlacement::Pre,
         Some(1) if falcon_new => NormPlacement::Parallel,
@@ -1198,11 +1218,33 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     };
     let final_logit_softcap = softcap("final_logit_softcapping", gemma2.then_some(30.0))?;
     let logits_scaling = multiplier("logits_scaling")?;
+    // OPT's LayerNorms may have neither weight nor bias (`layer_norm_elementwise_affine`).
+    let norm_affine = family != Family::Opt || f.or("layer_norm_elementwise_affine", Some(true), BOOL)? == Some(true);
     let alibi = match family {
         Family::Bloom => Some(Alibi::Bloom),
         Family::Falcon if f.or("alibi", Some(false), BOOL)? == Some(true) => Some(Alibi::Falcon),
         _ => None,
     };
+    // OPT-350m's post-norm layers and projected embeddings, and OPT without its final norm, are not built.
+    if family == Family::Opt {
+        if f.or("do_layer_norm_before", Some(true), BOOL)? == Some(false) {
+            return Err(f.error("do_layer_norm_before", "post-norm OPT layers are not supported"));
+        }
+        if f.or("word_embed_proj_dim", None, USIZE)?
+            .is_some_and(|d| d != hidden_size)
+        {
+            return Err(f.error(
+                "word_embed_proj_dim",
+                "embeddings projected to hidden_size are not supported",
+            ));
+        }
+        if f.or("_remove_final_layer_norm", Some(false), BOOL)? == Some(true) {
+            return Err(f.error(
+                "_remove_final_layer_norm",
+                "OPT without its final norm is not supported",
+            ));
+        }
+    }
     if family == Family::Bloom && f.or("apply_residual_connection_post_layernorm", Some(false), BOOL)? == Some(true) {
         return Err(f.error(
             "apply_residual_connection_post_layernorm",
@@ -1216,8 +1258,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         _ if alibi.is_some() => (0..num_hidden_layers).collect(),
         Family::Exaone4 if windows.window.is_some() => windows.full_layers.clone(),
         Family::Exaone4 if windows.configured => (0..num_hidden_layers).collect(),
-        // GPT-2 has positions in its embeddings, no rotary anywhere.
-        Family::Gpt2 => (0..num_hidden_layers).collect(),
+        // GPT-2 and OPT have positions in their embeddings, no rotary anywhere.
+        Family::Gpt2 | Family::Opt => (0..num_hidden_layers).collect(),
         _ => smollm3_nope,
     };
     // Gemma's bidirectional attention (an encoder-style option) is not causal: refused.
@@ -1327,6 +1369,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         attention_names: match family {
             Family::Phi | Family::GptNeox | Family::Falcon | Family::Bloom => ["q_proj", "k_proj", "v_proj", "dense"],
             Family::Gpt2 => ["q_proj", "k_proj", "v_proj", "c_proj"],
+            Family::Opt => ["q_proj", "k_proj", "v_proj", "out_proj"],
             _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
         },
         names: match family {
@@ -1368,12 +1411,21 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 final_norm: "ln_f",
                 ..ModuleNames::LLAMA
             },
+            Family::Opt => ModuleNames {
+                model: "model.decoder",
+                mlp: "",
+                input_norm: "self_attn_layer_norm",
+                mlp_input_norm: "final_layer_norm",
+                final_norm: "final_layer_norm",
+                ..ModuleNames::LLAMA
+            },
             Family::Gpt2 => ModuleNames {
                 model: "transformer",
                 embed: "wte",
                 positions: "wpe",
                 layers: "h",
                 attention: "attn",
+                mlp: "mlp",
                 input_norm: "ln_1",
                 mlp_input_norm: "ln_2",
                 final_norm: "ln_f",
@@ -1391,7 +1443,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         },
         fused_gate_up: matches!(family, Family::Phi3 | Family::Glm).then_some("gate_up_proj"),
         conv1d: gpt2,
-        position_embeddings: gpt2,
+        position_embeddings: gpt2 || family == Family::Opt,
+        position_offset: if family == Family::Opt { 2 } else { 0 },
         attention_softcap,
         final_logit_softcap,
         sliding_window: windows.window,
@@ -1423,10 +1476,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             | Family::GptNeox
             | Family::Gpt2
             | Family::Falcon
-            | Family::Bloom => NormKind::Layer,
+            | Family::Bloom
+            | Family::Opt => NormKind::Layer,
             _ => NormKind::Rms,
         },
-        norm_weight: family != Family::Olmo,
+        norm_weight: family != Family::Olmo && norm_affine,
         norm_bias: matches!(
             family,
             Family::Starcoder2
@@ -1437,7 +1491,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::Gpt2
                 | Family::Falcon
                 | Family::Bloom
-        ),
+        ) || (family == Family::Opt && norm_affine),
         mlp_gated: !matches!(
             family,
             Family::Starcoder2
@@ -1448,10 +1502,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::Gpt2
                 | Family::Falcon
                 | Family::Bloom
+                | Family::Opt
         ),
         mlp_names: match family {
             Family::Starcoder2 | Family::Gpt2 => ["gate_proj", "c_fc", "c_proj"],
-            Family::Phi => ["gate_proj", "fc1", "fc2"],
+            Family::Phi | Family::Opt => ["gate_proj", "fc1", "fc2"],
             Family::GptNeox | Family::Falcon | Family::Bloom => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
             _ => ["gate_proj", "up_proj", "down_proj"],
         },
@@ -1760,6 +1815,7 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::Gpt2
         | Family::Falcon
         | Family::Bloom
+        | Family::Opt
         | Family::Glm
         | Family::DeepseekV3 => {
             return none(false);

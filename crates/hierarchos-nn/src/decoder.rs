@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::feed_forward::FeedForward;
 use crate::kv_cache::KvCache;
 use crate::latent_attention::{LatentAttention, LatentQuery};
-use crate::linear::{Linear, LinearWeight, prefixed};
+use crate::linear::{Linear, LinearWeight, module_path, prefixed};
 use crate::lora::LoraConfig;
 use crate::mlp::Mlp;
 use crate::moe::{Moe, SharedExpert};
@@ -240,7 +240,7 @@ impl CausalLm {
         for i in 0..c.num_hidden_layers {
             let p = names.layer(i);
             let a = format!("{p}.{}", names.attention);
-            let m = format!("{p}.mlp");
+            let m = module_path(&p, names.mlp);
             let self_attn = match c.latent_attention {
                 Some(m) => SelfAttention::Latent(latent_attention(tensor, quantized, &a, c, m)?),
                 None => SelfAttention::Standard(standard_attention(tensor, quantized, &a, c)?),
@@ -257,6 +257,7 @@ impl CausalLm {
                                 &format!("{b}.experts.{e}"),
                                 moe.expert_intermediate_size,
                                 names,
+                                "",
                                 c,
                             )
                         })
@@ -268,7 +269,7 @@ impl CausalLm {
                             let name = format!("{b}.{}", shared.name);
                             Ok(SharedExpert {
                                 name: shared.name,
-                                mlp: mlp(tensor, quantized, &name, shared.intermediate_size, names, c)?,
+                                mlp: mlp(tensor, quantized, &name, shared.intermediate_size, names, "", c)?,
                                 gate: shared
                                     .gated
                                     .then(|| {
@@ -306,7 +307,15 @@ impl CausalLm {
                         shared_expert,
                     })
                 }
-                _ => FeedForward::Mlp(mlp(tensor, quantized, &m, c.intermediate_size, c.mlp_names, c)?),
+                _ => FeedForward::Mlp(mlp(
+                    tensor,
+                    quantized,
+                    &m,
+                    c.intermediate_size,
+                    c.mlp_names,
+                    names.mlp,
+                    c,
+                )?),
             };
             // Which of the input and MLP-input norms (pre) and of the output norms (post) the layers have.
             let parallel = matches!(
@@ -357,7 +366,7 @@ impl CausalLm {
             .then(|| -> Result<Embedding> {
                 let name = format!("{}.{}.weight", names.model, names.positions);
                 Ok(Embedding {
-                    weight: tensor(&name, &[c.max_position_embeddings, hidden])?,
+                    weight: tensor(&name, &[c.max_position_embeddings + c.position_offset, hidden])?,
                     padding_idx: None,
                 })
             })
@@ -583,14 +592,15 @@ impl CausalLm {
             x = x.mul_scalar(c.embedding_multiplier)?;
         }
         if let Some(positions) = &self.embed_positions {
-            let table = positions.weight.shape()[0];
-            if start + t > table {
+            let (table, offset) = (positions.weight.shape()[0], c.position_offset);
+            if start + t + offset > table {
                 return Err(Error::Invalid(format!(
-                    "forward: positions {start}..{} pass the {table} of the model's position embeddings",
-                    start + t
+                    "forward: positions {start}..{} pass the {} of the model's position embeddings",
+                    start + t,
+                    table.saturating_sub(offset)
                 )));
             }
-            let at: Vec<u32> = (start..start + t).map(|p| p as u32).collect();
+            let at: Vec<u32> = (start + offset..start + offset + t).map(|p| p as u32).collect();
             x = x.add(&positions.forward(&Tensor::from_slice(&at, &[t], self.device())?)?)?;
         }
         if let Some(norm) = &self.embed_norm {
@@ -992,14 +1002,16 @@ fn linear(
     })
 }
 
-/// The MLP `name` (`name.gate_proj`, ... as `names` says) of width `width`: gated unless the config's MLPs are
-/// plain; gate and up stacked for inference.
+/// The MLP `name` (`name.gate_proj`, ... as `names` says) of width `width`, module `module` in its layer: gated
+/// unless the config's MLPs are plain; gate and up stacked for inference.
+#[allow(clippy::too_many_arguments)]
 fn mlp(
     tensor: TensorSource,
     quantized: QuantSource,
     name: &str,
     width: usize,
     names: [&'static str; 3],
+    module: &'static str,
     c: &ModelConfig,
 ) -> Result<Mlp> {
     let [gate_name, up_name, down_name] = names;
@@ -1042,6 +1054,7 @@ fn mlp(
         gate_up,
         fused_gate_up,
         names,
+        module,
     })
 }
 

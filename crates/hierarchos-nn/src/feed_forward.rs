@@ -40,7 +40,7 @@ impl FeedForward {
     /// The block's module name in checkpoints (`mlp`, or Mixtral's `block_sparse_moe`).
     pub fn name(&self) -> &'static str {
         match self {
-            FeedForward::Mlp(_) => "mlp",
+            FeedForward::Mlp(mlp) => mlp.module,
             FeedForward::Moe(moe) => moe.name,
         }
     }

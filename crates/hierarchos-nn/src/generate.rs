@@ -245,7 +245,7 @@ pub async fn generate_async(
     }
     sampling.validate()?;
     if let Some(positions) = &lm.embed_positions {
-        let table = positions.weight.shape()[0];
+        let table = positions.weight.shape()[0].saturating_sub(lm.config().position_offset);
         if prompt_ids.len().checked_add(max_new_tokens).is_none_or(|n| n > table) {
             return Err(Error::Invalid(format!(
                 "generate: {} prompt and {max_new_tokens} new tokens pass the model's {table} positions",

@@ -348,7 +348,18 @@ fn stack_rows(parts: &mut [&mut Tensor]) -> Result<Tensor> {
 /// `items` (parameters, layers) with their names put under `prefix` (`weight` in `q_proj` becomes
 /// `q_proj.weight`), so that a module's list is its children's, named the way Hugging Face names them.
 pub(crate) fn prefixed<N: std::fmt::Display, T>(prefix: &str, items: Vec<(N, T)>) -> Vec<(String, T)> {
-    items.into_iter().map(|(n, t)| (format!("{prefix}.{n}"), t)).collect()
+    items.into_iter().map(|(n, t)| (module_path(prefix, n), t)).collect()
+}
+
+/// `name` inside module `prefix` (`prefix.name`), where either may be empty (OPT's MLP module, whose
+/// projections sit in the layer itself).
+pub(crate) fn module_path(prefix: &str, name: impl std::fmt::Display) -> String {
+    let name = name.to_string();
+    match (prefix, name.as_str()) {
+        ("", _) => name,
+        (_, "") => prefix.to_string(),
+        _ => format!("{prefix}.{name}"),
+    }
 }
 
 /// The parameters of a module's named projections, each under its projection's name (`q_proj.weight`, ...).

@@ -75,6 +75,8 @@ pub enum Family {
     /// BigScience BLOOM (ALiBi in place of rotary, a LayerNorm of the embeddings, fused q/k/v with heads
     /// interleaved).
     Bloom,
+    /// Meta OPT (learned positions offset by 2, pre-norm LayerNorms with bias, a ReLU MLP fc1 -> fc2).
+    Opt,
     /// THUDM GLM-4 (chat-hf): interleaved partial rotary, q/k/v biases, fused gate/up.
     Glm,
     /// DeepSeek-V3 (and DeepSeek-V2-Lite-style configs of it): multi-head latent attention, a mixture of experts
@@ -122,7 +124,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 32] = [
+pub const ARCHITECTURES: [Architecture; 33] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -401,6 +403,18 @@ pub const ARCHITECTURES: [Architecture; 32] = [
         gap: None,
     },
     Architecture {
+        family: Family::Opt,
+        status: Status::Validated,
+        fixtures: &["opt"],
+        features: "learned absolute positions (embed_positions, max_position_embeddings + 2 rows, row p + 2 for \
+                   position p) added to the token embeddings and no rotary, pre-norm LayerNorms with bias \
+                   (self_attn_layer_norm, final_layer_norm; layer_norm_elementwise_affine), q, k, v and out_proj \
+                   and a plain MLP fc1 -> ReLU -> fc2 with biases as enable_bias says, tied head, the \
+                   model.decoder.* names; the post-norm layers of OPT-350m (do_layer_norm_before false) and \
+                   projected embeddings (word_embed_proj_dim) fail closed",
+        gap: None,
+    },
+    Architecture {
         family: Family::Glm,
         status: Status::Validated,
         fixtures: &["glm"],
@@ -471,6 +485,7 @@ impl Family {
             Family::Gpt2 => "gpt2",
             Family::Falcon => "falcon",
             Family::Bloom => "bloom",
+            Family::Opt => "opt",
             Family::Glm => "glm",
             Family::DeepseekV3 => "deepseek_v3",
         }
