@@ -104,6 +104,8 @@ LORA = {
     # PEFT turns fan_in_fan_out on for GPT-2's Conv1D layers.
     "gpt2": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
     "gpt2_inverse_layer_scale": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True),
+    "gpt_bigcode": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"]),
+    "gpt_bigcode_mha": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"]),
     "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     "falcon_alibi": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_h_to_4h"]),
@@ -525,6 +527,27 @@ FIXTURES = {
         True,
         "GPT-2 with scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2s): layer i's scores are further divided "
         "by i + 1",
+    ),
+    "gpt_bigcode": (
+        "GPTBigCodeConfig",
+        dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=256,
+             activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+             attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, multi_query=True,
+             tie_word_embeddings=False),
+        True,
+        "GPT-BigCode (StarCoder 1, SantaCoder): GPT-2's layout with linear layers ([out, in]), multi-query "
+        "attention (one key/value head; c_attn holds q [64], k [16] and v [16] as blocks), tanh-GELU MLP c_fc -> "
+        "c_proj, learned positions wpe; untied (tied, every seed repeated tokens)",
+    ),
+    "gpt_bigcode_mha": (
+        "GPTBigCodeConfig",
+        dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=256,
+             activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+             attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, multi_query=False,
+             tie_word_embeddings=False),
+        True,
+        "GPT-BigCode with multi_query false: a key/value head per query head, c_attn holding each head's q, k "
+        "and v rows together",
     ),
     "falcon": (
         "FalconConfig",

@@ -1270,6 +1270,50 @@ fn bloom_options() {
             "apply_residual_connection_post_layernorm": true}"#,
         &["apply_residual_connection_post_layernorm"],
     );
+    // The usual names, which transformers maps to n_layer and n_head, are read too; BLOOM reads no position limit.
+    let usual = parse(
+        r#"{"model_type": "bloom", "vocab_size": 100, "hidden_size": 48, "num_hidden_layers": 3,
+            "num_attention_heads": 6, "seq_length": 0, "max_position_embeddings": 0}"#,
+    )
+    .unwrap();
+    assert_eq!((usual.num_hidden_layers, usual.num_attention_heads), (3, 6));
+    assert_eq!(usual.max_position_embeddings, 2048);
+}
+
+/// GPT-BigCode: GPT-2's keys and names with linear layers; multi-query attention (q, k and v as blocks of c_attn)
+/// or a key/value head per query head (c_attn by head).
+#[test]
+fn gpt_bigcode_options() {
+    let base = r#""model_type": "gpt_bigcode", "vocab_size": 100, "n_embd": 64, "n_layer": 2, "n_head": 4"#;
+    let mq = parse(&format!("{{{base}}}")).unwrap();
+    assert_eq!(
+        (mq.num_key_value_heads, mq.head_dim, mq.intermediate_size),
+        (1, 16, 256)
+    );
+    assert_eq!(mq.fused_qkv, Some(("c_attn", QkvLayout::Blocks)));
+    assert!(!mq.conv1d && mq.position_embeddings && mq.tie_word_embeddings && mq.padding_idx.is_none());
+    assert_eq!(mq.hidden_act, Activation::GeluTanh);
+    let mha = parse(&format!(
+        r#"{{{base}, "multi_query": false, "scale_attn_weights": false}}"#
+    ))
+    .unwrap();
+    assert_eq!(mha.num_key_value_heads, 4);
+    assert_eq!(mha.fused_qkv, Some(("c_attn", QkvLayout::Grouped)));
+    assert_eq!(mha.attention_multiplier, Some(1.0));
+}
+
+/// Heads of an odd size are refused by name at parse time (rotary pairs dimensions, and the attention kernels
+/// take even heads), as is OPT's `init_std` read as its initializer range.
+#[test]
+fn odd_heads_are_refused_and_opt_reads_init_std() {
+    err(&tiny("llama", r#""head_dim": 15"#), &["head_dim", "15"]);
+    err(&tiny("gpt_neox", r#""hidden_size": 60"#), &["head_dim", "15"]);
+    let opt = parse(
+        r#"{"model_type": "opt", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "ffn_dim": 96, "init_std": 0.05}"#,
+    )
+    .unwrap();
+    assert_eq!(opt.initializer_range, 0.05);
 }
 
 /// OPT: learned positions two rows on, pre-norm LayerNorms (with or without parameters), biases as enable_bias

@@ -144,3 +144,59 @@ fn fixtures_are_f32_on_disk_and_load_as_f32() {
         "tied model reuses the embedding"
     );
 }
+
+/// Hub checkpoints of GPT-2, BLOOM and OPT were saved from the bare base model, without its module's name
+/// (`h.0.attn.c_attn.weight`, not `transformer.h.0.attn.c_attn.weight`; OPT's `decoder.…`): they load as
+/// transformers loads them, to the same logits, and a file mixing both forms keeps its names as they are.
+#[test]
+fn checkpoints_of_the_bare_base_model_load() {
+    for (name, base) in [("gpt2", "transformer"), ("bloom", "transformer"), ("opt", "model")] {
+        let dir = fixture(name);
+        let (lm, r) = load(name);
+        let weights = Weights::open(&dir).unwrap();
+        let bare: Vec<(String, Vec<usize>, Vec<f32>)> = weights
+            .names()
+            .into_iter()
+            .map(|n| {
+                let shape = weights.shape(&n).unwrap();
+                let data = weights.read_f32(&n, &shape).unwrap();
+                let stored = n.strip_prefix(&format!("{base}.")).map_or(n.clone(), str::to_string);
+                (stored, shape, data)
+            })
+            .collect();
+        assert!(bare.iter().any(|(n, _, _)| n == "lm_head.weight"), "{name}");
+        let out = tmpdir("bare-base");
+        std::fs::copy(dir.join("config.json"), out.join("config.json")).unwrap();
+        let entries: Vec<(&str, &[usize], &[f32])> = bare
+            .iter()
+            .map(|(n, s, d)| (n.as_str(), s.as_slice(), d.as_slice()))
+            .collect();
+        hierarchos::nn::weights::save_f32(&out.join(hierarchos::nn::weights::SINGLE_FILE), &entries).unwrap();
+        let config = ModelConfig::from_file(&out.join("config.json")).unwrap();
+        let bare_lm = CausalLm::load(&config, &Weights::open(&out).unwrap(), &dev()).unwrap();
+        let ids = Tensor::from_slice(&r.input_ids[0], &[1, r.input_ids[0].len()], &dev()).unwrap();
+        let want = lm.forward(&ids, None).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(
+            bare_lm.forward(&ids, None).unwrap().to_vec::<f32>().unwrap(),
+            want,
+            "{name}"
+        );
+        // One tensor under the prefix: the file is not a bare one, and the others are missing by their names.
+        let first = bare.iter().position(|(n, _, _)| n != "lm_head.weight").unwrap();
+        let mixed: Vec<(String, &[usize], &[f32])> = bare
+            .iter()
+            .enumerate()
+            .map(|(i, (n, s, d))| match i == first {
+                true => (format!("{base}.{n}"), s.as_slice(), d.as_slice()),
+                false => (n.clone(), s.as_slice(), d.as_slice()),
+            })
+            .collect();
+        let entries: Vec<(&str, &[usize], &[f32])> = mixed.iter().map(|(n, s, d)| (n.as_str(), *s, *d)).collect();
+        hierarchos::nn::weights::save_f32(&out.join(hierarchos::nn::weights::SINGLE_FILE), &entries).unwrap();
+        let err = CausalLm::load(&config, &Weights::open(&out).unwrap(), &dev())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is missing") && err.contains(base), "{name}: {err}");
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}

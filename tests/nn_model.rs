@@ -216,7 +216,7 @@ fn rotary_embedding_of_an_odd_dim_rotates_one_more() {
         scaling: RopeScaling::Default,
     };
     let odd = RotaryEmbedding::new(5, &rope).unwrap();
-    assert_eq!(odd.head_dim(), 6);
+    assert_eq!(odd.rotated_dims(), 6);
     let inv = odd.inv_freq(1);
     assert_eq!(inv.len(), 3);
     for (got, want) in inv.iter().zip([1.0, 10000f64.powf(-0.4), 10000f64.powf(-0.8)]) {
@@ -1002,7 +1002,7 @@ fn stacked_projections_share_the_trainable_weights() {
         let mut apart = build();
         for layer in &mut apart.layers {
             let attn = layer.self_attn.standard_mut().unwrap();
-            let FeedForward::Mlp(mlp) = &mut layer.mlp else {
+            let FeedForward::Mlp(mlp, _) = &mut layer.mlp else {
                 panic!("{family}: a dense MLP")
             };
             let gate = mlp.gate_proj.as_mut().unwrap();

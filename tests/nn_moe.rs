@@ -186,7 +186,6 @@ fn block(c: Case, v: &Values) -> (Moe, Vec<Tensor>) {
             gate_up: None,
             fused_gate_up: None,
             names: ["gate_proj", "up_proj", "down_proj"],
-            module: "",
         }
     };
     let experts = v.experts.iter().map(|p| mlp(p, c.width, &mut tensors)).collect();

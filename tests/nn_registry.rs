@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 36] = [
+    let cases: [(&str, &str, u64); 37] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -382,6 +382,14 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "activation_function": "relu", "do_layer_norm_before": true, "word_embed_proj_dim": 768,
                 "bos_token_id": 2, "eos_token_id": 2, "pad_token_id": 1, "prefix": "</s>"}"#,
             125_239_296,
+        ),
+        (
+            "bigcode/tiny_starcoder_py",
+            r#"{"architectures": ["GPTBigCodeForCausalLM"], "model_type": "gpt_bigcode", "vocab_size": 49152,
+                "n_embd": 768, "n_layer": 20, "n_head": 12, "n_inner": 3072, "n_positions": 8192,
+                "multi_query": true, "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-05,
+                "bos_token_id": 0, "eos_token_id": 0}"#,
+            164_000_000,
         ),
         (
             "CohereForAI/c4ai-command-r-plus",

@@ -8,7 +8,8 @@ use hierarchos_core::ops::attention::{MAX_HEAD_DIM, NewKeys, STEP_MAX_QUERIES};
 use hierarchos_core::ops::flash_attention::{flash_attention_fits, rotary_flash_attention_fits};
 use hierarchos_core::{Device, Tensor, grad_enabled};
 
-use crate::config::{Alibi, QkvLayout};
+use crate::alibi::Alibi;
+use crate::config::QkvLayout;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::linear::{Linear, linear_parameters, prefixed};

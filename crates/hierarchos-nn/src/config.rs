@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use crate::alibi::Alibi;
 use crate::error::{Error, Result};
 use crate::norm::NormKind;
 use crate::registry::Family;
@@ -125,10 +126,26 @@ impl ModuleNames {
         format!("{}.weight", self.embedding())
     }
 
+    /// The base model's module, whose name checkpoints of the bare base model leave out (`model`, GPT-2's
+    /// `transformer`; OPT's `model` of `model.decoder`).
+    pub fn base_module(&self) -> &'static str {
+        self.model.split('.').next().unwrap_or(self.model)
+    }
+
     /// The module path of layer `i` (`model.layers.3`, GPT-2's `transformer.h.3`).
     pub fn layer(&self, i: usize) -> String {
         format!("{}.{}.{i}", self.model, self.layers)
     }
+
+    /// BLOOM's names, which Falcon's take over (but for its parallel norms).
+    pub const BLOOM: ModuleNames = ModuleNames {
+        model: "transformer",
+        embed: "word_embeddings",
+        layers: "h",
+        attention: "self_attention",
+        final_norm: "ln_f",
+        ..ModuleNames::LLAMA
+    };
 
     /// Llama's names, which most families share.
     pub const LLAMA: ModuleNames = ModuleNames {
@@ -851,7 +868,7 @@ fn defaults(family: Family) -> Defaults {
             eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
-        Family::Gpt2 => Defaults {
+        Family::Gpt2 | Family::GptBigcode => Defaults {
             num_key_value_heads: None,
             head_dim: None,
             max_position_embeddings: 1024,
@@ -867,7 +884,7 @@ fn defaults(family: Family) -> Defaults {
             eos_token_ids: &[11],
             tie_word_embeddings: true,
         },
-        // BLOOM has no position limit of its own (ALiBi); 2048 is its training length.
+        // BLOOM has no position limit of its own (ALiBi); 2048, its training length, is only reported.
         Family::Bloom => Defaults {
             num_key_value_heads: None,
             head_dim: None,
@@ -913,16 +930,22 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Ok(v)
     };
     let gpt2 = family == Family::Gpt2;
+    let bigcode = family == Family::GptBigcode;
     let bloom = family == Family::Bloom;
-    // GPT-2's and BLOOM's config.json keep their own names (transformers maps them as attributes).
+    // GPT-2's, GPT-BigCode's and BLOOM's config.json keep their own names, which transformers maps to the usual
+    // ones: either is read, the family's first.
     let key = |name: &'static str| -> &'static str {
-        match (gpt2 || bloom, name) {
-            (true, "hidden_size") if gpt2 => "n_embd",
-            (true, "num_hidden_layers") => "n_layer",
-            (true, "num_attention_heads") => "n_head",
-            (true, "max_position_embeddings") if gpt2 => "n_positions",
-            (true, "max_position_embeddings") => "seq_length",
-            _ => name,
+        let own = match (family, name) {
+            (Family::Gpt2 | Family::GptBigcode, "hidden_size") => "n_embd",
+            (Family::Gpt2 | Family::GptBigcode, "max_position_embeddings") => "n_positions",
+            (Family::Gpt2 | Family::GptBigcode | Family::Bloom, "num_hidden_layers") => "n_layer",
+            (Family::Gpt2 | Family::GptBigcode | Family::Bloom, "num_attention_heads") => "n_head",
+            _ => return name,
+        };
+        if f.map.contains_key(own) || !f.map.contains_key(name) {
+            own
+        } else {
+            name
         }
     };
     let vocab_size = positive("vocab_size")?;
@@ -933,7 +956,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     };
     // GPT-2's and Falcon's MLPs are 4 x hidden unless n_inner / ffn_hidden_size say otherwise.
     let width_key = match family {
-        Family::Gpt2 => Some("n_inner"),
+        Family::Gpt2 | Family::GptBigcode => Some("n_inner"),
         Family::Falcon => Some("ffn_hidden_size"),
         _ => None,
     };
@@ -956,8 +979,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Falcon if falcon_new => f.or("num_kv_heads", None, USIZE)?.unwrap_or(num_attention_heads),
         Family::Falcon if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
         Family::Falcon => num_attention_heads,
+        Family::GptBigcode if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
         // One key/value head per query head, whatever a stray `num_key_value_heads` says (transformers reads none).
-        Family::GptNeox | Family::Gpt2 | Family::Bloom | Family::Opt => num_attention_heads,
+        Family::GptNeox | Family::Gpt2 | Family::GptBigcode | Family::Bloom | Family::Opt => num_attention_heads,
         _ => f
             .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
             .unwrap_or(num_attention_heads),
@@ -981,7 +1005,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // (DeepSeek-V3's config.json calls its rotary part `head_dim`; the attention of StableLM, GPT-NeoX, GPT-2,
     // Falcon, BLOOM and OPT splits hidden_size evenly whatever `head_dim` says.)
     let head_dim_key = match family {
-        Family::Stablelm | Family::GptNeox | Family::Gpt2 | Family::Falcon | Family::Bloom | Family::Opt => None,
+        Family::Stablelm
+        | Family::GptNeox
+        | Family::Gpt2
+        | Family::GptBigcode
+        | Family::Falcon
+        | Family::Bloom
+        | Family::Opt => None,
         _ => f.or("head_dim", d.head_dim, USIZE)?,
     };
     let head_dim = match head_dim_key {
@@ -996,9 +1026,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         }
         None => hidden_size / num_attention_heads,
     };
-    let max_position_embeddings = f
-        .or(key("max_position_embeddings"), Some(d.max_position_embeddings), USIZE)?
-        .unwrap_or(d.max_position_embeddings);
+    // BLOOM's config has no limit to read (ALiBi); its default is only reported.
+    let max_position_embeddings = match bloom {
+        true => d.max_position_embeddings,
+        false => f
+            .or(key("max_position_embeddings"), Some(d.max_position_embeddings), USIZE)?
+            .unwrap_or(d.max_position_embeddings),
+    };
     // YaRN derives its factor from it, GPT-2 sizes its position table by it.
     if max_position_embeddings == 0 {
         return Err(f.error(key("max_position_embeddings"), "must be positive"));
@@ -1007,7 +1041,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let rms_norm_eps = match family {
         Family::Olmo | Family::Opt => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
-        Family::Gpt2 | Family::Falcon | Family::Bloom => f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
+        Family::Gpt2 | Family::GptBigcode | Family::Falcon | Family::Bloom => {
+            f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5)
+        }
         Family::Glm => f.or("rms_norm_eps", Some(1.5625e-7), F64)?.unwrap_or(1.5625e-7),
         Family::Stablelm | Family::Cohere | Family::Phi | Family::GptNeox => {
             f.or("layer_norm_eps", Some(1e-5), F64)?.unwrap_or(1e-5)
@@ -1031,6 +1067,20 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Some(m) => m.rope_dim,
         None => rotary_dim(f, family, head_dim)?,
     };
+    // Rotary embeddings pair the dimensions they rotate (an odd partial count rotates one more, within an even
+    // head), and the attention kernels, of layers without rotary too, take even heads.
+    if head_dim % 2 == 1 {
+        return Err(f.error(
+            "head_dim",
+            &format!("heads of {head_dim} dimensions: odd head sizes are not supported"),
+        ));
+    }
+    if latent_attention.is_some() && rotary_dim % 2 == 1 {
+        return Err(f.error(
+            "qk_rope_head_dim",
+            &format!("{rotary_dim} is odd: rotary pairs dimensions"),
+        ));
+    }
     for scaling in [&rope.scaling]
         .into_iter()
         .chain(sliding_rope.as_ref().map(|r| &r.scaling))
@@ -1077,7 +1127,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             let b = flag("attention_bias")?;
             (b, b, false)
         }
-        Family::Phi | Family::Gpt2 | Family::Bloom => (true, true, true),
+        Family::Phi | Family::Gpt2 | Family::GptBigcode | Family::Bloom => (true, true, true),
         Family::Opt => {
             let b = f.or("enable_bias", Some(true), BOOL)?.unwrap_or(true);
             (b, b, b)
@@ -1115,6 +1165,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Phi => "gelu_new",
         Family::GptNeox => "gelu",
         Family::Gpt2 => "gelu_new",
+        Family::GptBigcode => "gelu_pytorch_tanh",
         Family::Opt => "relu",
         Family::Falcon => "gelu",
         Family::Bloom => "gelu_new",
@@ -1124,7 +1175,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // Gemma 2's and 3's MLPs take `hidden_activation`, GPT-2's `activation_function`.
     let act_key = match family {
         Family::Gemma2 | Family::Gemma3Text => "hidden_activation",
-        Family::Gpt2 | Family::Opt => "activation_function",
+        Family::Gpt2 | Family::GptBigcode | Family::Opt => "activation_function",
         Family::Falcon => "activation",
         _ => "hidden_act",
     };
@@ -1156,9 +1207,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Nemotron => 0.0134,
         _ => 0.02,
     };
-    let initializer_range = f
-        .or("initializer_range", Some(default_range), F64)?
-        .unwrap_or(default_range);
+    // OPT's config calls it `init_std`.
+    let range_key = if family == Family::Opt {
+        "init_std"
+    } else {
+        "initializer_range"
+    };
+    let initializer_range = f.or(range_key, Some(default_range), F64)?.unwrap_or(default_range);
     let multiplier = |key: &str| -> Result<f64> {
         if family != Family::Granite {
             return Ok(1.0);
@@ -1190,7 +1245,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         gpt2 && f.or("scale_attn_by_inverse_layer_idx", Some(false), BOOL)? == Some(true);
     let attention_multiplier = match family {
         Family::Granite => Some(multiplier("attention_multiplier")?),
-        Family::Gpt2 if f.or("scale_attn_weights", Some(true), BOOL)? == Some(false) => Some(1.0),
+        Family::Gpt2 | Family::GptBigcode if f.or("scale_attn_weights", Some(true), BOOL)? == Some(false) => Some(1.0),
         Family::Gemma2 | Family::Gemma3Text => {
             let scalar = f.or("query_pre_attn_scalar", Some(256.0), F64)?.unwrap_or(256.0);
             if !(scalar > 0.0 && scalar.is_finite()) {
@@ -1258,8 +1313,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         _ if alibi.is_some() => (0..num_hidden_layers).collect(),
         Family::Exaone4 if windows.window.is_some() => windows.full_layers.clone(),
         Family::Exaone4 if windows.configured => (0..num_hidden_layers).collect(),
-        // GPT-2 and OPT have positions in their embeddings, no rotary anywhere.
-        Family::Gpt2 | Family::Opt => (0..num_hidden_layers).collect(),
+        // GPT-2, GPT-BigCode and OPT have positions in their embeddings, no rotary anywhere.
+        Family::Gpt2 | Family::GptBigcode | Family::Opt => (0..num_hidden_layers).collect(),
         _ => smollm3_nope,
     };
     // Gemma's bidirectional attention (an encoder-style option) is not causal: refused.
@@ -1296,7 +1351,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     }
     let bos_token_id = f.or("bos_token_id", d.bos_token_id, U32)?;
     let padding_idx = match family {
-        Family::Gpt2 | Family::GptNeox | Family::Falcon | Family::Bloom => None,
+        Family::Gpt2 | Family::GptBigcode | Family::GptNeox | Family::Falcon | Family::Bloom => None,
         _ => padding_row(
             f.or("pad_token_id", default_pad_token_id(family), I64)?,
             vocab_size,
@@ -1368,7 +1423,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             || (family == Family::DeepseekV3 && f.or("rope_interleave", Some(true), BOOL)? == Some(true)),
         attention_names: match family {
             Family::Phi | Family::GptNeox | Family::Falcon | Family::Bloom => ["q_proj", "k_proj", "v_proj", "dense"],
-            Family::Gpt2 => ["q_proj", "k_proj", "v_proj", "c_proj"],
+            Family::Gpt2 | Family::GptBigcode => ["q_proj", "k_proj", "v_proj", "c_proj"],
             Family::Opt => ["q_proj", "k_proj", "v_proj", "out_proj"],
             _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
         },
@@ -1386,11 +1441,6 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 ..ModuleNames::LLAMA
             },
             Family::Falcon => ModuleNames {
-                model: "transformer",
-                embed: "word_embeddings",
-                layers: "h",
-                attention: "self_attention",
-                final_norm: "ln_f",
                 input_norm: if falcon_placement == NormPlacement::ParallelTwoNorms {
                     "ln_attn"
                 } else {
@@ -1401,16 +1451,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 } else {
                     "post_attention_layernorm"
                 },
-                ..ModuleNames::LLAMA
+                ..ModuleNames::BLOOM
             },
-            Family::Bloom => ModuleNames {
-                model: "transformer",
-                embed: "word_embeddings",
-                layers: "h",
-                attention: "self_attention",
-                final_norm: "ln_f",
-                ..ModuleNames::LLAMA
-            },
+            Family::Bloom => ModuleNames::BLOOM,
             Family::Opt => ModuleNames {
                 model: "model.decoder",
                 mlp: "",
@@ -1419,7 +1462,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 final_norm: "final_layer_norm",
                 ..ModuleNames::LLAMA
             },
-            Family::Gpt2 => ModuleNames {
+            Family::Gpt2 | Family::GptBigcode => ModuleNames {
                 model: "transformer",
                 embed: "wte",
                 positions: "wpe",
@@ -1439,11 +1482,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             Family::Phi3 => Some(("qkv_proj", QkvLayout::Blocks)),
             Family::GptNeox | Family::Falcon | Family::Bloom => Some(("query_key_value", QkvLayout::Grouped)),
             Family::Gpt2 => Some(("c_attn", QkvLayout::Blocks)),
+            // GPT-BigCode's c_attn is q, k and v as blocks with multi-query attention, else per head.
+            Family::GptBigcode if num_key_value_heads == 1 => Some(("c_attn", QkvLayout::Blocks)),
+            Family::GptBigcode => Some(("c_attn", QkvLayout::Grouped)),
             _ => None,
         },
         fused_gate_up: matches!(family, Family::Phi3 | Family::Glm).then_some("gate_up_proj"),
         conv1d: gpt2,
-        position_embeddings: gpt2 || family == Family::Opt,
+        position_embeddings: gpt2 || bigcode || family == Family::Opt,
         position_offset: if family == Family::Opt { 2 } else { 0 },
         attention_softcap,
         final_logit_softcap,
@@ -1475,6 +1521,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             | Family::Phi
             | Family::GptNeox
             | Family::Gpt2
+            | Family::GptBigcode
             | Family::Falcon
             | Family::Bloom
             | Family::Opt => NormKind::Layer,
@@ -1489,6 +1536,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::Phi
                 | Family::GptNeox
                 | Family::Gpt2
+                | Family::GptBigcode
                 | Family::Falcon
                 | Family::Bloom
         ) || (family == Family::Opt && norm_affine),
@@ -1500,12 +1548,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::Phi
                 | Family::GptNeox
                 | Family::Gpt2
+                | Family::GptBigcode
                 | Family::Falcon
                 | Family::Bloom
                 | Family::Opt
         ),
         mlp_names: match family {
-            Family::Starcoder2 | Family::Gpt2 => ["gate_proj", "c_fc", "c_proj"],
+            Family::Starcoder2 | Family::Gpt2 | Family::GptBigcode => ["gate_proj", "c_fc", "c_proj"],
             Family::Phi | Family::Opt => ["gate_proj", "fc1", "fc2"],
             Family::GptNeox | Family::Falcon | Family::Bloom => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
             _ => ["gate_proj", "up_proj", "down_proj"],
@@ -1813,6 +1862,7 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::Phi
         | Family::GptNeox
         | Family::Gpt2
+        | Family::GptBigcode
         | Family::Falcon
         | Family::Bloom
         | Family::Opt
@@ -2275,45 +2325,3 @@ const STRING: Kind<String> = Kind {
     read: |v| v.as_str().map(str::to_string),
     expected: "a string",
 };
-
-/// ALiBi's slope of each of `heads` heads, as transformers' `build_alibi_tensor` (BLOOM, Falcon) computes them in
-/// f32: the powers 1, 2, ... of `2^(-8 / n)` for the largest power of two `n <= heads`, then the odd powers of
-/// `2^(-4 / n)` for the rest.
-pub fn alibi_slopes(heads: usize) -> Vec<f32> {
-    let closest = 1usize << heads.max(1).ilog2();
-    let base = |n: usize| 2f64.powf(-(2f64.powf(-((n as f64).log2() - 3.0)))) as f32;
-    let power = |b: f32, k: usize| (b as f64).powi(k as i32) as f32;
-    let first = (1..=closest).map(|k| power(base(closest), k));
-    let extra = (0..heads - closest.min(heads)).map(|i| power(base(2 * closest), 2 * i + 1));
-    first.chain(extra).take(heads).collect()
-}
-
-/// How a family forms and adds ALiBi's biases: transformers' two copies of `build_alibi_tensor` differ.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Alibi {
-    /// BLOOM: the slope times the position in f32, added to the scaled scores.
-    Bloom,
-    /// Falcon: the bf16 slope times the position cast to bf16, rounded to bf16, added to the scores before the
-    /// score scale (so scaled with them).
-    Falcon,
-}
-
-impl Alibi {
-    /// The bias of a key at position `pos` for a head of slope `slope` (from [`alibi_slopes`]), on the scale of
-    /// scores that carry the score scale `score_scale`.
-    pub fn bias(self, slope: f32, pos: usize, score_scale: f64) -> f32 {
-        match self {
-            Alibi::Bloom => slope * pos as f32,
-            Alibi::Falcon => {
-                let bias = bf16_round(bf16_round(slope) * bf16_round(pos as f32));
-                (bias as f64 * score_scale) as f32
-            }
-        }
-    }
-}
-
-/// `x` rounded to the nearest bf16 (ties to even), as an f32.
-fn bf16_round(x: f32) -> f32 {
-    let b = x.to_bits();
-    f32::from_bits((b + 0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
-}

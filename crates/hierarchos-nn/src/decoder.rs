@@ -5,8 +5,9 @@ use hierarchos_core::ops::loss::IGNORE_INDEX;
 use hierarchos_core::quant::QTensor;
 use hierarchos_core::{DType, Device, Tensor};
 
+use crate::alibi::alibi_slopes;
 use crate::attention::{Attention, AttentionContext, qkv_views};
-use crate::config::{LatentAttentionConfig, ModelConfig, NormPlacement, RouterScoring, alibi_slopes};
+use crate::config::{LatentAttentionConfig, ModelConfig, NormPlacement, RouterScoring};
 use crate::embedding::Embedding;
 use crate::error::{Error, Result};
 use crate::feed_forward::FeedForward;
@@ -199,15 +200,22 @@ pub struct CausalLm {
 pub(crate) const HEAD_MODULE: &str = "lm_head";
 
 impl CausalLm {
-    /// Loads every tensor the config implies from `weights`, each with the shape it must have.
+    /// Loads every tensor the config implies from `weights`, each with the shape it must have (under its name, or
+    /// without the base model's prefix in a checkpoint of the bare base model: see [`Weights::stored_name`]).
     pub fn load(config: &ModelConfig, weights: &Weights, device: &Device) -> Result<CausalLm> {
-        CausalLm::build(config, &mut |name, shape| weights.load(name, shape, device))
+        let base = config.names.base_module();
+        CausalLm::build(config, &mut |name, shape| {
+            weights.load(weights.stored_name(name, base), shape, device)
+        })
     }
 
     /// Like [`CausalLm::load`], with every parameter trainable (collecting gradients), for training.
     pub fn load_trainable(config: &ModelConfig, weights: &Weights, device: &Device) -> Result<CausalLm> {
+        let base = config.names.base_module();
         CausalLm::build(config, &mut |name, shape| {
-            Ok(weights.load(name, shape, device)?.requires_grad_())
+            Ok(weights
+                .load(weights.stored_name(name, base), shape, device)?
+                .requires_grad_())
         })
     }
 
@@ -257,7 +265,6 @@ impl CausalLm {
                                 &format!("{b}.experts.{e}"),
                                 moe.expert_intermediate_size,
                                 names,
-                                "",
                                 c,
                             )
                         })
@@ -269,7 +276,7 @@ impl CausalLm {
                             let name = format!("{b}.{}", shared.name);
                             Ok(SharedExpert {
                                 name: shared.name,
-                                mlp: mlp(tensor, quantized, &name, shared.intermediate_size, names, "", c)?,
+                                mlp: mlp(tensor, quantized, &name, shared.intermediate_size, names, c)?,
                                 gate: shared
                                     .gated
                                     .then(|| {
@@ -307,15 +314,10 @@ impl CausalLm {
                         shared_expert,
                     })
                 }
-                _ => FeedForward::Mlp(mlp(
-                    tensor,
-                    quantized,
-                    &m,
-                    c.intermediate_size,
-                    c.mlp_names,
+                _ => FeedForward::Mlp(
+                    mlp(tensor, quantized, &m, c.intermediate_size, c.mlp_names, c)?,
                     names.mlp,
-                    c,
-                )?),
+                ),
             };
             // Which of the input and MLP-input norms (pre) and of the output norms (post) the layers have.
             let parallel = matches!(
@@ -712,7 +714,7 @@ impl CausalLm {
         for layer in &mut self.layers {
             layer.self_attn.restack()?;
             match &mut layer.mlp {
-                FeedForward::Mlp(m) => m.restack()?,
+                FeedForward::Mlp(m, _) => m.restack()?,
                 FeedForward::Moe(moe) => {
                     for expert in &mut moe.experts {
                         expert.restack()?;
@@ -1002,16 +1004,14 @@ fn linear(
     })
 }
 
-/// The MLP `name` (`name.gate_proj`, ... as `names` says) of width `width`, module `module` in its layer: gated
-/// unless the config's MLPs are plain; gate and up stacked for inference.
-#[allow(clippy::too_many_arguments)]
+/// The MLP `name` (`name.gate_proj`, ... as `names` says) of width `width`: gated unless the config's MLPs are
+/// plain; gate and up stacked for inference.
 fn mlp(
     tensor: TensorSource,
     quantized: QuantSource,
     name: &str,
     width: usize,
     names: [&'static str; 3],
-    module: &'static str,
     c: &ModelConfig,
 ) -> Result<Mlp> {
     let [gate_name, up_name, down_name] = names;
@@ -1054,7 +1054,6 @@ fn mlp(
         gate_up,
         fused_gate_up,
         names,
-        module,
     })
 }
 

@@ -13,8 +13,9 @@ use crate::norm::{Norm, normed_residual};
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum FeedForward {
-    /// One MLP (gated or plain).
-    Mlp(Mlp),
+    /// One MLP (gated or plain), with its module name in the layer (`mlp`; empty for OPT's, whose projections sit
+    /// in the layer itself).
+    Mlp(Mlp, &'static str),
     /// Routed experts (MoE families; their `dense_layers` keep an MLP).
     Moe(Moe),
 }
@@ -24,7 +25,7 @@ impl FeedForward {
     /// projections' launches where it can).
     pub fn forward(&self, x: &Tensor, norm: Option<&Norm>, residual: Option<&Tensor>) -> Result<Tensor> {
         match self {
-            FeedForward::Mlp(mlp) => Ok(mlp.forward(x, norm, residual)?),
+            FeedForward::Mlp(mlp, _) => Ok(mlp.forward(x, norm, residual)?),
             FeedForward::Moe(moe) => normed_residual(x, norm, residual, |x| moe.forward(x)),
         }
     }
@@ -32,15 +33,16 @@ impl FeedForward {
     /// The MLP, when the block is one.
     pub fn mlp(&self) -> Option<&Mlp> {
         match self {
-            FeedForward::Mlp(mlp) => Some(mlp),
+            FeedForward::Mlp(mlp, _) => Some(mlp),
             FeedForward::Moe(_) => None,
         }
     }
 
-    /// The block's module name in checkpoints (`mlp`, or Mixtral's `block_sparse_moe`).
+    /// The block's module name in checkpoints (`mlp`, Mixtral's `block_sparse_moe`; empty for OPT's MLP, whose
+    /// projections sit in the layer itself).
     pub fn name(&self) -> &'static str {
         match self {
-            FeedForward::Mlp(mlp) => mlp.module,
+            FeedForward::Mlp(_, module) => module,
             FeedForward::Moe(moe) => moe.name,
         }
     }
@@ -54,7 +56,7 @@ impl FeedForward {
     /// `block_sparse_moe.experts.0.w1`, ...), in module order.
     pub fn linears(&self) -> Vec<(String, &Linear)> {
         match self {
-            FeedForward::Mlp(mlp) => prefixed(self.name(), mlp.linears()),
+            FeedForward::Mlp(mlp, _) => prefixed(self.name(), mlp.linears()),
             FeedForward::Moe(moe) => prefixed(self.name(), moe.linears()),
         }
     }
@@ -63,7 +65,7 @@ impl FeedForward {
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let block = self.name();
         match self {
-            FeedForward::Mlp(mlp) => prefixed(block, mlp.linears_mut()),
+            FeedForward::Mlp(mlp, _) => prefixed(block, mlp.linears_mut()),
             FeedForward::Moe(moe) => prefixed(block, moe.linears_mut()),
         }
     }
@@ -71,7 +73,7 @@ impl FeedForward {
     /// The parameters with their Hugging Face names relative to the layer (`mlp.gate_proj.weight`, ...).
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
         let params = match self {
-            FeedForward::Mlp(mlp) => mlp.parameters(),
+            FeedForward::Mlp(mlp, _) => mlp.parameters(),
             FeedForward::Moe(moe) => moe.parameters(),
         };
         prefixed(self.name(), params)

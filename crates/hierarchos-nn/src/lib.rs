@@ -3,6 +3,7 @@
 
 #![warn(missing_docs)]
 
+mod alibi;
 pub mod attention;
 mod chat_template;
 mod config;
@@ -34,10 +35,11 @@ mod tokenizer;
 pub mod train;
 pub mod weights;
 
+pub use alibi::{Alibi, alibi_slopes};
 pub use chat_template::{ChatMessage, SpecialTokens, render_chat_template};
 pub use config::{
-    Activation, Alibi, LatentAttentionConfig, ModelConfig, ModuleNames, MoeConfig, NormPlacement, QkvLayout,
-    RopeConfig, RopeScaling, RouterScoring, SharedExpertConfig, alibi_slopes,
+    Activation, LatentAttentionConfig, ModelConfig, ModuleNames, MoeConfig, NormPlacement, QkvLayout, RopeConfig,
+    RopeScaling, RouterScoring, SharedExpertConfig,
 };
 pub use decoder::{CausalLm, DecoderLayer, QuantSource};
 pub use embedding::Embedding;

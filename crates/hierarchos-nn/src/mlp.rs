@@ -31,9 +31,6 @@ pub struct Mlp {
     /// The Hugging Face module names of `gate_proj`, `up_proj` and `down_proj` (StarCoder2's `c_fc` and
     /// `c_proj`, Mixtral's experts' `w1`, `w3` and `w2`).
     pub names: [&'static str; 3],
-    /// The module name of a layer's MLP in the layer (`mlp`; empty for OPT's, whose projections sit in the layer;
-    /// unused for experts and shared experts, which their mixture names).
-    pub module: &'static str,
 }
 
 impl Mlp {

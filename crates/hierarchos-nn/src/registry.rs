@@ -69,6 +69,8 @@ pub enum Family {
     /// OpenAI GPT-2 (learned absolute positions, no rotary, LayerNorm with bias, `Conv1D` weights stored
     /// `[in, out]`, fused q/k/v).
     Gpt2,
+    /// BigCode GPT-BigCode (StarCoder 1, SantaCoder): GPT-2 with linear layers and multi-query attention.
+    GptBigcode,
     /// TII Falcon (fused q/k/v grouped by key/value head, multi-query or grouped, parallel blocks with one or two
     /// LayerNorms).
     Falcon,
@@ -124,7 +126,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 33] = [
+pub const ARCHITECTURES: [Architecture; 34] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -379,6 +381,17 @@ pub const ARCHITECTURES: [Architecture; 33] = [
         gap: None,
     },
     Architecture {
+        family: Family::GptBigcode,
+        status: Status::Validated,
+        fixtures: &["gpt_bigcode", "gpt_bigcode_mha"],
+        features: "GPT-2's layout with linear layers (weights [out, in]): learned absolute positions (wpe), \
+                   LayerNorms ln_1 / ln_2 / ln_f with bias, a tanh-GELU MLP c_fc -> c_proj, biases everywhere, tied \
+                   head; multi_query (one key/value head, c_attn holding q, k and v as blocks) or one key/value \
+                   head per query head (c_attn with each head's rows together); scale_attn_weights false leaves \
+                   the scores unscaled",
+        gap: None,
+    },
+    Architecture {
         family: Family::Falcon,
         status: Status::Validated,
         fixtures: &["falcon", "falcon_new", "falcon_alibi"],
@@ -483,6 +496,7 @@ impl Family {
             Family::Phi3 => "phi3",
             Family::GptNeox => "gpt_neox",
             Family::Gpt2 => "gpt2",
+            Family::GptBigcode => "gpt_bigcode",
             Family::Falcon => "falcon",
             Family::Bloom => "bloom",
             Family::Opt => "opt",

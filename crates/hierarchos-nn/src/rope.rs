@@ -62,7 +62,7 @@ impl RotaryEmbedding {
     /// `inv_freq` (the `D/2` angular frequencies, f32-rounded as transformers stores them) for a forward whose
     /// largest position is `seq_len - 1`; only dynamic and longrope scaling depend on `seq_len`.
     pub fn inv_freq(&self, seq_len: usize) -> Vec<f64> {
-        let (d, pairs) = (self.dim, self.head_dim() / 2);
+        let (d, pairs) = (self.dim, self.rotated_dims() / 2);
         let theta = self.rope.theta;
         // base ** (2i / d) with the exponent formed in f32, as `torch.arange(0, d, 2).float() / d` does.
         let exponent = |i: usize| ((2 * i) as f32 / d as f32) as f64;
@@ -188,16 +188,16 @@ impl RotaryEmbedding {
     /// Tables of `len` positions that rotate by nothing (cosines 1, sines 0; the queries' still carry the score
     /// scale): layers without rotary embeddings (SmolLM3's) run the same kernels with these.
     pub fn identity_tables(&self, len: usize, score_scale: f64, device: &Device) -> Result<RopeTables> {
-        let n = len * self.head_dim() / 2;
+        let n = len * self.rotated_dims() / 2;
         self.upload(vec![1.0; n], vec![0.0; n], score_scale, device)
     }
 
     fn upload(&self, cos: Vec<f32>, sin: Vec<f32>, score_scale: f64, device: &Device) -> Result<RopeTables> {
-        let len = cos.len() / (self.head_dim() / 2);
+        let len = cos.len() / (self.rotated_dims() / 2);
         let scaled = |v: &[f32]| v.iter().map(|&x| (x as f64 * score_scale) as f32).collect::<Vec<_>>();
         let (cos_q, sin_q) = (scaled(&cos), scaled(&sin));
         let all: Vec<f32> = [cos, sin, cos_q, sin_q].concat();
-        let half = self.head_dim() / 2;
+        let half = self.rotated_dims() / 2;
         let t = Tensor::from_slice(&all, &[4, len, half], device)?;
         let part = |k: usize| -> Result<Tensor> { Ok(t.narrow(0, k, 1)?.squeeze(0)?) };
         Ok(RopeTables {
@@ -209,7 +209,7 @@ impl RotaryEmbedding {
     }
 
     /// The dimensions that rotate, which the tables are for: `dim` rounded up to even.
-    pub fn head_dim(&self) -> usize {
+    pub fn rotated_dims(&self) -> usize {
         self.dim.next_multiple_of(2)
     }
 }

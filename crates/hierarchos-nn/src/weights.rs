@@ -237,6 +237,17 @@ impl Weights {
         self.index.contains_key(name)
     }
 
+    /// The stored name of parameter `name` of a model whose base module is `base` (`model`, `transformer`):
+    /// `name`, or `name` without `base.` when the file holds nothing under `base`, as checkpoints saved from the
+    /// bare base model do (GPT-2's and BLOOM's on the Hub; transformers adds the prefix on load).
+    pub fn stored_name<'a>(&self, name: &'a str, base: &str) -> &'a str {
+        let inner = name.strip_prefix(base).and_then(|rest| rest.strip_prefix('.'));
+        match inner {
+            Some(inner) if !self.contains(name) && !self.index.keys().any(|k| module_path_under(k, base)) => inner,
+            _ => name,
+        }
+    }
+
     /// The stored shape of `name`, if present.
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
         let shard = &self.shards[*self.index.get(name)?];
@@ -402,4 +413,9 @@ pub(crate) fn map_file(path: &Path) -> Result<Bytes> {
     // can guard against (the same contract as the safetensors crate's own examples).
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
     Ok(Bytes::Mapped(map))
+}
+
+/// Whether tensor `name` lies under module `base` (`base.…`).
+fn module_path_under(name: &str, base: &str) -> bool {
+    name.strip_prefix(base).is_some_and(|rest| rest.starts_with('.'))
 }
