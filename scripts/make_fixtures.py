@@ -105,7 +105,6 @@ LORA = {
     "gpt2": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
     "gpt2_inverse_layer_scale": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True),
     "gpt_bigcode": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"]),
-    "gpt_bigcode_mha": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"]),
     "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     "falcon_alibi": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_h_to_4h"]),
@@ -539,16 +538,6 @@ FIXTURES = {
         "attention (one key/value head; c_attn holds q [64], k [16] and v [16] as blocks), tanh-GELU MLP c_fc -> "
         "c_proj, learned positions wpe; untied (tied, every seed repeated tokens)",
     ),
-    "gpt_bigcode_mha": (
-        "GPTBigCodeConfig",
-        dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=256,
-             activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
-             attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, multi_query=False,
-             tie_word_embeddings=False),
-        True,
-        "GPT-BigCode with multi_query false: a key/value head per query head, c_attn holding each head's q, k "
-        "and v rows together",
-    ),
     "falcon": (
         "FalconConfig",
         dict(FALCON, new_decoder_architecture=False, multi_query=True, parallel_attn=True, bias=False),
@@ -566,19 +555,19 @@ FIXTURES = {
     "falcon_alibi": (
         "FalconConfig",
         dict(FALCON, alibi=True, new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True,
-             hidden_size=96, num_attention_heads=12),
+             hidden_size=48, num_attention_heads=12),
         True,
-        "Falcon-RW: ALiBi in place of rotary (12 heads of 8: BLOOM's slopes, powers of 2^-1 and odd powers of "
+        "Falcon-RW: ALiBi in place of rotary (12 heads of 4: BLOOM's slopes, powers of 2^-1 and odd powers of "
         "2^-0.5, multiplied by the key's position in bf16 as transformers does), a sequential block, one key/value "
         "head per query head, biases everywhere; the reference runs transformers' SDPA attention, which adds ALiBi "
         "once (its eager Falcon attention adds it twice in 5.17)",
     ),
     "bloom": (
         "BloomConfig",
-        dict(vocab_size=VOCAB, hidden_size=96, n_layer=2, n_head=12, layer_norm_epsilon=1e-5, bos_token_id=0,
+        dict(vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=12, layer_norm_epsilon=1e-5, bos_token_id=0,
              eos_token_id=1, pad_token_id=None, tie_word_embeddings=False),
         True,
-        "BLOOM: ALiBi (12 heads of 8: slopes powers of 2^-1 and odd powers of 2^-0.5, times the key's position in "
+        "BLOOM: ALiBi (12 heads of 4: slopes powers of 2^-1 and odd powers of 2^-0.5, times the key's position in "
         "f32, added after the score scale), a LayerNorm of the embeddings (word_embeddings_layernorm), q, k and v "
         "in one matrix with each head's rows together, LayerNorm with bias, biases everywhere, tanh-GELU MLP 4 x "
         "hidden, the n_layer / n_head keys; untied (tied, as BLOOM's checkpoints are, every seed repeated tokens)",

@@ -383,7 +383,7 @@ pub const ARCHITECTURES: [Architecture; 34] = [
     Architecture {
         family: Family::GptBigcode,
         status: Status::Validated,
-        fixtures: &["gpt_bigcode", "gpt_bigcode_mha"],
+        fixtures: &["gpt_bigcode"],
         features: "GPT-2's layout with linear layers (weights [out, in]): learned absolute positions (wpe), \
                    LayerNorms ln_1 / ln_2 / ln_f with bias, a tanh-GELU MLP c_fc -> c_proj, biases everywhere, tied \
                    head; multi_query (one key/value head, c_attn holding q, k and v as blocks) or one key/value \
