@@ -105,6 +105,7 @@ LORA = {
     "gpt2": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
     "gpt2_inverse_layer_scale": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True),
     "gpt_bigcode": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"]),
+    "gpt_neo": dict(r=4, lora_alpha=8, target_modules=["q_proj", "out_proj", "c_fc"]),
     "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     "falcon_alibi": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_h_to_4h"]),
@@ -537,6 +538,17 @@ FIXTURES = {
         "GPT-BigCode (StarCoder 1, SantaCoder): GPT-2's layout with linear layers ([out, in]), multi-query "
         "attention (one key/value head; c_attn holds q [64], k [16] and v [16] as blocks), tanh-GELU MLP c_fc -> "
         "c_proj, learned positions wpe; untied (tied, every seed repeated tokens)",
+    ),
+    "gpt_neo": (
+        "GPTNeoConfig",
+        dict(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+             max_position_embeddings=256, window_size=8, attention_types=[[["global", "local"], 1]],
+             activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_dropout=0.0, embed_dropout=0.0,
+             attention_dropout=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False),
+        True,
+        "GPT-Neo: learned positions wpe, scores not scaled, a global layer then a local one attending to the last 8 "
+        "positions (window_size 8, attention_types), q, k and v without biases and out_proj with one "
+        "(attn.attention), tanh-GELU MLP c_fc -> c_proj; untied (tied, every seed repeated tokens)",
     ),
     "falcon": (
         "FalconConfig",

@@ -1355,3 +1355,43 @@ fn opt_options() {
     );
     assert!(parse(&opt(r#", "word_embed_proj_dim": 64"#)).is_ok());
 }
+
+/// GPT-Neo: its own key names, unscaled scores, the window and which layers slide from attention_layers or
+/// attention_types (expanded as transformers expands them), checked against the layer count.
+#[test]
+fn gpt_neo_options() {
+    let neo = |extra: &str| {
+        format!(
+            r#"{{"model_type": "gpt_neo", "vocab_size": 100, "hidden_size": 64, "num_layers": 4, "num_heads": 4,
+                "window_size": 16{extra}}}"#
+        )
+    };
+    let c = parse(&neo(r#", "attention_types": [[["global", "local"], 2]]"#)).unwrap();
+    assert_eq!(
+        (c.num_hidden_layers, c.num_attention_heads, c.intermediate_size),
+        (4, 4, 256)
+    );
+    assert_eq!(
+        (c.sliding_window, c.full_attention_layers.clone()),
+        (Some(16), vec![0, 2])
+    );
+    assert_eq!(c.attention_multiplier, Some(1.0));
+    assert!(!c.attention_bias && c.o_proj_bias && c.mlp_bias && c.position_embeddings);
+    assert_eq!(
+        (c.names.attention, c.attention_names[3]),
+        ("attn.attention", "out_proj")
+    );
+    let listed = parse(&neo(r#", "attention_layers": ["local", "local", "global", "local"]"#)).unwrap();
+    assert_eq!(listed.full_attention_layers, vec![2]);
+    let global = parse(&neo(r#", "attention_types": [[["global"], 4]]"#)).unwrap();
+    assert_eq!(global.sliding_window, None);
+    err(&neo(""), &["attention_types", "24", "4"]);
+    err(
+        &neo(r#", "attention_types": [[["global", "sliding"], 2]]"#),
+        &["attention_types", "sliding"],
+    );
+    err(
+        &neo(r#", "attention_types": [[["global", "local"], 2]], "window_size": 0"#),
+        &["window_size"],
+    );
+}

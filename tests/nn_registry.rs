@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 37] = [
+    let cases: [(&str, &str, u64); 38] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -390,6 +390,14 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "multi_query": true, "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-05,
                 "bos_token_id": 0, "eos_token_id": 0}"#,
             164_000_000,
+        ),
+        (
+            "EleutherAI/gpt-neo-125m",
+            r#"{"architectures": ["GPTNeoForCausalLM"], "model_type": "gpt_neo", "vocab_size": 50257,
+                "hidden_size": 768, "num_layers": 12, "num_heads": 12, "intermediate_size": null,
+                "max_position_embeddings": 2048, "window_size": 256, "attention_types": [[["global", "local"], 6]],
+                "activation_function": "gelu_new", "bos_token_id": 50256, "eos_token_id": 50256}"#,
+            125_000_000,
         ),
         (
             "CohereForAI/c4ai-command-r-plus",

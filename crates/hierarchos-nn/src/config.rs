@@ -147,6 +147,20 @@ impl ModuleNames {
         ..ModuleNames::LLAMA
     };
 
+    /// GPT-2's names, which GPT-BigCode's share and GPT-Neo's take over (but for its attention's path).
+    pub const GPT2: ModuleNames = ModuleNames {
+        model: "transformer",
+        embed: "wte",
+        positions: "wpe",
+        layers: "h",
+        attention: "attn",
+        mlp: "mlp",
+        input_norm: "ln_1",
+        mlp_input_norm: "ln_2",
+        final_norm: "ln_f",
+        head: "lm_head",
+    };
+
     /// Llama's names, which most families share.
     pub const LLAMA: ModuleNames = ModuleNames {
         model: "model",
@@ -868,6 +882,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
+        Family::GptNeo => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: Some(50256),
+            eos_token_ids: &[50256],
+            tie_word_embeddings: true,
+        },
         Family::Gpt2 | Family::GptBigcode => Defaults {
             num_key_value_heads: None,
             head_dim: None,
@@ -932,7 +954,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let gpt2 = family == Family::Gpt2;
     let bigcode = family == Family::GptBigcode;
     let bloom = family == Family::Bloom;
-    // GPT-2's, GPT-BigCode's and BLOOM's config.json keep their own names, which transformers maps to the usual
+    // GPT-2's, GPT-BigCode's, GPT-Neo's and BLOOM's config.json keep their own names, which transformers maps to the usual
     // ones: either is read, the family's first.
     let key = |name: &'static str| -> &'static str {
         let own = match (family, name) {
@@ -940,6 +962,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (Family::Gpt2 | Family::GptBigcode, "max_position_embeddings") => "n_positions",
             (Family::Gpt2 | Family::GptBigcode | Family::Bloom, "num_hidden_layers") => "n_layer",
             (Family::Gpt2 | Family::GptBigcode | Family::Bloom, "num_attention_heads") => "n_head",
+            (Family::GptNeo, "num_hidden_layers") => "num_layers",
+            (Family::GptNeo, "num_attention_heads") => "num_heads",
             _ => return name,
         };
         if f.map.contains_key(own) || !f.map.contains_key(name) {
@@ -957,6 +981,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // GPT-2's and Falcon's MLPs are 4 x hidden unless n_inner / ffn_hidden_size say otherwise.
     let width_key = match family {
         Family::Gpt2 | Family::GptBigcode => Some("n_inner"),
+        Family::GptNeo => Some("intermediate_size"),
         Family::Falcon => Some("ffn_hidden_size"),
         _ => None,
     };
@@ -981,7 +1006,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Falcon => num_attention_heads,
         Family::GptBigcode if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
         // One key/value head per query head, whatever a stray `num_key_value_heads` says (transformers reads none).
-        Family::GptNeox | Family::Gpt2 | Family::GptBigcode | Family::Bloom | Family::Opt => num_attention_heads,
+        Family::GptNeox | Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::Bloom | Family::Opt => {
+            num_attention_heads
+        }
         _ => f
             .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
             .unwrap_or(num_attention_heads),
@@ -1009,6 +1036,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         | Family::GptNeox
         | Family::Gpt2
         | Family::GptBigcode
+        | Family::GptNeo
         | Family::Falcon
         | Family::Bloom
         | Family::Opt => None,
@@ -1041,7 +1069,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let rms_norm_eps = match family {
         Family::Olmo | Family::Opt => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
-        Family::Gpt2 | Family::GptBigcode | Family::Falcon | Family::Bloom => {
+        Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::Falcon | Family::Bloom => {
             f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5)
         }
         Family::Glm => f.or("rms_norm_eps", Some(1.5625e-7), F64)?.unwrap_or(1.5625e-7),
@@ -1128,6 +1156,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (b, b, false)
         }
         Family::Phi | Family::Gpt2 | Family::GptBigcode | Family::Bloom => (true, true, true),
+        // GPT-Neo's q, k and v have no biases, its output projection and MLP do.
+        Family::GptNeo => (false, true, true),
         Family::Opt => {
             let b = f.or("enable_bias", Some(true), BOOL)?.unwrap_or(true);
             (b, b, b)
@@ -1164,7 +1194,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Starcoder2 => "gelu_pytorch_tanh",
         Family::Phi => "gelu_new",
         Family::GptNeox => "gelu",
-        Family::Gpt2 => "gelu_new",
+        Family::Gpt2 | Family::GptNeo => "gelu_new",
         Family::GptBigcode => "gelu_pytorch_tanh",
         Family::Opt => "relu",
         Family::Falcon => "gelu",
@@ -1175,7 +1205,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // Gemma 2's and 3's MLPs take `hidden_activation`, GPT-2's `activation_function`.
     let act_key = match family {
         Family::Gemma2 | Family::Gemma3Text => "hidden_activation",
-        Family::Gpt2 | Family::GptBigcode | Family::Opt => "activation_function",
+        Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::Opt => "activation_function",
         Family::Falcon => "activation",
         _ => "hidden_act",
     };
@@ -1246,6 +1276,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let attention_multiplier = match family {
         Family::Granite => Some(multiplier("attention_multiplier")?),
         Family::Gpt2 | Family::GptBigcode if f.or("scale_attn_weights", Some(true), BOOL)? == Some(false) => Some(1.0),
+        // GPT-Neo never scales its scores.
+        Family::GptNeo => Some(1.0),
         Family::Gemma2 | Family::Gemma3Text => {
             let scalar = f.or("query_pre_attn_scalar", Some(256.0), F64)?.unwrap_or(256.0);
             if !(scalar > 0.0 && scalar.is_finite()) {
@@ -1313,8 +1345,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         _ if alibi.is_some() => (0..num_hidden_layers).collect(),
         Family::Exaone4 if windows.window.is_some() => windows.full_layers.clone(),
         Family::Exaone4 if windows.configured => (0..num_hidden_layers).collect(),
-        // GPT-2, GPT-BigCode and OPT have positions in their embeddings, no rotary anywhere.
-        Family::Gpt2 | Family::GptBigcode | Family::Opt => (0..num_hidden_layers).collect(),
+        // GPT-2, GPT-BigCode, GPT-Neo and OPT have positions in their embeddings, no rotary anywhere.
+        Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::Opt => (0..num_hidden_layers).collect(),
         _ => smollm3_nope,
     };
     // Gemma's bidirectional attention (an encoder-style option) is not causal: refused.
@@ -1351,7 +1383,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     }
     let bos_token_id = f.or("bos_token_id", d.bos_token_id, U32)?;
     let padding_idx = match family {
-        Family::Gpt2 | Family::GptBigcode | Family::GptNeox | Family::Falcon | Family::Bloom => None,
+        Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::GptNeox | Family::Falcon | Family::Bloom => None,
         _ => padding_row(
             f.or("pad_token_id", default_pad_token_id(family), I64)?,
             vocab_size,
@@ -1424,7 +1456,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         attention_names: match family {
             Family::Phi | Family::GptNeox | Family::Falcon | Family::Bloom => ["q_proj", "k_proj", "v_proj", "dense"],
             Family::Gpt2 | Family::GptBigcode => ["q_proj", "k_proj", "v_proj", "c_proj"],
-            Family::Opt => ["q_proj", "k_proj", "v_proj", "out_proj"],
+            Family::Opt | Family::GptNeo => ["q_proj", "k_proj", "v_proj", "out_proj"],
             _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
         },
         names: match family {
@@ -1462,18 +1494,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 final_norm: "final_layer_norm",
                 ..ModuleNames::LLAMA
             },
-            Family::Gpt2 | Family::GptBigcode => ModuleNames {
-                model: "transformer",
-                embed: "wte",
-                positions: "wpe",
-                layers: "h",
-                attention: "attn",
-                mlp: "mlp",
-                input_norm: "ln_1",
-                mlp_input_norm: "ln_2",
-                final_norm: "ln_f",
-                head: "lm_head",
+            Family::GptNeo => ModuleNames {
+                attention: "attn.attention",
+                ..ModuleNames::GPT2
             },
+            Family::Gpt2 | Family::GptBigcode => ModuleNames::GPT2,
             _ => ModuleNames::LLAMA,
         },
         lm_head_bias: family == Family::Phi,
@@ -1489,7 +1514,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         },
         fused_gate_up: matches!(family, Family::Phi3 | Family::Glm).then_some("gate_up_proj"),
         conv1d: gpt2,
-        position_embeddings: gpt2 || bigcode || family == Family::Opt,
+        position_embeddings: gpt2 || bigcode || matches!(family, Family::GptNeo | Family::Opt),
         position_offset: if family == Family::Opt { 2 } else { 0 },
         attention_softcap,
         final_logit_softcap,
@@ -1522,6 +1547,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             | Family::GptNeox
             | Family::Gpt2
             | Family::GptBigcode
+            | Family::GptNeo
             | Family::Falcon
             | Family::Bloom
             | Family::Opt => NormKind::Layer,
@@ -1537,6 +1563,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::GptNeox
                 | Family::Gpt2
                 | Family::GptBigcode
+                | Family::GptNeo
                 | Family::Falcon
                 | Family::Bloom
         ) || (family == Family::Opt && norm_affine),
@@ -1549,12 +1576,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::GptNeox
                 | Family::Gpt2
                 | Family::GptBigcode
+                | Family::GptNeo
                 | Family::Falcon
                 | Family::Bloom
                 | Family::Opt
         ),
         mlp_names: match family {
-            Family::Starcoder2 | Family::Gpt2 | Family::GptBigcode => ["gate_proj", "c_fc", "c_proj"],
+            Family::Starcoder2 | Family::Gpt2 | Family::GptBigcode | Family::GptNeo => ["gate_proj", "c_fc", "c_proj"],
             Family::Phi | Family::Opt => ["gate_proj", "fc1", "fc2"],
             Family::GptNeox | Family::Falcon | Family::Bloom => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
             _ => ["gate_proj", "up_proj", "down_proj"],
@@ -1822,6 +1850,46 @@ fn per_layer(
     }
 }
 
+/// GPT-Neo's local (sliding) layers: `attention_layers` ("global" or "local" per layer), else `attention_types`
+/// expanded as its config class expands it (`[[["global", "local"], 12]]`: that pair 12 times).
+fn gpt_neo_local_layers(f: &Fields, layers: usize) -> Result<Vec<bool>> {
+    let local = |v: &Value| match v.as_str() {
+        Some("local") => Some(true),
+        Some("global") => Some(false),
+        _ => None,
+    };
+    if let Some(listed) = per_layer(f, "attention_layers", layers, "global or local", local)? {
+        return Ok(listed);
+    }
+    let default = serde_json::json!([[["global", "local"], 12]]);
+    let types = match f.map.get("attention_types") {
+        None | Some(Value::Null) => &default,
+        Some(v) => v,
+    };
+    let bad = |what: &str| f.error("attention_types", what);
+    let mut expanded = Vec::new();
+    for entry in types
+        .as_array()
+        .ok_or_else(|| bad("expected a list of [types, count] pairs"))?
+    {
+        let (Some(kinds), Some(count)) = (
+            entry.get(0).and_then(Value::as_array),
+            entry.get(1).and_then(Value::as_u64),
+        ) else {
+            return Err(bad(&format!("expected [types, count], found {entry}")));
+        };
+        for _ in 0..count {
+            for kind in kinds {
+                expanded.push(local(kind).ok_or_else(|| bad(&format!("expected global or local, found {kind}")))?);
+            }
+        }
+    }
+    if expanded.len() != layers {
+        return Err(bad(&format!("gives {} layers for num_layers {layers}", expanded.len())));
+    }
+    Ok(expanded)
+}
+
 /// Where a model slides its attention window.
 struct Windows {
     /// The window of the sliding layers; `None` when no layer slides.
@@ -1871,6 +1939,7 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
+        Family::GptNeo => f.or("window_size", Some(256), USIZE)?,
         Family::Starcoder2 | Family::Mixtral | Family::Phi3 => f.or("sliding_window", None, USIZE)?,
         Family::Exaone4 | Family::Ministral | Family::Olmo3 | Family::Gemma2 | Family::Gemma3Text => {
             f.or("sliding_window", Some(4096), USIZE)?
@@ -1885,7 +1954,12 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
     };
     let Some(window) = window else { return none(false) };
     if window == 0 {
-        return Err(f.error("sliding_window", "must be positive"));
+        let key = if family == Family::GptNeo {
+            "window_size"
+        } else {
+            "sliding_window"
+        };
+        return Err(f.error(key, "must be positive"));
     }
     if matches!(
         family,
@@ -1909,6 +1983,7 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         },
     )?;
     let sliding: Vec<bool> = match listed {
+        _ if family == Family::GptNeo => gpt_neo_local_layers(f, layers)?,
         Some(sliding) => sliding,
         None if family == Family::Exaone4 => {
             let pattern = f.or("sliding_window_pattern", Some(4), USIZE)?.unwrap_or(4).max(1);

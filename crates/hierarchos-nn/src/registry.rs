@@ -71,6 +71,8 @@ pub enum Family {
     Gpt2,
     /// BigCode GPT-BigCode (StarCoder 1, SantaCoder): GPT-2 with linear layers and multi-query attention.
     GptBigcode,
+    /// EleutherAI GPT-Neo (learned positions, unscaled scores, global and sliding-window layers alternating).
+    GptNeo,
     /// TII Falcon (fused q/k/v grouped by key/value head, multi-query or grouped, parallel blocks with one or two
     /// LayerNorms).
     Falcon,
@@ -126,7 +128,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 34] = [
+pub const ARCHITECTURES: [Architecture; 35] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -392,6 +394,17 @@ pub const ARCHITECTURES: [Architecture; 34] = [
         gap: None,
     },
     Architecture {
+        family: Family::GptNeo,
+        status: Status::Validated,
+        fixtures: &["gpt_neo"],
+        features: "learned absolute positions (wpe), scores not scaled by 1/sqrt(head_dim), global layers and \
+                   local ones attending to the last window_size positions as attention_layers (or attention_types) \
+                   says, q, k and v without biases and out_proj with one (attn.attention), LayerNorms ln_1 / ln_2 / \
+                   ln_f with bias, a tanh-GELU MLP c_fc -> c_proj (4 x hidden unless intermediate_size), tied head, \
+                   the num_layers / num_heads keys",
+        gap: None,
+    },
+    Architecture {
         family: Family::Falcon,
         status: Status::Validated,
         fixtures: &["falcon", "falcon_new", "falcon_alibi"],
@@ -497,6 +510,7 @@ impl Family {
             Family::GptNeox => "gpt_neox",
             Family::Gpt2 => "gpt2",
             Family::GptBigcode => "gpt_bigcode",
+            Family::GptNeo => "gpt_neo",
             Family::Falcon => "falcon",
             Family::Bloom => "bloom",
             Family::Opt => "opt",
