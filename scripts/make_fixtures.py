@@ -95,7 +95,9 @@ LORA = {
     "cohere": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"]),
     "phi": dict(r=4, lora_alpha=8, target_modules=["q_proj", "dense", "fc1"]),
     "cohere_qk_norm": dict(r=4, lora_alpha=8, target_modules=["k_proj", "o_proj", "up_proj"]),
-    "phi_qk_layernorm": dict(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj", "fc2"]),
+    # Not q_proj or k_proj: their LayerNorms cancel parts of the gradient, which AdamW (eps 1e-8) blows up from
+    # float noise to steps of size lr.
+    "phi_qk_layernorm": dict(r=4, lora_alpha=8, target_modules=["v_proj", "dense", "fc2"]),
     "phi3": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "gate_up_proj", "o_proj"]),
     "phi3_longrope": dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "down_proj"]),
     "gpt_neox": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
@@ -455,11 +457,11 @@ FIXTURES = {
     "phi_qk_layernorm": (
         "PhiConfig",
         dict(COMMON, hidden_act="gelu_new", max_position_embeddings=256, layer_norm_eps=1e-5, qk_layernorm=True,
-             pad_token_id=None,
+             pad_token_id=None, hidden_size=32, intermediate_size=64,
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
         True,
-        "Phi with qk_layernorm: one LayerNorm of head_dim (weight and bias, q_layernorm / k_layernorm) that "
-        "every query head, and another that every key head, passes through before rotary",
+        "Phi with qk_layernorm (hidden 32, MLP 64): one LayerNorm of head_dim (weight and bias, q_layernorm / "
+        "k_layernorm) that every query head, and another that every key head, passes through before rotary",
     ),
     "phi3": (
         "Phi3Config",
@@ -501,11 +503,11 @@ FIXTURES = {
     ),
     "gpt_neox_odd_rotary": (
         "GPTNeoXConfig",
-        dict(NEOX, use_parallel_residual=True,
-             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.3125}),
+        dict(NEOX, use_parallel_residual=True, hidden_size=32, intermediate_size=64,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.375}),
         True,
-        "GPT-NeoX with an odd rotary dim: rotary_pct 0.3125 of 16 is 5, whose frequencies (base^(-2i/5), i < 3) "
-        "rotate 6 dimensions, as transformers' cos table is that wide",
+        "GPT-NeoX with an odd rotary dim (hidden 32, MLP 64): 0.375 of 8 is 3, whose frequencies (base^(-2i/3), "
+        "i < 2) rotate 4 dimensions, as transformers' cos table is that wide",
     ),
     "gpt2": (
         "GPT2Config",
@@ -520,33 +522,33 @@ FIXTURES = {
     ),
     "gpt2_inverse_layer_scale": (
         "GPT2Config",
-        dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=256,
+        dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=256,
              activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
              attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False,
              scale_attn_by_inverse_layer_idx=True),
         True,
-        "GPT-2 with scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2s): layer i's scores are further divided "
-        "by i + 1",
+        "GPT-2 with scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2s; hidden 32, MLP 64): layer i's scores "
+        "are further divided by i + 1",
     ),
     "gpt_bigcode": (
         "GPTBigCodeConfig",
-        dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_inner=128, n_positions=256,
+        dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=256,
              activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
              attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, multi_query=True,
              tie_word_embeddings=False),
         True,
-        "GPT-BigCode (StarCoder 1, SantaCoder): GPT-2's layout with linear layers ([out, in]), multi-query "
-        "attention (one key/value head; c_attn holds q [64], k [16] and v [16] as blocks), tanh-GELU MLP c_fc -> "
+        "GPT-BigCode (StarCoder 1, SantaCoder; hidden 32, MLP 64): GPT-2's layout with linear layers ([out, in]), "
+        "multi-query attention (one key/value head; c_attn holds q [32], k [8] and v [8] as blocks), tanh-GELU MLP c_fc -> "
         "c_proj, learned positions wpe; untied (tied, every seed repeated tokens)",
     ),
     "gpt_neo": (
         "GPTNeoConfig",
-        dict(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+        dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
              max_position_embeddings=256, window_size=8, attention_types=[[["global", "local"], 1]],
              activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_dropout=0.0, embed_dropout=0.0,
              attention_dropout=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False),
         True,
-        "GPT-Neo: learned positions wpe, scores not scaled, a global layer then a local one attending to the last 8 "
+        "GPT-Neo (hidden 32, MLP 64): learned positions wpe, scores not scaled, a global layer then a local one attending to the last 8 "
         "positions (window_size 8, attention_types), q, k and v without biases and out_proj with one "
         "(attn.attention), tanh-GELU MLP c_fc -> c_proj; untied (tied, every seed repeated tokens)",
     ),
@@ -586,11 +588,12 @@ FIXTURES = {
     ),
     "opt": (
         "OPTConfig",
-        dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+        dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
              max_position_embeddings=256, bos_token_id=0, eos_token_id=1, pad_token_id=None,
              tie_word_embeddings=False),
         True,
-        "OPT (125m layout): learned positions read at row position + 2 (embed_positions [258, 64]), pre-norm "
+        "OPT (125m layout; hidden 32, MLP 64): learned positions read at row position + 2 (embed_positions "
+        "[258, 32]), pre-norm "
         "LayerNorms self_attn_layer_norm / final_layer_norm with bias, q, k, v and out_proj with biases, plain MLP "
         "fc1 -> ReLU -> fc2, the model.decoder.* names; untied (tied, as OPT's checkpoints are, every seed repeated "
         "tokens)",
@@ -1226,7 +1229,7 @@ Made by `python3 scripts/make_fixtures.py --out tests/fixtures` (everything runs
 CPU may change the last bits of the float64 references (runs on the H200 machine and on a 2-core x86 box
 differed by at most 2e-13); the model, tokenizer and adapter files come out byte for byte the same.
 
-Every model: 2 layers, hidden 64, 4 attention heads, 2 KV heads (GQA; GPT-2, GPT-NeoX and DeepSeek-V3 4, Falcon as its row says), MLP 128 (SiLU unless the row says otherwise; the MoE fixtures' experts as listed), vocab 300, f32 weights
+Every model: 2 layers, hidden 64 (or as its row says), 4 attention heads, 2 KV heads (GQA; GPT-2, GPT-NeoX and DeepSeek-V3 4, Falcon as its row says), MLP 128 (SiLU unless the row says otherwise; the MoE fixtures' experts as listed), vocab 300, f32 weights
 (all parameters random, norms around 1, biases non-zero), and a byte-level BPE tokenizer (`<s>` = 0, `</s>` = 1)
 trained on a few public-domain paragraphs.
 
