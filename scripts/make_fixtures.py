@@ -106,8 +106,9 @@ LORA = {
     # PEFT turns fan_in_fan_out on for GPT-2's Conv1D layers.
     "gpt2": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True),
     "gpt2_inverse_layer_scale": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True),
-    "gpt_bigcode": dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"]),
+    "gpt_bigcode": dict(r=4, lora_alpha=8, target_modules=["c_proj", "c_fc"]),
     "gpt_neo": dict(r=4, lora_alpha=8, target_modules=["q_proj", "out_proj", "c_fc"]),
+    "gptj": dict(r=4, lora_alpha=8, target_modules=["k_proj", "v_proj", "fc_out"]),
     "falcon": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_4h_to_h"]),
     "falcon_new": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense"]),
     "falcon_alibi": dict(r=4, lora_alpha=8, target_modules=["query_key_value", "dense_h_to_4h"]),
@@ -551,6 +552,16 @@ FIXTURES = {
         "GPT-Neo (hidden 32, MLP 64): learned positions wpe, scores not scaled, a global layer then a local one attending to the last 8 "
         "positions (window_size 8, attention_types), q, k and v without biases and out_proj with one "
         "(attn.attention), tanh-GELU MLP c_fc -> c_proj; untied (tied, every seed repeated tokens)",
+    ),
+    "gptj": (
+        "GPTJConfig",
+        dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, n_positions=256,
+             activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
+             attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False),
+        True,
+        "GPT-J (hidden 32, MLP 64): a parallel block reading ln_1, rotary on interleaved pairs of the first 4 of 8 "
+        "dimensions (rotary_dim 4), q, k, v and out_proj without biases, tanh-GELU MLP fc_in -> fc_out, a head "
+        "with a bias",
     ),
     "falcon": (
         "FalconConfig",

@@ -1395,3 +1395,28 @@ fn gpt_neo_options() {
         &["window_size"],
     );
 }
+
+/// GPT-J: GPT-2's key names, a parallel block with one norm, interleaved rotary on rotary_dim dimensions, a head
+/// with a bias (so no tied head), and only an even rotary_dim up to the head size.
+#[test]
+fn gptj_options() {
+    let gptj = |extra: &str| {
+        format!(r#"{{"model_type": "gptj", "vocab_size": 100, "n_embd": 64, "n_layer": 2, "n_head": 4{extra}}}"#)
+    };
+    let c = parse(&gptj(r#", "rotary_dim": 8"#)).unwrap();
+    assert_eq!((c.rotary_dim, c.head_dim, c.intermediate_size), (8, 16, 256));
+    assert!(c.interleaved_rope && c.lm_head_bias && !c.tie_word_embeddings && c.mlp_bias && !c.attention_bias);
+    assert_eq!(c.norm_placement, NormPlacement::Parallel);
+    assert_eq!(
+        (c.mlp_names[1], c.mlp_names[2], c.attention_names[3]),
+        ("fc_in", "fc_out", "out_proj")
+    );
+    // transformers' default rotary_dim, 64, is wider than these heads of 16.
+    err(&gptj(""), &["rotary_dim", "64"]);
+    err(&gptj(r#", "rotary_dim": 7"#), &["rotary_dim", "7"]);
+    err(&gptj(r#", "rotary_dim": null"#), &["rotary_dim"]);
+    err(
+        &gptj(r#", "rotary_dim": 8, "tie_word_embeddings": true"#),
+        &["tie_word_embeddings"],
+    );
+}

@@ -61,7 +61,7 @@ fn families_have_their_fixtures() {
 /// card's figure to the digits it gives (e.g. 2.53B).
 #[test]
 fn real_configs_parse_with_published_parameter_counts() {
-    let cases: [(&str, &str, u64); 38] = [
+    let cases: [(&str, &str, u64); 39] = [
         (
             "meta-llama/Llama-3.2-1B",
             r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
@@ -398,6 +398,14 @@ fn real_configs_parse_with_published_parameter_counts() {
                 "max_position_embeddings": 2048, "window_size": 256, "attention_types": [[["global", "local"], 6]],
                 "activation_function": "gelu_new", "bos_token_id": 50256, "eos_token_id": 50256}"#,
             125_000_000,
+        ),
+        (
+            "EleutherAI/gpt-j-6b",
+            r#"{"architectures": ["GPTJForCausalLM"], "model_type": "gptj", "vocab_size": 50400, "n_embd": 4096,
+                "n_layer": 28, "n_head": 16, "n_inner": null, "n_positions": 2048, "rotary_dim": 64,
+                "activation_function": "gelu_new", "tie_word_embeddings": false, "bos_token_id": 50256,
+                "eos_token_id": 50256}"#,
+            6_000_000_000,
         ),
         (
             "CohereForAI/c4ai-command-r-plus",

@@ -458,11 +458,12 @@ fn attend(
 ) -> Result<Tensor> {
     let bad = || {
         Error::Invalid(format!(
-            "attention: queries {:?}, keys {:?}, values {:?}, mask {:?} do not fit",
+            "attention: queries {:?}, keys {:?}, values {:?}, mask {:?}, biases {:?} do not fit",
             q.shape(),
             k.shape(),
             v.shape(),
-            mask.map(|m| m.shape().to_vec())
+            mask.map(|m| m.shape().to_vec()),
+            bias.map(|a| a.shape().to_vec())
         ))
     };
     if q.rank() != 4 || k.rank() != 4 || v.shape() != k.shape() {

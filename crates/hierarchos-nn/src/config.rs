@@ -882,6 +882,14 @@ fn defaults(family: Family) -> Defaults {
             eos_token_ids: &[2],
             tie_word_embeddings: false,
         },
+        Family::Gptj => Defaults {
+            num_key_value_heads: None,
+            head_dim: None,
+            max_position_embeddings: 2048,
+            bos_token_id: Some(50256),
+            eos_token_ids: &[50256],
+            tie_word_embeddings: false,
+        },
         Family::GptNeo => Defaults {
             num_key_value_heads: None,
             head_dim: None,
@@ -958,10 +966,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // ones: either is read, the family's first.
     let key = |name: &'static str| -> &'static str {
         let own = match (family, name) {
-            (Family::Gpt2 | Family::GptBigcode, "hidden_size") => "n_embd",
-            (Family::Gpt2 | Family::GptBigcode, "max_position_embeddings") => "n_positions",
-            (Family::Gpt2 | Family::GptBigcode | Family::Bloom, "num_hidden_layers") => "n_layer",
-            (Family::Gpt2 | Family::GptBigcode | Family::Bloom, "num_attention_heads") => "n_head",
+            (Family::Gpt2 | Family::GptBigcode | Family::Gptj, "hidden_size") => "n_embd",
+            (Family::Gpt2 | Family::GptBigcode | Family::Gptj, "max_position_embeddings") => "n_positions",
+            (Family::Gpt2 | Family::GptBigcode | Family::Gptj | Family::Bloom, "num_hidden_layers") => "n_layer",
+            (Family::Gpt2 | Family::GptBigcode | Family::Gptj | Family::Bloom, "num_attention_heads") => "n_head",
             (Family::GptNeo, "num_hidden_layers") => "num_layers",
             (Family::GptNeo, "num_attention_heads") => "num_heads",
             _ => return name,
@@ -980,7 +988,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     };
     // GPT-2's and Falcon's MLPs are 4 x hidden unless n_inner / ffn_hidden_size say otherwise.
     let width_key = match family {
-        Family::Gpt2 | Family::GptBigcode => Some("n_inner"),
+        Family::Gpt2 | Family::GptBigcode | Family::Gptj => Some("n_inner"),
         Family::GptNeo => Some("intermediate_size"),
         Family::Falcon => Some("ffn_hidden_size"),
         _ => None,
@@ -1006,9 +1014,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Falcon => num_attention_heads,
         Family::GptBigcode if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
         // One key/value head per query head, whatever a stray `num_key_value_heads` says (transformers reads none).
-        Family::GptNeox | Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::Bloom | Family::Opt => {
-            num_attention_heads
-        }
+        Family::GptNeox
+        | Family::Gpt2
+        | Family::GptBigcode
+        | Family::GptNeo
+        | Family::Gptj
+        | Family::Bloom
+        | Family::Opt => num_attention_heads,
         _ => f
             .or("num_key_value_heads", d.num_key_value_heads, USIZE)?
             .unwrap_or(num_attention_heads),
@@ -1037,6 +1049,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         | Family::Gpt2
         | Family::GptBigcode
         | Family::GptNeo
+        | Family::Gptj
         | Family::Falcon
         | Family::Bloom
         | Family::Opt => None,
@@ -1069,7 +1082,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let rms_norm_eps = match family {
         Family::Olmo | Family::Opt => 1e-5,
         Family::Starcoder2 => f.or("norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5),
-        Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::Falcon | Family::Bloom => {
+        Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::Gptj | Family::Falcon | Family::Bloom => {
             f.or("layer_norm_epsilon", Some(1e-5), F64)?.unwrap_or(1e-5)
         }
         Family::Glm => f.or("rms_norm_eps", Some(1.5625e-7), F64)?.unwrap_or(1.5625e-7),
@@ -1156,8 +1169,9 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (b, b, false)
         }
         Family::Phi | Family::Gpt2 | Family::GptBigcode | Family::Bloom => (true, true, true),
-        // GPT-Neo's q, k and v have no biases, its output projection and MLP do.
+        // GPT-Neo's q, k and v have no biases, its output projection and MLP do; GPT-J's MLP only.
         Family::GptNeo => (false, true, true),
+        Family::Gptj => (false, false, true),
         Family::Opt => {
             let b = f.or("enable_bias", Some(true), BOOL)?.unwrap_or(true);
             (b, b, b)
@@ -1194,7 +1208,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Gemma | Family::Gemma2 | Family::Gemma3Text | Family::Starcoder2 => "gelu_pytorch_tanh",
         Family::Phi => "gelu_new",
         Family::GptNeox => "gelu",
-        Family::Gpt2 | Family::GptNeo => "gelu_new",
+        Family::Gpt2 | Family::GptNeo | Family::Gptj => "gelu_new",
         Family::GptBigcode => "gelu_pytorch_tanh",
         Family::Opt => "relu",
         Family::Falcon => "gelu",
@@ -1205,7 +1219,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // Gemma 2's and 3's MLPs take `hidden_activation`, GPT-2's `activation_function`.
     let act_key = match family {
         Family::Gemma2 | Family::Gemma3Text => "hidden_activation",
-        Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::Opt => "activation_function",
+        Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::Gptj | Family::Opt => "activation_function",
         Family::Falcon => "activation",
         _ => "hidden_act",
     };
@@ -1354,11 +1368,11 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     if gemmas && f.or("use_bidirectional_attention", Some(false), BOOL)? == Some(true) {
         return Err(f.error("use_bidirectional_attention", "only causal attention is supported"));
     }
-    // Phi ties only the head's weight, not its bias: not built.
-    if family == Family::Phi && tie_word_embeddings {
+    // Phi and GPT-J tie only the head's weight, not its bias: not built.
+    if matches!(family, Family::Phi | Family::Gptj) && tie_word_embeddings {
         return Err(f.error(
             "tie_word_embeddings",
-            "a tied Phi head (with its own bias) is not supported",
+            "a tied head with its own bias (Phi, GPT-J) is not supported",
         ));
     }
     let cohere_qk_norm = family == Family::Cohere && f.or("use_qk_norm", Some(false), BOOL)? == Some(true);
@@ -1383,7 +1397,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     }
     let bos_token_id = f.or("bos_token_id", d.bos_token_id, U32)?;
     let padding_idx = match family {
-        Family::Gpt2 | Family::GptBigcode | Family::GptNeo | Family::GptNeox | Family::Falcon | Family::Bloom => None,
+        Family::Gpt2
+        | Family::GptBigcode
+        | Family::GptNeo
+        | Family::Gptj
+        | Family::GptNeox
+        | Family::Falcon
+        | Family::Bloom => None,
         _ => padding_row(
             f.or("pad_token_id", default_pad_token_id(family), I64)?,
             vocab_size,
@@ -1441,7 +1461,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         norm_placement: match family {
             Family::Olmo2 | Family::Exaone4 | Family::Olmo3 => NormPlacement::Post,
             Family::Gemma2 | Family::Gemma3Text => NormPlacement::Sandwich,
-            Family::Cohere | Family::Phi => NormPlacement::Parallel,
+            Family::Cohere | Family::Phi | Family::Gptj => NormPlacement::Parallel,
             Family::Stablelm if f.or("use_parallel_residual", Some(false), BOOL)? == Some(true) => {
                 NormPlacement::Parallel
             }
@@ -1451,12 +1471,12 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             }
             _ => NormPlacement::Pre,
         },
-        interleaved_rope: matches!(family, Family::Cohere | Family::Glm)
+        interleaved_rope: matches!(family, Family::Cohere | Family::Glm | Family::Gptj)
             || (family == Family::DeepseekV3 && f.or("rope_interleave", Some(true), BOOL)? == Some(true)),
         attention_names: match family {
             Family::Phi | Family::GptNeox | Family::Falcon | Family::Bloom => ["q_proj", "k_proj", "v_proj", "dense"],
             Family::Gpt2 | Family::GptBigcode => ["q_proj", "k_proj", "v_proj", "c_proj"],
-            Family::Opt | Family::GptNeo => ["q_proj", "k_proj", "v_proj", "out_proj"],
+            Family::Opt | Family::GptNeo | Family::Gptj => ["q_proj", "k_proj", "v_proj", "out_proj"],
             _ => ["q_proj", "k_proj", "v_proj", "o_proj"],
         },
         names: match family {
@@ -1498,10 +1518,10 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 attention: "attn.attention",
                 ..ModuleNames::GPT2
             },
-            Family::Gpt2 | Family::GptBigcode => ModuleNames::GPT2,
+            Family::Gpt2 | Family::GptBigcode | Family::Gptj => ModuleNames::GPT2,
             _ => ModuleNames::LLAMA,
         },
-        lm_head_bias: family == Family::Phi,
+        lm_head_bias: matches!(family, Family::Phi | Family::Gptj),
         logit_scale,
         fused_qkv: match family {
             Family::Phi3 => Some(("qkv_proj", QkvLayout::Blocks)),
@@ -1548,6 +1568,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             | Family::Gpt2
             | Family::GptBigcode
             | Family::GptNeo
+            | Family::Gptj
             | Family::Falcon
             | Family::Bloom
             | Family::Opt => NormKind::Layer,
@@ -1564,6 +1585,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::Gpt2
                 | Family::GptBigcode
                 | Family::GptNeo
+                | Family::Gptj
                 | Family::Falcon
                 | Family::Bloom
         ) || (family == Family::Opt && norm_affine),
@@ -1577,12 +1599,14 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
                 | Family::Gpt2
                 | Family::GptBigcode
                 | Family::GptNeo
+                | Family::Gptj
                 | Family::Falcon
                 | Family::Bloom
                 | Family::Opt
         ),
         mlp_names: match family {
             Family::Starcoder2 | Family::Gpt2 | Family::GptBigcode | Family::GptNeo => ["gate_proj", "c_fc", "c_proj"],
+            Family::Gptj => ["gate_proj", "fc_in", "fc_out"],
             Family::Phi | Family::Opt => ["gate_proj", "fc1", "fc2"],
             Family::GptNeox | Family::Falcon | Family::Bloom => ["gate_proj", "dense_h_to_4h", "dense_4h_to_h"],
             _ => ["gate_proj", "up_proj", "down_proj"],
@@ -1931,6 +1955,7 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
         | Family::GptNeox
         | Family::Gpt2
         | Family::GptBigcode
+        | Family::Gptj
         | Family::Falcon
         | Family::Bloom
         | Family::Opt
@@ -2021,6 +2046,21 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
 /// top level; GPT-NeoX's `rotary_pct`) for the families whose attention splits the heads; every other family
 /// rotates whole heads and refuses a partial factor.
 fn rotary_dim(f: &Fields, family: Family, head_dim: usize) -> Result<usize> {
+    // GPT-J names its rotated dimensions; without one, transformers' GPT-J rotates by the hidden size (only a
+    // single head fits), and it fails on an odd count.
+    if family == Family::Gptj {
+        return match f.or("rotary_dim", Some(64), USIZE)? {
+            Some(r) if r > 0 && r <= head_dim && r % 2 == 0 => Ok(r),
+            Some(r) => Err(f.error(
+                "rotary_dim",
+                &format!("{r} is not an even number up to head_dim {head_dim}"),
+            )),
+            None => Err(f.error(
+                "rotary_dim",
+                "null (rotating by the whole hidden size) is not supported",
+            )),
+        };
+    }
     let block = rope_block(f)?;
     let nested = match &block {
         Some(b) => b.or("partial_rotary_factor", None, F64)?,
@@ -2089,9 +2129,10 @@ fn rope_configs(
         Family::Smollm3 => (2_000_000.0, 2_000_000.0),
         _ => (10000.0, 10000.0),
     };
-    // GPT-NeoX's config class reads only `rotary_emb_base`, even beside a `rope_theta`.
+    // GPT-NeoX's config class reads only `rotary_emb_base`, even beside a `rope_theta`; GPT-J's base is 10000.
     let top_theta = match family {
         Family::GptNeox => f.or("rotary_emb_base", None, F64)?,
+        Family::Gptj => None,
         _ => f.or("rope_theta", None, F64)?,
     };
     // A top-level pretraining length overrides the block's for llama3, yarn and longrope; Phi-3's config class

@@ -73,6 +73,9 @@ pub enum Family {
     GptBigcode,
     /// EleutherAI GPT-Neo (learned positions, unscaled scores, global and sliding-window layers alternating).
     GptNeo,
+    /// EleutherAI GPT-J (parallel block with one LayerNorm, rotary on interleaved pairs of the first rotary_dim
+    /// dimensions, a head with a bias).
+    Gptj,
     /// TII Falcon (fused q/k/v grouped by key/value head, multi-query or grouped, parallel blocks with one or two
     /// LayerNorms).
     Falcon,
@@ -128,7 +131,7 @@ pub struct Architecture {
 }
 
 /// Every supported architecture, in the order errors and `hierarchos archs` list them.
-pub const ARCHITECTURES: [Architecture; 35] = [
+pub const ARCHITECTURES: [Architecture; 36] = [
     Architecture {
         family: Family::Llama,
         status: Status::Validated,
@@ -405,6 +408,17 @@ pub const ARCHITECTURES: [Architecture; 35] = [
         gap: None,
     },
     Architecture {
+        family: Family::Gptj,
+        status: Status::Validated,
+        fixtures: &["gptj"],
+        features: "a parallel block (attention and MLP both read ln_1, both added to the residual), rotary on \
+                   interleaved pairs of the first rotary_dim dimensions of each head (base 10000), q, k, v and \
+                   out_proj without biases, a tanh-GELU MLP fc_in -> fc_out with biases, LayerNorms with bias, \
+                   an untied head with a bias, the n_embd / n_layer / n_head / n_positions keys; a tied head \
+                   fails closed",
+        gap: None,
+    },
+    Architecture {
         family: Family::Falcon,
         status: Status::Validated,
         fixtures: &["falcon", "falcon_new", "falcon_alibi"],
@@ -511,6 +525,7 @@ impl Family {
             Family::Gpt2 => "gpt2",
             Family::GptBigcode => "gpt_bigcode",
             Family::GptNeo => "gpt_neo",
+            Family::Gptj => "gptj",
             Family::Falcon => "falcon",
             Family::Bloom => "bloom",
             Family::Opt => "opt",
