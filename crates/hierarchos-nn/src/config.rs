@@ -1042,7 +1042,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         ));
     }
     // (DeepSeek-V3's config.json calls its rotary part `head_dim`; the attention of StableLM, GPT-NeoX, GPT-2,
-    // Falcon, BLOOM and OPT splits hidden_size evenly whatever `head_dim` says.)
+    // GPT-BigCode, GPT-Neo, GPT-J, Falcon, BLOOM and OPT splits hidden_size evenly whatever `head_dim` says.)
     let head_dim_key = match family {
         Family::Stablelm
         | Family::GptNeox
