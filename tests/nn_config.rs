@@ -1300,6 +1300,7 @@ fn gpt_bigcode_options() {
     assert_eq!(mha.num_key_value_heads, 4);
     assert_eq!(mha.fused_qkv, Some(("c_attn", QkvLayout::Grouped)));
     assert_eq!(mha.attention_multiplier, Some(1.0));
+    err(&format!(r#"{{{base}, "multi_query": null}}"#), &["multi_query", "null"]);
 }
 
 /// Heads of an odd size are refused by name at parse time (rotary pairs dimensions, and the attention kernels
@@ -1307,7 +1308,10 @@ fn gpt_bigcode_options() {
 #[test]
 fn odd_heads_are_refused_and_opt_reads_init_std() {
     err(&tiny("llama", r#""head_dim": 15"#), &["head_dim", "15"]);
-    err(&tiny("gpt_neox", r#""hidden_size": 60"#), &["head_dim", "15"]);
+    err(
+        &tiny("gpt_neox", r#""hidden_size": 60"#),
+        &["num_attention_heads", "15"],
+    );
     let opt = parse(
         r#"{"model_type": "opt", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "ffn_dim": 96, "init_std": 0.05}"#,
@@ -1385,7 +1389,25 @@ fn gpt_neo_options() {
     assert_eq!(listed.full_attention_layers, vec![2]);
     let global = parse(&neo(r#", "attention_types": [[["global"], 4]]"#)).unwrap();
     assert_eq!(global.sliding_window, None);
-    err(&neo(""), &["attention_types", "24", "4"]);
+    err(&neo(""), &["attention_types", "more layers than num_layers 4"]);
+    err(
+        &neo(r#", "attention_types": [[["global", "local"], 18446744073709551615]]"#),
+        &["attention_types"],
+    );
+    err(
+        &neo(r#", "attention_types": [[["global"], 3]]"#),
+        &["attention_types", "3", "4"],
+    );
+    err(
+        &neo(r#", "attention_types": [[["global", "local"], 2]], "window_size": null"#),
+        &["window_size", "null"],
+    );
+    // A layer_types key, which GPT-Neo does not read, changes nothing.
+    let stray = parse(&neo(
+        r#", "attention_types": [[["global", "local"], 2]], "layer_types": 3"#,
+    ))
+    .unwrap();
+    assert_eq!(stray.full_attention_layers, vec![0, 2]);
     err(
         &neo(r#", "attention_types": [[["global", "sliding"], 2]]"#),
         &["attention_types", "sliding"],
@@ -1419,4 +1441,19 @@ fn gptj_options() {
         &gptj(r#", "rotary_dim": 8, "tie_word_embeddings": true"#),
         &["tie_word_embeddings"],
     );
+    // GPT-J's rotary is base 10000 without scaling whatever rope keys the config carries (transformers reads none).
+    let stray = parse(&gptj(
+        r#", "rotary_dim": 8, "rope_theta": 5.0, "rope_scaling": {"rope_type": "linear", "factor": 4.0}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        (stray.rope.theta, &stray.rope.scaling),
+        (10000.0, &RopeScaling::Default)
+    );
+    // Where both spellings are set, the usual name wins, as transformers sets it last.
+    let both = parse(&gptj(
+        r#", "rotary_dim": 8, "hidden_size": 128, "num_attention_heads": 8"#,
+    ))
+    .unwrap();
+    assert_eq!((both.hidden_size, both.num_attention_heads), (128, 8));
 }

@@ -962,8 +962,8 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     let gpt2 = family == Family::Gpt2;
     let bigcode = family == Family::GptBigcode;
     let bloom = family == Family::Bloom;
-    // GPT-2's, GPT-BigCode's, GPT-Neo's and BLOOM's config.json keep their own names, which transformers maps to the usual
-    // ones: either is read, the family's first.
+    // GPT-2's, GPT-BigCode's, GPT-J's, GPT-Neo's and BLOOM's config.json keep their own names, which transformers
+    // maps to the usual ones: either is read, the usual one where both are (as transformers sets it last).
     let key = |name: &'static str| -> &'static str {
         let own = match (family, name) {
             (Family::Gpt2 | Family::GptBigcode | Family::Gptj, "hidden_size") => "n_embd",
@@ -974,11 +974,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
             (Family::GptNeo, "num_attention_heads") => "num_heads",
             _ => return name,
         };
-        if f.map.contains_key(own) || !f.map.contains_key(name) {
-            own
-        } else {
-            name
-        }
+        if f.map.contains_key(name) { name } else { own }
     };
     let vocab_size = positive("vocab_size")?;
     // Falcon's and BLOOM's config classes take a legacy `n_embed` over `hidden_size`.
@@ -1012,7 +1008,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         Family::Falcon if falcon_new => f.or("num_kv_heads", None, USIZE)?.unwrap_or(num_attention_heads),
         Family::Falcon if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
         Family::Falcon => num_attention_heads,
-        Family::GptBigcode if f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
+        Family::GptBigcode if not_null(f, "multi_query")? && f.or("multi_query", Some(true), BOOL)? == Some(true) => 1,
         // One key/value head per query head, whatever a stray `num_key_value_heads` says (transformers reads none).
         Family::GptNeox
         | Family::Gpt2
@@ -1111,8 +1107,13 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
     // Rotary embeddings pair the dimensions they rotate (an odd partial count rotates one more, within an even
     // head), and the attention kernels, of layers without rotary too, take even heads.
     if head_dim % 2 == 1 {
+        let named = if head_dim_key.is_some() {
+            "head_dim"
+        } else {
+            key("num_attention_heads")
+        };
         return Err(f.error(
-            "head_dim",
+            named,
             &format!("heads of {head_dim} dimensions: odd head sizes are not supported"),
         ));
     }
@@ -1393,7 +1394,7 @@ fn parse(f: &Fields, family: Family) -> Result<ModelConfig> {
         return Err(f.error("clip_qkv", "must be positive"));
     }
     if !(initializer_range >= 0.0 && initializer_range.is_finite()) {
-        return Err(f.error("initializer_range", "must be a finite non-negative number"));
+        return Err(f.error(range_key, "must be a finite non-negative number"));
     }
     let bos_token_id = f.or("bos_token_id", d.bos_token_id, U32)?;
     let padding_idx = match family {
@@ -1874,6 +1875,14 @@ fn per_layer(
     }
 }
 
+/// Whether `key` is absent or set: a null, which the config class would refuse, is refused by name.
+fn not_null(f: &Fields, key: &str) -> Result<bool> {
+    match f.map.get(key) {
+        Some(Value::Null) => Err(f.error(key, "must not be null")),
+        _ => Ok(true),
+    }
+}
+
 /// GPT-Neo's local (sliding) layers: `attention_layers` ("global" or "local" per layer), else `attention_types`
 /// expanded as its config class expands it (`[[["global", "local"], 12]]`: that pair 12 times).
 fn gpt_neo_local_layers(f: &Fields, layers: usize) -> Result<Vec<bool>> {
@@ -1902,6 +1911,12 @@ fn gpt_neo_local_layers(f: &Fields, layers: usize) -> Result<Vec<bool>> {
         ) else {
             return Err(bad(&format!("expected [types, count], found {entry}")));
         };
+        let total = (kinds.len() as u64)
+            .checked_mul(count)
+            .and_then(|n| n.checked_add(expanded.len() as u64));
+        if total.is_none_or(|n| n > layers as u64) {
+            return Err(bad(&format!("gives more layers than num_layers {layers}")));
+        }
         for _ in 0..count {
             for kind in kinds {
                 expanded.push(local(kind).ok_or_else(|| bad(&format!("expected global or local, found {kind}")))?);
@@ -1964,7 +1979,10 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
             return none(false);
         }
         Family::Mistral => f.or("sliding_window", Some(4096), USIZE)?,
-        Family::GptNeo => f.or("window_size", Some(256), USIZE)?,
+        Family::GptNeo => {
+            not_null(f, "window_size")?;
+            f.or("window_size", Some(256), USIZE)?
+        }
         Family::Starcoder2 | Family::Mixtral | Family::Phi3 => f.or("sliding_window", None, USIZE)?,
         Family::Exaone4 | Family::Ministral | Family::Olmo3 | Family::Gemma2 | Family::Gemma3Text => {
             f.or("sliding_window", Some(4096), USIZE)?
@@ -1996,19 +2014,21 @@ fn sliding_window(f: &Fields, family: Family, layers: usize, nope: &[usize]) -> 
             configured: true,
         });
     }
-    let listed = per_layer(
-        f,
-        "layer_types",
-        layers,
-        "sliding_attention or full_attention",
-        |v| match v.as_str() {
-            Some("sliding_attention") => Some(true),
-            Some("full_attention") => Some(false),
-            _ => None,
-        },
-    )?;
+    let listed = match family {
+        Family::GptNeo => Some(gpt_neo_local_layers(f, layers)?),
+        _ => per_layer(
+            f,
+            "layer_types",
+            layers,
+            "sliding_attention or full_attention",
+            |v| match v.as_str() {
+                Some("sliding_attention") => Some(true),
+                Some("full_attention") => Some(false),
+                _ => None,
+            },
+        )?,
+    };
     let sliding: Vec<bool> = match listed {
-        _ if family == Family::GptNeo => gpt_neo_local_layers(f, layers)?,
         Some(sliding) => sliding,
         None if family == Family::Exaone4 => {
             let pattern = f.or("sliding_window_pattern", Some(4), USIZE)?.unwrap_or(4).max(1);
@@ -2122,6 +2142,16 @@ fn rope_configs(
     family: Family,
     max_position_embeddings: usize,
 ) -> Result<(RopeConfig, Option<RopeConfig>)> {
+    // GPT-J's sin/cos table always has base 10000 and no scaling, whatever rope keys its config carries.
+    if family == Family::Gptj {
+        return Ok((
+            RopeConfig {
+                theta: 10000.0,
+                scaling: RopeScaling::Default,
+            },
+            None,
+        ));
+    }
     let (full_default, sliding_default) = match family {
         Family::Olmo3 | Family::Cohere => (500_000.0, 500_000.0),
         Family::Gemma3Text => (1_000_000.0, 10000.0),
@@ -2129,10 +2159,9 @@ fn rope_configs(
         Family::Smollm3 => (2_000_000.0, 2_000_000.0),
         _ => (10000.0, 10000.0),
     };
-    // GPT-NeoX's config class reads only `rotary_emb_base`, even beside a `rope_theta`; GPT-J's base is 10000.
+    // GPT-NeoX's config class reads only `rotary_emb_base`, even beside a `rope_theta`.
     let top_theta = match family {
         Family::GptNeox => f.or("rotary_emb_base", None, F64)?,
-        Family::Gptj => None,
         _ => f.or("rope_theta", None, F64)?,
     };
     // A top-level pretraining length overrides the block's for llama3, yarn and longrope; Phi-3's config class

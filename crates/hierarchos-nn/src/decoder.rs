@@ -203,19 +203,19 @@ impl CausalLm {
     /// Loads every tensor the config implies from `weights`, each with the shape it must have (under its name, or
     /// without the base model's prefix in a checkpoint of the bare base model: see [`Weights::stored_name`]).
     pub fn load(config: &ModelConfig, weights: &Weights, device: &Device) -> Result<CausalLm> {
-        let base = config.names.base_module();
-        CausalLm::build(config, &mut |name, shape| {
-            weights.load(weights.stored_name(name, base), shape, device)
-        })
+        CausalLm::load_from(config, weights, device, false)
     }
 
     /// Like [`CausalLm::load`], with every parameter trainable (collecting gradients), for training.
     pub fn load_trainable(config: &ModelConfig, weights: &Weights, device: &Device) -> Result<CausalLm> {
+        CausalLm::load_from(config, weights, device, true)
+    }
+
+    fn load_from(config: &ModelConfig, weights: &Weights, device: &Device, trainable: bool) -> Result<CausalLm> {
         let base = config.names.base_module();
         CausalLm::build(config, &mut |name, shape| {
-            Ok(weights
-                .load(weights.stored_name(name, base), shape, device)?
-                .requires_grad_())
+            let t = weights.load(weights.stored_name(name, base), shape, device)?;
+            Ok(if trainable { t.requires_grad_() } else { t })
         })
     }
 

@@ -414,8 +414,8 @@ pub const ARCHITECTURES: [Architecture; 36] = [
         features: "a parallel block (attention and MLP both read ln_1, both added to the residual), rotary on \
                    interleaved pairs of the first rotary_dim dimensions of each head (base 10000), q, k, v and \
                    out_proj without biases, a tanh-GELU MLP fc_in -> fc_out with biases, LayerNorms with bias, \
-                   an untied head with a bias, the n_embd / n_layer / n_head / n_positions keys; a tied head \
-                   fails closed",
+                   an untied head with a bias, the n_embd / n_layer / n_head / n_positions keys (positions past \
+                   n_positions rotate on, where transformers' table ends); a tied head fails closed",
         gap: None,
     },
     Architecture {

@@ -1,7 +1,8 @@
 //! Safetensors weights: one `model.safetensors` or shards listed by `model.safetensors.index.json`, memory-mapped
 //! so that opening a model reads only the headers and each tensor is converted to f32 as it is loaded.
 
-use std::collections::HashMap;
+use std::cell::OnceCell;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use hierarchos_core::{Device, Tensor};
@@ -82,6 +83,8 @@ pub struct Weights {
     shards: Vec<Shard>,
     /// Tensor name -> index into `shards`.
     index: HashMap<String, usize>,
+    /// The first module of every tensor name (`model`, `lm_head`), built on first use by [`Weights::stored_name`].
+    top_modules: OnceCell<HashSet<String>>,
 }
 
 impl std::fmt::Debug for Weights {
@@ -167,6 +170,7 @@ impl Weights {
             source: index_path.to_path_buf(),
             shards,
             index,
+            top_modules: OnceCell::new(),
         })
     }
 
@@ -222,6 +226,7 @@ impl Weights {
             source: shard.path.clone(),
             shards: vec![shard],
             index,
+            top_modules: OnceCell::new(),
         }
     }
 
@@ -239,11 +244,17 @@ impl Weights {
 
     /// The stored name of parameter `name` of a model whose base module is `base` (`model`, `transformer`):
     /// `name`, or `name` without `base.` when the file holds nothing under `base`, as checkpoints saved from the
-    /// bare base model do (GPT-2's and BLOOM's on the Hub; transformers adds the prefix on load).
+    /// bare base model do (GPT-2's, BLOOM's and OPT's on the Hub; transformers adds the prefix on load). Unlike
+    /// transformers, which decides tensor by tensor, a file holding anything under `base` is read by its names.
     pub fn stored_name<'a>(&self, name: &'a str, base: &str) -> &'a str {
-        let inner = name.strip_prefix(base).and_then(|rest| rest.strip_prefix('.'));
-        match inner {
-            Some(inner) if !self.contains(name) && !self.index.keys().any(|k| module_path_under(k, base)) => inner,
+        let modules = self.top_modules.get_or_init(|| {
+            self.index
+                .keys()
+                .map(|k| k.split('.').next().unwrap_or(k).to_string())
+                .collect()
+        });
+        match name.strip_prefix(base).and_then(|rest| rest.strip_prefix('.')) {
+            Some(inner) if !self.contains(name) && !modules.contains(base) => inner,
             _ => name,
         }
     }
@@ -413,9 +424,4 @@ pub(crate) fn map_file(path: &Path) -> Result<Bytes> {
     // can guard against (the same contract as the safetensors crate's own examples).
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
     Ok(Bytes::Mapped(map))
-}
-
-/// Whether tensor `name` lies under module `base` (`base.…`).
-fn module_path_under(name: &str, base: &str) -> bool {
-    name.strip_prefix(base).is_some_and(|rest| rest.starts_with('.'))
 }
