@@ -188,6 +188,10 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 64,
 }
 # GPT-NeoX's config takes no num_key_value_heads (its attention has as many key/value heads as query heads).
+# The GPT-2-style configs of the small fixtures (GPT-2's keys, dropout off, untied: tied, every seed repeated tokens).
+GPT2_SMALL = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=256,
+                  layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                  eos_token_id=1, pad_token_id=None, tie_word_embeddings=False)
 NEOX = dict({k: v for k, v in COMMON.items() if k != "num_key_value_heads"}, hidden_act="gelu",
             max_position_embeddings=256, layer_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=None,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
@@ -523,20 +527,14 @@ FIXTURES = {
     ),
     "gpt2_inverse_layer_scale": (
         "GPT2Config",
-        dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=256,
-             activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
-             attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False,
-             scale_attn_by_inverse_layer_idx=True),
+        dict(GPT2_SMALL, activation_function="gelu_new", scale_attn_by_inverse_layer_idx=True),
         True,
         "GPT-2 with scale_attn_by_inverse_layer_idx (Stanford CRFM's GPT-2s; hidden 32, MLP 64): layer i's scores "
         "are further divided by i + 1",
     ),
     "gpt_bigcode": (
         "GPTBigCodeConfig",
-        dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_inner=64, n_positions=256,
-             activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
-             attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, multi_query=True,
-             tie_word_embeddings=False),
+        dict(GPT2_SMALL, activation_function="gelu_pytorch_tanh", multi_query=True),
         True,
         "GPT-BigCode (StarCoder 1, SantaCoder; hidden 32, MLP 64): GPT-2's layout with linear layers ([out, in]), "
         "multi-query attention (one key/value head; c_attn holds q [32], k [8] and v [8] as blocks), tanh-GELU MLP c_fc -> "
@@ -555,9 +553,7 @@ FIXTURES = {
     ),
     "gptj": (
         "GPTJConfig",
-        dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_inner=64, n_positions=256,
-             activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0,
-             attn_pdrop=0.0, bos_token_id=0, eos_token_id=1, pad_token_id=None, tie_word_embeddings=False),
+        dict(GPT2_SMALL, activation_function="gelu_new", rotary_dim=4),
         True,
         "GPT-J (hidden 32, MLP 64): a parallel block reading ln_1, rotary on interleaved pairs of the first 4 of 8 "
         "dimensions (rotary_dim 4), q, k, v and out_proj without biases, tanh-GELU MLP fc_in -> fc_out, a head "

@@ -547,47 +547,44 @@ impl CausalLm {
                 })
             })
             .collect();
-        // The rotary tables the kinds present read, each built once per scale: identity (no rotary), the
-        // sliding layers' own (OLMo 3, Gemma 3), or the model's.
+        // The rotary table a kind reads: identity (no rotary), the sliding layers' own (OLMo 3, Gemma 3), or the
+        // model's.
         let table_of = |&(window, rotary, _): &(Option<usize>, bool, f64)| match (rotary, &self.sliding_rotary) {
             (false, _) => 0,
             (true, Some(_)) if window.is_some() => 1,
             _ => 2,
         };
-        let mut tables: Vec<(usize, f64, RopeTables)> = Vec::new();
-        for kind in &kinds {
-            let (at, layer_scale) = (table_of(kind), kind.2);
-            if !tables.iter().any(|&(a, s, _)| (a, s) == (at, layer_scale)) {
-                let built = match (at, &self.sliding_rotary) {
-                    (0, _) => self.rotary.identity_tables(t, layer_scale, self.device())?,
-                    (1, Some(sliding)) => sliding.device_tables(start, t, layer_scale, self.device())?,
-                    _ => self.rotary.device_tables(start, t, layer_scale, self.device())?,
-                };
-                tables.push((at, layer_scale, built));
-            }
-        }
-        let contexts: Vec<AttentionContext> = kinds
+        // Built on first use and shared by the kinds that read the same table at the same scale.
+        let mut tables: Vec<((usize, f64), RopeTables)> = Vec::new();
+        let contexts = kinds
             .iter()
-            .map(|kind @ &(window, _, layer_scale)| {
+            .map(|kind @ &(window, _, layer_scale)| -> Result<AttentionContext> {
+                let at = (table_of(kind), layer_scale);
+                let tables = match tables.iter().find(|(key, _)| *key == at) {
+                    Some((_, built)) => built.clone(),
+                    None => {
+                        let built = match (at.0, &self.sliding_rotary) {
+                            (0, _) => self.rotary.identity_tables(t, layer_scale, self.device())?,
+                            (1, Some(sliding)) => sliding.device_tables(start, t, layer_scale, self.device())?,
+                            _ => self.rotary.device_tables(start, t, layer_scale, self.device())?,
+                        };
+                        tables.push((at, built.clone()));
+                        built
+                    }
+                };
                 // With a cache, keys no query of this step can see are left out of the product entirely.
                 let key_start = match (&cache, window) {
                     (Some(_), Some(w)) => (start + 1).saturating_sub(w),
                     _ => 0,
                 };
                 let (q_start, k_start) = if cache.is_some() { (start, key_start) } else { (0, 0) };
-                let at = table_of(kind);
-                let tables = tables
-                    .iter()
-                    .find(|&&(a, s, _)| (a, s) == (at, layer_scale))
-                    .map(|(_, _, built)| built.clone())
-                    .expect("built above");
                 let ctx = AttentionContext::new(tables, q_start, k_start, window, layer_scale);
-                match c.alibi {
+                Ok(match c.alibi {
                     Some(form) => ctx.with_alibi(form, alibi_slopes(c.num_attention_heads)),
                     None => ctx,
-                }
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let ctx_of = |i: usize| &contexts[layer_kinds[i]];
         let mut x = self.embed_tokens.forward(ids)?;
         if c.embedding_multiplier != 1.0 {
